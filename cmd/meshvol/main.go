@@ -1,0 +1,64 @@
+// Command meshvol is the meshvol binary: one binary with a subcommand per role.
+// Today it has `version`; `controller`, `node` and `sandbox` arrive with their features.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/meshvol/meshvol/pkg/version"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, `usage: meshvol <command> [flags]
+
+commands:
+  version    print the version of this binary (-o json for JSON)`)
+}
+
+// run executes one command and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch args[0] {
+	case "version":
+		fs := flag.NewFlagSet("version", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		output := fs.String("o", "text", "output format: text or json")
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2
+		}
+		info := version.Get()
+		switch *output {
+		case "text":
+			fmt.Fprintln(stdout, info)
+		case "json":
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(info); err != nil {
+				fmt.Fprintln(stderr, err)
+				return 1
+			}
+		default:
+			fmt.Fprintf(stderr, "meshvol version: -o must be text or json, not %q\n", *output)
+			return 2
+		}
+		return 0
+	case "help", "-h", "--help":
+		usage(stdout)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "meshvol: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+}

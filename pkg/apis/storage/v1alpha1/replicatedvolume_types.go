@@ -1,0 +1,366 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ConfigurationMode says where a volume's protection settings come from.
+// +kubebuilder:validation:Enum=Auto;Manual
+type ConfigurationMode string
+
+const (
+	// ConfigurationModeAuto resolves the configuration from the storage class.
+	ConfigurationModeAuto ConfigurationMode = "Auto"
+	// ConfigurationModeManual takes the configuration from spec.manualConfiguration.
+	ConfigurationModeManual ConfigurationMode = "Manual"
+)
+
+// ReplicatedVolumeConfiguration is a volume's resolved protection and placement: the five
+// parameters of seed 000 "Configuration parameters". The legacy replication setting never
+// appears here; it is mapped to FTT/GMDR when the configuration is resolved.
+// +kubebuilder:validation:XValidation:rule="self.failuresToTolerate <= self.guaranteedMinimumDataRedundancy + 1",message="failuresToTolerate must be at most guaranteedMinimumDataRedundancy + 1: the allowed layouts are 1D, 2D, 3D, 2D+1TB, 4D, 4D+1TB and 5D"
+// +kubebuilder:validation:XValidation:rule="self.topology != 'Ignored' || !has(self.zones)",message="zones must be empty when topology is Ignored"
+type ReplicatedVolumeConfiguration struct {
+	// storagePool is the ReplicatedStoragePool the backing volumes come from.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	StoragePool string `json:"storagePool"`
+	// failuresToTolerate is how many nodes may fail while the volume stays writable.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2
+	FailuresToTolerate int32 `json:"failuresToTolerate"`
+	// guaranteedMinimumDataRedundancy is how many copies beyond one every acknowledged
+	// write is guaranteed to have.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2
+	GuaranteedMinimumDataRedundancy int32 `json:"guaranteedMinimumDataRedundancy"`
+	// topology says how replicas spread over zones.
+	// +kubebuilder:default=Ignored
+	Topology Topology `json:"topology"`
+	// zones restricts placement to these zones.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	Zones []string `json:"zones,omitempty"`
+	// volumeAccess says where the volume may be attached.
+	// +kubebuilder:default=PreferablyLocal
+	VolumeAccess VolumeAccess `json:"volumeAccess"`
+}
+
+// ReplicatedVolumeSpec is the user's intent for one volume.
+// +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Manual' || has(self.manualConfiguration)",message="manualConfiguration is required when configurationMode is Manual"
+// +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || (has(self.replicatedStorageClassName) && self.replicatedStorageClassName != '')",message="replicatedStorageClassName is required when configurationMode is Auto"
+// +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || !has(self.manualConfiguration)",message="manualConfiguration must be empty when configurationMode is Auto"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.size) || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0",message="size may not shrink: a volume can only grow"
+type ReplicatedVolumeSpec struct {
+	// size is the usable size of the volume. It may grow, never shrink.
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="size must be greater than zero"
+	Size resource.Quantity `json:"size"`
+	// configurationMode says where the protection settings come from.
+	// +kubebuilder:default=Auto
+	ConfigurationMode ConfigurationMode `json:"configurationMode"`
+	// replicatedStorageClassName is the storage class of an Auto volume.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ReplicatedStorageClassName string `json:"replicatedStorageClassName,omitempty"`
+	// manualConfiguration is the configuration of a Manual volume.
+	// +optional
+	ManualConfiguration *ReplicatedVolumeConfiguration `json:"manualConfiguration,omitempty"`
+	// maxAttachments is how many nodes may attach the volume at once. 2 allows a short
+	// dual-primary window for live migration of a virtual machine.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2
+	// +kubebuilder:default=1
+	// +optional
+	MaxAttachments int32 `json:"maxAttachments,omitempty"`
+	// drbdOptions overrides the storage class's DRBD options for this volume.
+	// +optional
+	DRBDOptions *DRBDOptions `json:"drbdOptions,omitempty"`
+}
+
+// VolumePhase summarises a volume's state for people; conditions are the truth.
+// +kubebuilder:validation:Enum=Pending;Forming;Ready;Degraded;Reconfiguring;Terminating
+type VolumePhase string
+
+const (
+	VolumePhasePending       VolumePhase = "Pending"       // waiting for configuration or replicas
+	VolumePhaseForming       VolumePhase = "Forming"       // the first datamesh is being built
+	VolumePhaseReady         VolumePhase = "Ready"         // the configured layout is in place and in sync
+	VolumePhaseDegraded      VolumePhase = "Degraded"      // usable, with less protection than configured
+	VolumePhaseReconfiguring VolumePhase = "Reconfiguring" // transitions are moving toward the configuration
+	VolumePhaseTerminating   VolumePhase = "Terminating"   // being deleted
+)
+
+// DatameshMember is one replica in the datamesh, as the controller publishes it.
+type DatameshMember struct {
+	// name is the ReplicatedVolumeReplica's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// type is the member's datamesh type, including the liminal ones.
+	Type MemberType `json:"type"`
+	// nodeName is the node the member runs on.
+	NodeName string `json:"nodeName"`
+	// zone is the node's topology zone, empty when the cluster has none.
+	// +optional
+	Zone string `json:"zone,omitempty"`
+	// addresses are the IP addresses DRBD uses for this member's connections.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=4
+	// +optional
+	Addresses []string `json:"addresses,omitempty"`
+	// nodeID is the member's DRBD node-id, unique in the volume and fixed while it is a
+	// member.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=31
+	NodeID int32 `json:"nodeID"`
+	// attached says the member's node is allowed to use the volume (DRBD Primary).
+	// +optional
+	Attached bool `json:"attached,omitempty"`
+}
+
+// SharedSecretReference points at the Secret that holds a volume's DRBD shared secret.
+// The secret itself never appears in a status.
+type SharedSecretReference struct {
+	// secretName is the Secret's name, in the controller's namespace.
+	SecretName string `json:"secretName"`
+	// key is the key of the secret inside the Secret's data.
+	// +kubebuilder:default=secret
+	Key string `json:"key"`
+	// algorithm is DRBD's cram-hmac-alg.
+	// +kubebuilder:validation:Enum=sha256;sha1;md5
+	Algorithm string `json:"algorithm"`
+}
+
+// Datamesh is the replica set and DRBD settings that every replica converges to. The
+// controller publishes it; each change bumps status.datameshRevision.
+type Datamesh struct {
+	// members are the replicas in the datamesh, in no particular order.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Members []DatameshMember `json:"members,omitempty"`
+	// quorum is DRBD's quorum (q) for voters; star and shadow members use 32.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	Quorum int32 `json:"quorum,omitempty"`
+	// quorumMinimumRedundancy is DRBD's quorum-minimum-redundancy (qmr).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	QuorumMinimumRedundancy int32 `json:"quorumMinimumRedundancy,omitempty"`
+	// multiattach lets two members be Primary at once (allow-two-primaries).
+	// +optional
+	Multiattach bool `json:"multiattach,omitempty"`
+	// port is the TCP port every member listens on for this volume.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+	// minor is the DRBD device minor (/dev/drbd<minor>) on every member's node.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1048575
+	// +optional
+	Minor int32 `json:"minor,omitempty"`
+	// size is the DRBD device size the members provide.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+	// sharedSecret references the DRBD shared secret and its algorithm.
+	// +optional
+	SharedSecret *SharedSecretReference `json:"sharedSecret,omitempty"`
+}
+
+// TransitionType names a datamesh transition (seed 000).
+// +kubebuilder:validation:Enum=Formation;AddReplica;RemoveReplica;ForceRemoveReplica;ChangeReplicaType;ChangeQuorum;Attach;Detach;ForceDetach;EnableMultiattach;DisableMultiattach
+type TransitionType string
+
+const (
+	TransitionFormation          TransitionType = "Formation"
+	TransitionAddReplica         TransitionType = "AddReplica"
+	TransitionRemoveReplica      TransitionType = "RemoveReplica"
+	TransitionForceRemoveReplica TransitionType = "ForceRemoveReplica"
+	TransitionChangeReplicaType  TransitionType = "ChangeReplicaType"
+	TransitionChangeQuorum       TransitionType = "ChangeQuorum"
+	TransitionAttach             TransitionType = "Attach"
+	TransitionDetach             TransitionType = "Detach"
+	TransitionForceDetach        TransitionType = "ForceDetach"
+	TransitionEnableMultiattach  TransitionType = "EnableMultiattach"
+	TransitionDisableMultiattach TransitionType = "DisableMultiattach"
+)
+
+// TransitionGroup is what a transition affects; the parallelism rules are stated per group.
+// +kubebuilder:validation:Enum=Formation;VotingMembership;NonVotingMembership;Quorum;Attachment;Multiattach;Emergency
+type TransitionGroup string
+
+const (
+	GroupFormation           TransitionGroup = "Formation"
+	GroupVotingMembership    TransitionGroup = "VotingMembership"
+	GroupNonVotingMembership TransitionGroup = "NonVotingMembership"
+	GroupQuorum              TransitionGroup = "Quorum"
+	GroupAttachment          TransitionGroup = "Attachment"
+	GroupMultiattach         TransitionGroup = "Multiattach"
+	GroupEmergency           TransitionGroup = "Emergency"
+)
+
+// StepStatus is where a transition step stands.
+// +kubebuilder:validation:Enum=Pending;Active;Completed
+type StepStatus string
+
+const (
+	StepPending   StepStatus = "Pending"
+	StepActive    StepStatus = "Active"
+	StepCompleted StepStatus = "Completed"
+)
+
+// DatameshTransitionStep is one published change of a transition and its confirmation.
+type DatameshTransitionStep struct {
+	// name is the step in the seed's notation, e.g. "A → D∅ + q↑".
+	Name string `json:"name"`
+	// status is where the step stands.
+	Status StepStatus `json:"status"`
+	// datameshRevision is the revision that published this step; replicas confirm the
+	// step by reporting a revision at least this high.
+	// +optional
+	DatameshRevision int64 `json:"datameshRevision,omitempty"`
+	// startedAt is when the step was published.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// completedAt is when every required replica had confirmed the step.
+	// +optional
+	CompletedAt *metav1.Time `json:"completedAt,omitempty"`
+	// message is the step's progress, e.g. "2/3 replicas confirmed revision 7. Waiting: [#2]".
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// DatameshTransition is a change to the datamesh in flight. It is persisted with its plan
+// and the plan's version, so a restarted or upgraded controller resumes it exactly.
+type DatameshTransition struct {
+	// type is the transition.
+	Type TransitionType `json:"type"`
+	// group is what the transition affects.
+	Group TransitionGroup `json:"group"`
+	// replicaName is the replica the transition is about; empty for volume-wide ones.
+	// +optional
+	ReplicaName string `json:"replicaName,omitempty"`
+	// fromType is the member type the transition starts from.
+	// +optional
+	FromType MemberType `json:"fromType,omitempty"`
+	// toType is the member type the transition ends in.
+	// +optional
+	ToType MemberType `json:"toType,omitempty"`
+	// planID names the plan the transition runs, e.g. "diskful-q-up".
+	PlanID string `json:"planID"`
+	// planVersion is the version of that plan; a plan whose steps change gets a new one.
+	// +kubebuilder:validation:Minimum=1
+	PlanVersion int32 `json:"planVersion"`
+	// steps are the plan's steps with their progress.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Steps []DatameshTransitionStep `json:"steps"`
+}
+
+// ReplicaOperation is what a replica asks of the datamesh.
+// +kubebuilder:validation:Enum=Join;Leave;ChangeType;ForceLeave
+type ReplicaOperation string
+
+const (
+	ReplicaOperationJoin       ReplicaOperation = "Join"
+	ReplicaOperationLeave      ReplicaOperation = "Leave"
+	ReplicaOperationChangeType ReplicaOperation = "ChangeType"
+	ReplicaOperationForceLeave ReplicaOperation = "ForceLeave"
+)
+
+// DatameshReplicaRequest is a pending membership change for one replica, with the reason
+// it is not running yet or how it ended.
+type DatameshReplicaRequest struct {
+	// name is the ReplicatedVolumeReplica's name.
+	Name string `json:"name"`
+	// operation is what the replica asks for.
+	Operation ReplicaOperation `json:"operation"`
+	// type is the replica type the request wants (for Join and ChangeType).
+	// +optional
+	Type ReplicaType `json:"type,omitempty"`
+	// message says why the request waits, how far it is, or how it ended.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ReplicatedVolumeStatus is what the controller publishes for a volume.
+type ReplicatedVolumeStatus struct {
+	// observedGeneration is the spec generation this status reflects.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// phase summarises the state for people; conditions are the truth.
+	// +optional
+	Phase VolumePhase `json:"phase,omitempty"`
+	// conditions: Configured, Formed, Ready, ... with reasons a person can act on.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// configuration is the resolved configuration (never the legacy replication field).
+	// +optional
+	Configuration *ReplicatedVolumeConfiguration `json:"configuration,omitempty"`
+	// effectiveLayout is the protection the datamesh provides right now; q and qmr derive
+	// from it. It ratchets toward the configuration as transitions complete.
+	// +optional
+	EffectiveLayout *Layout `json:"effectiveLayout,omitempty"`
+	// datamesh is the replica set every replica converges to.
+	// +optional
+	Datamesh Datamesh `json:"datamesh,omitempty"`
+	// datameshRevision increases with every published change of the datamesh.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	DatameshRevision int64 `json:"datameshRevision,omitempty"`
+	// datameshTransitions are the changes in flight.
+	// +listType=atomic
+	// +optional
+	DatameshTransitions []DatameshTransition `json:"datameshTransitions,omitempty"`
+	// datameshReplicaRequests are the membership changes replicas ask for.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	DatameshReplicaRequests []DatameshReplicaRequest `json:"datameshReplicaRequests,omitempty"`
+	// layout is the members by type for kubectl, e.g. "3D" or "2D+1TB".
+	// +optional
+	Layout string `json:"layout,omitempty"`
+	// readyMembers is "<in sync>/<members>" for kubectl.
+	// +optional
+	ReadyMembers string `json:"readyMembers,omitempty"`
+	// syncProgress is the least-synced diskful replica's progress, e.g. "87%".
+	// +optional
+	SyncProgress string `json:"syncProgress,omitempty"`
+}
+
+// ReplicatedVolume is one replicated block volume.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=rv,categories=meshvol
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`
+// +kubebuilder:printcolumn:name="Layout",type=string,JSONPath=`.status.layout`
+// +kubebuilder:printcolumn:name="Members",type=string,JSONPath=`.status.readyMembers`,description="in-sync members / members"
+// +kubebuilder:printcolumn:name="Sync",type=string,JSONPath=`.status.syncProgress`
+// +kubebuilder:printcolumn:name="Class",type=string,JSONPath=`.spec.replicatedStorageClassName`,priority=1
+// +kubebuilder:printcolumn:name="Revision",type=integer,JSONPath=`.status.datameshRevision`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label of at most 63 characters (it becomes the DRBD resource name)"
+type ReplicatedVolume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ReplicatedVolumeSpec   `json:"spec"`
+	Status ReplicatedVolumeStatus `json:"status,omitempty"`
+}
+
+// ReplicatedVolumeList is a list of ReplicatedVolume.
+// +kubebuilder:object:root=true
+type ReplicatedVolumeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ReplicatedVolume `json:"items"`
+}
