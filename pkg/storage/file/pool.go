@@ -1,0 +1,420 @@
+// Package file provides backing volumes as sparse files in a directory, each
+// attached to a loop device. It is meant for development, tests and the
+// sandbox, where there is no spare disk for LVM; it is real block storage all
+// the same (mkfs, mount and DRBD work on it).
+//
+// Layout: <dir>/<replica>.img, a sparse file whose extended attribute
+// user.meshvol.owner holds the replica name. The attribute is the ownership
+// mark: a file without it, or with another value, is never used, resized,
+// detached or removed. New files are prepared under a temporary name and
+// linked into place only once marked and sized, so a crash never leaves an
+// unmarked file under a volume's name.
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/meshvol/meshvol/pkg/storage"
+)
+
+const (
+	ownerXattr = "user.meshvol.owner"
+	suffix     = ".img"
+	// AllocationUnit is what sizes are rounded up to: whole MiB keep the
+	// device aligned for any file system and DRBD's 4 KiB blocks.
+	AllocationUnit = 1 << 20
+	maxSize        = 1 << 62
+	// maxNameLen keeps "<name>.img" and its temporary ".<name>.img.tmp-N"
+	// within NAME_MAX (255).
+	maxNameLen = 200
+)
+
+// Pool is a directory of volume files.
+type Pool struct {
+	dir string
+	// mu serialises operations: one agent per node owns the pool, and within
+	// it two reconciles of the same replica must not race an attach.
+	mu sync.Mutex
+}
+
+var _ storage.Provider = (*Pool)(nil)
+
+// New returns the pool in dir, which must exist.
+func New(dir string) (*Pool, error) {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		// The kernel reports backing files by their real path: compare like
+		// with like.
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return nil, &storage.Error{Op: "configure", Pool: dir, Kind: storage.ErrPoolNotFound, Err: err}
+	}
+	st, err := os.Stat(abs)
+	if err != nil || !st.IsDir() {
+		return nil, &storage.Error{Op: "configure", Pool: dir, Kind: storage.ErrPoolNotFound, Detail: "not a directory", Err: err}
+	}
+	return &Pool{dir: abs}, nil
+}
+
+func (p *Pool) path(replica string) string { return filepath.Join(p.dir, replica+suffix) }
+
+func (p *Pool) err(op, name string, kind error, detail string, cause error) *storage.Error {
+	return &storage.Error{Op: op, Pool: p.dir, Name: name, Kind: kind, Detail: detail, Err: cause}
+}
+
+// validateName: file names that cannot escape the directory, hide as dot
+// files, or collide with temporary names.
+func validateName(name string) error {
+	if name == "" {
+		return errors.New("replica is empty")
+	}
+	if len(name) > maxNameLen {
+		return fmt.Errorf("replica %q is %d characters, the limit is %d", name, len(name), maxNameLen)
+	}
+	if name[0] == '.' || name[0] == '-' {
+		return fmt.Errorf("replica %q must not start with '.' or '-'", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return fmt.Errorf("replica %q: character %q is not allowed (use A-Z a-z 0-9 . - _)", name, c)
+		}
+	}
+	return nil
+}
+
+func roundUp(n int64) int64 {
+	if r := n % AllocationUnit; r != 0 {
+		n += AllocationUnit - r
+	}
+	return n
+}
+
+func (p *Pool) check(ctx context.Context, op, replica string, size int64, checkSize bool) error {
+	if err := ctx.Err(); err != nil {
+		return p.err(op, replica, storage.ErrTimeout, "", err)
+	}
+	if err := validateName(replica); err != nil {
+		return p.err(op, replica, storage.ErrInvalidName, err.Error(), nil)
+	}
+	if checkSize && (size <= 0 || size > maxSize) {
+		return p.err(op, replica, storage.ErrInvalidArgument, fmt.Sprintf("sizeBytes %d must be between 1 and %d", size, int64(maxSize)), nil)
+	}
+	return nil
+}
+
+// owner reads the ownership mark of path; "" when there is none.
+func owner(path string) (string, error) {
+	buf := make([]byte, 256)
+	n, err := unix.Lgetxattr(path, ownerXattr, buf)
+	if errors.Is(err, unix.ENODATA) {
+		return "", nil
+	}
+	if errors.Is(err, unix.ERANGE) {
+		return "", fmt.Errorf("%s: %s longer than %d bytes: not ours", path, ownerXattr, len(buf))
+	}
+	if err != nil {
+		return "", fmt.Errorf("getxattr %s %s: %w", path, ownerXattr, err)
+	}
+	return string(buf[:n]), nil
+}
+
+// ownedFile checks that the replica's file exists, is a regular file and is
+// marked for this replica. It returns its size.
+func (p *Pool) ownedFile(op, replica string) (int64, error) {
+	path := p.path(replica)
+	st, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, p.err(op, replica, storage.ErrNotFound, "no file "+path, nil)
+	}
+	if err != nil {
+		return 0, p.err(op, replica, nil, "", err)
+	}
+	if !st.Mode().IsRegular() {
+		return 0, p.err(op, replica, storage.ErrNotOwned, fmt.Sprintf("%s is a %v, not a regular file; refusing to use or remove it", path, st.Mode().Type()), nil)
+	}
+	got, err := owner(path)
+	if err != nil {
+		return 0, p.err(op, replica, nil, "", err)
+	}
+	if got != replica {
+		detail := fmt.Sprintf("%s has no %s=%q", path, ownerXattr, replica)
+		if got != "" {
+			detail += fmt.Sprintf(" (it is marked for %q)", got)
+		}
+		return 0, p.err(op, replica, storage.ErrNotOwned, detail+"; refusing to use or remove it", nil)
+	}
+	return st.Size(), nil
+}
+
+// Create implements storage.Provider.
+func (p *Pool) Create(ctx context.Context, req storage.CreateRequest) (storage.Volume, error) {
+	const op = "create"
+	if err := p.check(ctx, op, req.Replica, req.SizeBytes, true); err != nil {
+		return storage.Volume{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	size := roundUp(req.SizeBytes)
+	if err := p.createFile(req.Replica, size); err != nil && !errors.Is(err, os.ErrExist) {
+		return storage.Volume{}, err
+	}
+	cur, err := p.ownedFile(op, req.Replica)
+	if err != nil {
+		return storage.Volume{}, err
+	}
+	if cur < req.SizeBytes {
+		return storage.Volume{}, p.err(op, req.Replica, storage.ErrAlreadyExists,
+			fmt.Sprintf("%s exists with %d bytes, less than the %d requested; resize it instead", p.path(req.Replica), cur, req.SizeBytes), nil)
+	}
+	return p.attached(op, req.Replica)
+}
+
+// createFile makes the marked, sized file under its final name, or returns an
+// error wrapping os.ErrExist when the name is taken (by anything).
+func (p *Pool) createFile(replica string, size int64) error {
+	const op = "create"
+	final := p.path(replica)
+	if _, err := os.Lstat(final); err == nil {
+		return os.ErrExist
+	}
+	tmp, err := os.CreateTemp(p.dir, "."+replica+suffix+".tmp-*")
+	if err != nil {
+		return p.err(op, replica, nil, "", err)
+	}
+	defer os.Remove(tmp.Name()) // after the link below, only the temporary name goes
+	defer tmp.Close()
+	if err := unix.Fsetxattr(int(tmp.Fd()), ownerXattr, []byte(replica), 0); err != nil {
+		if errors.Is(err, unix.ENOTSUP) {
+			return p.err(op, replica, storage.ErrFailedPrecondition, "the pool's file system does not support user extended attributes, which mark ownership", err)
+		}
+		return p.err(op, replica, nil, "", err)
+	}
+	// Sparse: truncate allocates nothing; blocks are allocated as DRBD writes.
+	if err := tmp.Truncate(size); err != nil {
+		if errors.Is(err, unix.EFBIG) {
+			return p.err(op, replica, storage.ErrInsufficientSpace, fmt.Sprintf("the file system cannot hold a %d byte file", size), err)
+		}
+		return p.err(op, replica, nil, "", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return p.err(op, replica, nil, "", err)
+	}
+	// link(2) fails if the final name exists: no window in which a second
+	// creator could overwrite a volume, and no unmarked file ever carries the
+	// final name.
+	if err := os.Link(tmp.Name(), final); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return os.ErrExist
+		}
+		return p.err(op, replica, nil, "", err)
+	}
+	return syncDir(p.dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// attached returns the volume with its loop device, attaching the file when
+// no device is bound to it (first use, or after a reboot).
+func (p *Pool) attached(op, replica string) (storage.Volume, error) {
+	path := p.path(replica)
+	d, found, err := findLoop(path)
+	if err != nil {
+		return storage.Volume{}, p.err(op, replica, nil, "", err)
+	}
+	if !found {
+		if d, err = attach(path); err != nil {
+			return storage.Volume{}, p.err(op, replica, nil, "", err)
+		}
+	}
+	size, err := deviceSize(d.path)
+	if err != nil {
+		return storage.Volume{}, p.err(op, replica, nil, "", err)
+	}
+	return storage.Volume{Replica: replica, Name: replica + suffix, Pool: p.dir, SizeBytes: size, DevicePath: d.path}, nil
+}
+
+// Get implements storage.Provider. It does not attach: a volume whose file
+// exists but has no loop device (after a reboot) is returned with an empty
+// DevicePath and its file size; Create attaches it again.
+func (p *Pool) Get(ctx context.Context, replica string) (storage.Volume, error) {
+	const op = "get"
+	if err := p.check(ctx, op, replica, 0, false); err != nil {
+		return storage.Volume{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	size, err := p.ownedFile(op, replica)
+	if err != nil {
+		return storage.Volume{}, err
+	}
+	v := storage.Volume{Replica: replica, Name: replica + suffix, Pool: p.dir, SizeBytes: size}
+	d, found, err := findLoop(p.path(replica))
+	if err != nil {
+		return storage.Volume{}, p.err(op, replica, nil, "", err)
+	}
+	if found {
+		v.DevicePath = d.path
+		if v.SizeBytes, err = deviceSize(d.path); err != nil {
+			return storage.Volume{}, p.err(op, replica, nil, "", err)
+		}
+	}
+	return v, nil
+}
+
+// Resize implements storage.Provider: grow the file, then tell the loop
+// device (LOOP_SET_CAPACITY, what `losetup -c` does).
+func (p *Pool) Resize(ctx context.Context, replica string, sizeBytes int64) (storage.Volume, error) {
+	const op = "resize"
+	if err := p.check(ctx, op, replica, sizeBytes, true); err != nil {
+		return storage.Volume{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, err := p.ownedFile(op, replica)
+	if err != nil {
+		return storage.Volume{}, err
+	}
+	want := roundUp(sizeBytes)
+	if want < cur {
+		return storage.Volume{}, p.err(op, replica, storage.ErrShrinkNotSupported,
+			fmt.Sprintf("%s has %d bytes, %d requested", p.path(replica), cur, sizeBytes), nil)
+	}
+	if want > cur {
+		if err := os.Truncate(p.path(replica), want); err != nil {
+			kind := error(nil)
+			if errors.Is(err, unix.EFBIG) {
+				kind = storage.ErrInsufficientSpace
+			}
+			return storage.Volume{}, p.err(op, replica, kind, "", err)
+		}
+	}
+	v, err := p.attached(op, replica)
+	if err != nil {
+		return storage.Volume{}, err
+	}
+	if v.SizeBytes != want {
+		d := loopDev{path: v.DevicePath}
+		if err := setCapacity(d); err != nil {
+			return storage.Volume{}, p.err(op, replica, nil, "", err)
+		}
+		if v.SizeBytes, err = deviceSize(d.path); err != nil {
+			return storage.Volume{}, p.err(op, replica, nil, "", err)
+		}
+		if v.SizeBytes != want {
+			return storage.Volume{}, p.err(op, replica, nil, fmt.Sprintf("%s reports %d bytes after LOOP_SET_CAPACITY, want %d", d.path, v.SizeBytes, want), nil)
+		}
+	}
+	return v, nil
+}
+
+// Delete implements storage.Provider: detach, then remove the file. A device
+// held by DRBD or a mount is ErrInUse and both stay as they are.
+func (p *Pool) Delete(ctx context.Context, replica string) error {
+	const op = "delete"
+	if err := p.check(ctx, op, replica, 0, false); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	path := p.path(replica)
+	if _, err := p.ownedFile(op, replica); err != nil {
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	d, found, err := findLoop(path)
+	if err != nil {
+		return p.err(op, replica, nil, "", err)
+	}
+	if found {
+		if err := detach(d); err != nil {
+			if errors.Is(err, errBusy) {
+				return p.err(op, replica, storage.ErrInUse, err.Error(), nil)
+			}
+			return p.err(op, replica, nil, "", err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return p.err(op, replica, nil, "", err)
+	}
+	return syncDir(p.dir)
+}
+
+// List implements storage.Provider: the marked files of the pool with their
+// loop devices (empty DevicePath when detached), by name.
+func (p *Pool) List(ctx context.Context) ([]storage.Volume, error) {
+	const op = "list"
+	if err := ctx.Err(); err != nil {
+		return nil, p.err(op, "", storage.ErrTimeout, "", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	entries, err := os.ReadDir(p.dir)
+	if err != nil {
+		return nil, p.err(op, "", storage.ErrPoolNotFound, "", err)
+	}
+	devs, err := backingFiles()
+	if err != nil {
+		return nil, p.err(op, "", nil, "", err)
+	}
+	var out []storage.Volume
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), suffix)
+		if !ok || !e.Type().IsRegular() || validateName(name) != nil {
+			continue
+		}
+		path := filepath.Join(p.dir, e.Name())
+		if got, err := owner(path); err != nil || got != name {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		v := storage.Volume{Replica: name, Name: e.Name(), Pool: p.dir, SizeBytes: info.Size()}
+		if d, ok := devs[path]; ok {
+			v.DevicePath = d.path
+		}
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Replica < out[j].Replica })
+	return out, nil
+}
+
+// Capacity implements storage.Provider from statfs of the directory: Free is
+// what unprivileged writers can still allocate (f_bavail). Files are sparse,
+// so ProvisionedBytes (the sum of our volume sizes) may exceed it.
+func (p *Pool) Capacity(ctx context.Context) (storage.Capacity, error) {
+	vols, err := p.List(ctx)
+	if err != nil {
+		return storage.Capacity{}, err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(p.dir, &st); err != nil {
+		return storage.Capacity{}, p.err("capacity", "", storage.ErrPoolNotFound, "", err)
+	}
+	c := storage.Capacity{Pool: p.dir, TotalBytes: int64(st.Blocks) * st.Bsize, FreeBytes: int64(st.Bavail) * st.Bsize}
+	for _, v := range vols {
+		c.ProvisionedBytes += v.SizeBytes
+	}
+	return c, nil
+}
