@@ -17,7 +17,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!(has(self.replication) && (has(self.failuresToTolerate) || has(self.guaranteedMinimumDataRedundancy)))",message="replication is the legacy form of failuresToTolerate and guaranteedMinimumDataRedundancy: set either replication or both of those, not both forms"
 // +kubebuilder:validation:XValidation:rule="has(self.replication) || (has(self.failuresToTolerate) && has(self.guaranteedMinimumDataRedundancy))",message="set replication, or both failuresToTolerate and guaranteedMinimumDataRedundancy"
 // +kubebuilder:validation:XValidation:rule="!has(self.failuresToTolerate) || !has(self.guaranteedMinimumDataRedundancy) || self.failuresToTolerate <= self.guaranteedMinimumDataRedundancy + 1",message="failuresToTolerate must be at most guaranteedMinimumDataRedundancy + 1: the allowed layouts are 1D, 2D, 3D, 2D+1TB, 4D, 4D+1TB and 5D"
-// +kubebuilder:validation:XValidation:rule="self.topology != 'Ignored' || !has(self.zones)",message="zones must be empty when topology is Ignored"
+// +kubebuilder:validation:XValidation:rule="self.topology != 'Ignored' || !has(self.zones) || size(self.zones) == 0",message="zones must be empty when topology is Ignored"
 // +kubebuilder:validation:XValidation:rule="self.storagePool == oldSelf.storagePool",message="storagePool is immutable: volumes cannot move between pools"
 type ReplicatedStorageClassSpec struct {
 	// storagePool is the ReplicatedStoragePool that backs volumes of this class.
@@ -79,7 +79,7 @@ type ReplicatedStorageClassStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.storagePool`
 // +kubebuilder:printcolumn:name="FTT",type=integer,JSONPath=`.spec.failuresToTolerate`
 // +kubebuilder:printcolumn:name="GMDR",type=integer,JSONPath=`.spec.guaranteedMinimumDataRedundancy`
-// +kubebuilder:printcolumn:name="Replication",type=string,JSONPath=`.spec.replication`,priority=1
+// +kubebuilder:printcolumn:name="Replication",type=string,JSONPath=`.spec.replication`
 // +kubebuilder:printcolumn:name="Topology",type=string,JSONPath=`.spec.topology`
 // +kubebuilder:printcolumn:name="Access",type=string,JSONPath=`.spec.volumeAccess`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

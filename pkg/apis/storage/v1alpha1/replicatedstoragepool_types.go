@@ -23,6 +23,7 @@ type PoolVolumeGroup struct {
 	// nodeName is the node.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	NodeName string `json:"nodeName"`
 	// name is the volume group's name on that node.
 	// +kubebuilder:validation:MinLength=1
@@ -47,7 +48,7 @@ type FilePool struct {
 // +kubebuilder:validation:XValidation:rule="self.type == 'File' || (has(self.volumeGroups) && size(self.volumeGroups) > 0)",message="volumeGroups must list at least one node's volume group when type is LVM or LVMThin"
 // +kubebuilder:validation:XValidation:rule="self.type != 'File' || has(self.file)",message="file.directory is required when type is File"
 // +kubebuilder:validation:XValidation:rule="self.type == 'File' || !has(self.file)",message="file must be empty unless type is File"
-// +kubebuilder:validation:XValidation:rule="self.type != 'LVMThin' || self.volumeGroups.all(v, has(v.thinPool) && v.thinPool != '')",message="every volumeGroups entry needs thinPool when type is LVMThin"
+// +kubebuilder:validation:XValidation:rule="self.type != 'LVMThin' || !has(self.volumeGroups) || self.volumeGroups.all(v, has(v.thinPool) && v.thinPool != '')",message="every volumeGroups entry needs thinPool when type is LVMThin"
 // +kubebuilder:validation:XValidation:rule="self.type != 'LVM' || !has(self.volumeGroups) || self.volumeGroups.all(v, !has(v.thinPool) || v.thinPool == '')",message="thinPool must be empty when type is LVM"
 // +kubebuilder:validation:XValidation:rule="self.type == oldSelf.type",message="type is immutable"
 type ReplicatedStoragePoolSpec struct {
@@ -75,6 +76,9 @@ type ReplicatedStoragePoolSpec struct {
 // EligibleNode is a node that can hold replicas of this pool.
 type EligibleNode struct {
 	// nodeName is the node.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	NodeName string `json:"nodeName"`
 	// zone is the node's topology zone.
 	// +optional

@@ -20,7 +20,7 @@ const (
 // parameters of seed 000 "Configuration parameters". The legacy replication setting never
 // appears here; it is mapped to FTT/GMDR when the configuration is resolved.
 // +kubebuilder:validation:XValidation:rule="self.failuresToTolerate <= self.guaranteedMinimumDataRedundancy + 1",message="failuresToTolerate must be at most guaranteedMinimumDataRedundancy + 1: the allowed layouts are 1D, 2D, 3D, 2D+1TB, 4D, 4D+1TB and 5D"
-// +kubebuilder:validation:XValidation:rule="self.topology != 'Ignored' || !has(self.zones)",message="zones must be empty when topology is Ignored"
+// +kubebuilder:validation:XValidation:rule="self.topology != 'Ignored' || !has(self.zones) || size(self.zones) == 0",message="zones must be empty when topology is Ignored"
 type ReplicatedVolumeConfiguration struct {
 	// storagePool is the ReplicatedStoragePool the backing volumes come from.
 	// +kubebuilder:validation:MinLength=1
@@ -37,7 +37,8 @@ type ReplicatedVolumeConfiguration struct {
 	GuaranteedMinimumDataRedundancy int32 `json:"guaranteedMinimumDataRedundancy"`
 	// topology says how replicas spread over zones.
 	// +kubebuilder:default=Ignored
-	Topology Topology `json:"topology"`
+	// +optional
+	Topology Topology `json:"topology,omitempty"`
 	// zones restricts placement to these zones.
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=16
@@ -45,21 +46,23 @@ type ReplicatedVolumeConfiguration struct {
 	Zones []string `json:"zones,omitempty"`
 	// volumeAccess says where the volume may be attached.
 	// +kubebuilder:default=PreferablyLocal
-	VolumeAccess VolumeAccess `json:"volumeAccess"`
+	// +optional
+	VolumeAccess VolumeAccess `json:"volumeAccess,omitempty"`
 }
 
 // ReplicatedVolumeSpec is the user's intent for one volume.
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Manual' || has(self.manualConfiguration)",message="manualConfiguration is required when configurationMode is Manual"
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || (has(self.replicatedStorageClassName) && self.replicatedStorageClassName != '')",message="replicatedStorageClassName is required when configurationMode is Auto"
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || !has(self.manualConfiguration)",message="manualConfiguration must be empty when configurationMode is Auto"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.size) || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0",message="size may not shrink: a volume can only grow"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.size) || !isQuantity(string(self.size)) || !isQuantity(string(oldSelf.size)) || quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",message="size may not shrink: a volume can only grow"
 type ReplicatedVolumeSpec struct {
 	// size is the usable size of the volume. It may grow, never shrink.
-	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="size must be greater than zero"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="size must be greater than zero"
 	Size resource.Quantity `json:"size"`
 	// configurationMode says where the protection settings come from.
 	// +kubebuilder:default=Auto
-	ConfigurationMode ConfigurationMode `json:"configurationMode"`
+	// +optional
+	ConfigurationMode ConfigurationMode `json:"configurationMode,omitempty"`
 	// replicatedStorageClassName is the storage class of an Auto volume.
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
@@ -101,6 +104,9 @@ type DatameshMember struct {
 	// type is the member's datamesh type, including the liminal ones.
 	Type MemberType `json:"type"`
 	// nodeName is the node the member runs on.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	NodeName string `json:"nodeName"`
 	// zone is the node's topology zone, empty when the cluster has none.
 	// +optional
@@ -127,7 +133,9 @@ type SharedSecretReference struct {
 	SecretName string `json:"secretName"`
 	// key is the key of the secret inside the Secret's data.
 	// +kubebuilder:default=secret
-	Key string `json:"key"`
+	// +kubebuilder:validation:MinLength=1
+	// +optional
+	Key string `json:"key,omitempty"`
 	// algorithm is DRBD's cram-hmac-alg.
 	// +kubebuilder:validation:Enum=sha256;sha1;md5
 	Algorithm string `json:"algorithm"`
