@@ -1,0 +1,67 @@
+package drbd
+
+import (
+	"context"
+	"io"
+)
+
+// ForceReason says why a command must be forced. The empty reason means "do
+// not force"; anything else is logged and turns into --force. Forcing is how
+// data gets lost, so the type makes the caller write down why.
+type ForceReason string
+
+// NoForce is the zero ForceReason.
+const NoForce ForceReason = ""
+
+// Driver is everything the node agent does to DRBD. Two implementations:
+// ExecDriver (drbd-utils on a real kernel) and drbdsim.Driver.
+//
+// Every method takes a context; implementations must return when it is
+// done. Errors are *CommandError (or wrap one of the Err* sentinels), so
+// callers branch with errors.Is(err, ErrNoQuorum) and friends.
+type Driver interface {
+	// WriteConfig validates r and makes it the resource's configuration.
+	// Real: atomic write of <confdir>/<name>.res (temp file, fsync, rename,
+	// fsync dir). Sim: stores the model. Nothing is applied to the kernel
+	// until Up or Adjust.
+	WriteConfig(ctx context.Context, r *Resource) error
+	// RemoveConfig deletes the configuration; removing a missing one is not
+	// an error.
+	RemoveConfig(ctx context.Context, name string) error
+	// HasMetadata reports whether the backing device carries DRBD metadata.
+	HasMetadata(ctx context.Context, name string) (bool, error)
+	// CreateMetadata runs `drbdadm create-md --max-peers=N --force name`.
+	// (That --force only answers create-md's "really overwrite?" prompt; the
+	// caller checks HasMetadata first.)
+	CreateMetadata(ctx context.Context, name string, maxPeers int) error
+	Up(ctx context.Context, name string) error
+	Adjust(ctx context.Context, name string) error
+	Down(ctx context.Context, name string) error
+	// Primary promotes; a non-empty force is logged and passed as --force.
+	Primary(ctx context.Context, name string, force ForceReason) error
+	Secondary(ctx context.Context, name string) error
+	// NewCurrentUUIDClearBitmap skips the initial sync. Only at formation,
+	// when every replica is empty (DESIGN.md §6).
+	NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
+	Resize(ctx context.Context, name string) error
+	ForgetPeer(ctx context.Context, name string, peerNodeID int) error
+	Verify(ctx context.Context, name string, peerNodeID int) error
+	// Status is `drbdsetup status --json --verbose --statistics <name>`;
+	// name "" or "all" means every resource.
+	Status(ctx context.Context, name string) ([]StatusResource, error)
+	// Show is `drbdsetup show --json <name>`; "" or "all" means every resource.
+	Show(ctx context.Context, name string) ([]ShowResource, error)
+	// Events starts `drbdsetup events2 --timestamps --statistics --full all`
+	// and returns its stdout. It runs until ctx is done or the stream is
+	// closed; the Observer restarts it when it ends.
+	Events(ctx context.Context) (io.ReadCloser, error)
+	// DevicePath is the block device of the resource (/dev/drbd<minor>).
+	DevicePath(name string) string
+}
+
+// Features says what the DRBD in use supports beyond upstream 9.2.
+type Features struct {
+	// NonVoting: the kernel and drbd-utils understand the disk option
+	// `non-voting` (upstream DRBD 9.2.18 / drbd-utils 9.22 do not).
+	NonVoting bool
+}

@@ -1,0 +1,172 @@
+package drbd
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Sentinel errors. A failed command is a *CommandError whose Kind is one of
+// these, so callers write errors.Is(err, drbd.ErrNoQuorum). drbdsim returns
+// the same sentinels (wrapped or inside a CommandError) for the same
+// situations.
+var (
+	// ErrNoQuorum: promotion (or another state change) refused because the
+	// node has no quorum: state change error -25, kernel detail such as
+	// "No UpToDate peer with quorum" or "1 of 3 nodes visible, need 2 for quorum".
+	ErrNoQuorum = errors.New("drbd: no quorum")
+	// ErrNoUpToDateData: state change error -2 "Need access to UpToDate data"
+	// (e.g. promotion when the promotion agreement outdated this side).
+	ErrNoUpToDateData = errors.New("drbd: no access to UpToDate data")
+	// ErrTwoPrimaries: -1 "Multiple primaries not allowed by config".
+	ErrTwoPrimaries = errors.New("drbd: multiple primaries not allowed")
+	// ErrDeviceInUse: -12 "Device is held open by someone" (demote/down of
+	// a mounted device).
+	ErrDeviceInUse = errors.New("drbd: device is held open")
+	// ErrStateChangeRefused: any other refused state change.
+	ErrStateChangeRefused = errors.New("drbd: state change refused")
+	// ErrUnknownResource: the kernel (or drbdadm's config) does not know
+	// the resource.
+	ErrUnknownResource = errors.New("drbd: unknown resource")
+	// ErrNoMetadata: the backing device has no (valid) DRBD metadata.
+	ErrNoMetadata = errors.New("drbd: no valid metadata")
+	// ErrTimeout: the command did not finish within its timeout and was
+	// killed. The kernel may or may not have applied it; re-observe.
+	ErrTimeout = errors.New("drbd: command timed out")
+	// ErrInvalidConfig: drbdadm rejected the configuration file.
+	ErrInvalidConfig = errors.New("drbd: invalid configuration")
+	// ErrCommandFailed: a failure none of the above describes.
+	ErrCommandFailed = errors.New("drbd: command failed")
+)
+
+// CommandError is a failed drbd-utils command. Its message carries the
+// command line, exit code and stderr verbatim (a person debugging a stuck
+// volume needs DRBD's own words), and Kind classifies it.
+type CommandError struct {
+	Args     []string // full argv, Args[0] the program
+	ExitCode int      // -1 when the process did not exit normally (killed, not started)
+	Stderr   string
+	// StateCode is DRBD's numeric code when stderr reported one: negative
+	// for a refused state change ("State change failed: (-25) No quorum"),
+	// > 100 for a configuration failure ("Failure: (158) Unknown resource").
+	// 0 when none was printed.
+	StateCode int
+	Kind      error
+	Err       error // underlying error (exec failure, context), if any
+}
+
+func (e *CommandError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: `%s`", e.Kind, strings.Join(e.Args, " "))
+	if e.ExitCode >= 0 {
+		fmt.Fprintf(&b, " exited %d", e.ExitCode)
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, " (%v)", e.Err)
+	}
+	if s := strings.TrimSpace(e.Stderr); s != "" {
+		fmt.Fprintf(&b, ": %s", s)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrNoQuorum) work on a *CommandError.
+func (e *CommandError) Is(target error) bool { return e.Kind == target }
+
+func (e *CommandError) Unwrap() error { return e.Err }
+
+// DRBD state change return codes (enum drbd_state_rv) that meshvol acts on.
+const (
+	ssTwoPrimaries   = -1
+	ssNoUpToDateDisk = -2
+	ssDeviceInUse    = -12
+	ssNoQuorum       = -25
+)
+
+// DRBD configuration return codes (enum drbd_ret_code) that meshvol acts on.
+const (
+	errMDInvalid   = 119 // "No valid meta-data signature found"
+	errResNotKnown = 158 // "Unknown resource"
+)
+
+var (
+	// drbdsetup: "r0: State change failed: (-25) No quorum"
+	reStateFailed = regexp.MustCompile(`State change failed: \((-?\d+)\)`)
+	// drbdsetup: "r0: Failure: (158) Unknown resource"
+	reFailure = regexp.MustCompile(`Failure: \((\d+)\)`)
+)
+
+// knownMessages classify output that carries no numeric code (drbdadm's own
+// checks, drbdmeta, kernel detail lines). Checked in order, case-insensitive.
+var knownMessages = []struct {
+	substr string
+	kind   error
+}{
+	{"no uptodate peer with quorum", ErrNoQuorum},
+	{"for quorum", ErrNoQuorum}, // "1 of 3 nodes visible, need 2 for quorum"
+	{"minimum redundancy", ErrNoQuorum},
+	{"no quorum", ErrNoQuorum},
+	{"need access to uptodate data", ErrNoUpToDateData},
+	{"multiple primaries not allowed", ErrTwoPrimaries},
+	{"device is held open by someone", ErrDeviceInUse},
+	{"no such resource", ErrUnknownResource},
+	{"unknown resource", ErrUnknownResource},
+	{"not defined in your config", ErrUnknownResource},
+	{"no valid meta data found", ErrNoMetadata},
+	{"no valid meta-data signature found", ErrNoMetadata},
+	{"unrecognized meta data", ErrNoMetadata},
+}
+
+// classify derives DRBD's numeric code (0 if none was printed) and the
+// error kind from a failed command's stderr. The exit code adds nothing:
+// drbdsetup maps several state errors to the same exit code.
+func classify(stderr string) (code int, kind error) {
+	if m := reStateFailed.FindStringSubmatch(stderr); m != nil {
+		code, _ = strconv.Atoi(m[1])
+		switch code {
+		case ssNoQuorum:
+			return code, ErrNoQuorum
+		case ssNoUpToDateDisk:
+			return code, ErrNoUpToDateData
+		case ssTwoPrimaries:
+			return code, ErrTwoPrimaries
+		case ssDeviceInUse:
+			return code, ErrDeviceInUse
+		}
+		// The kernel's detail line can still say more (e.g. a quorum reason
+		// attached to a generic code).
+		if k := byMessage(stderr); k != nil {
+			return code, k
+		}
+		return code, ErrStateChangeRefused
+	}
+	if m := reFailure.FindStringSubmatch(stderr); m != nil {
+		code, _ = strconv.Atoi(m[1])
+		switch code {
+		case errResNotKnown:
+			return code, ErrUnknownResource
+		case errMDInvalid:
+			return code, ErrNoMetadata
+		}
+		if k := byMessage(stderr); k != nil {
+			return code, k
+		}
+		return code, ErrCommandFailed
+	}
+	if k := byMessage(stderr); k != nil {
+		return 0, k
+	}
+	return 0, ErrCommandFailed
+}
+
+func byMessage(stderr string) error {
+	low := strings.ToLower(stderr)
+	for _, m := range knownMessages {
+		if strings.Contains(low, m.substr) {
+			return m.kind
+		}
+	}
+	return nil
+}
