@@ -1,0 +1,272 @@
+package drbdsim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Options configure a Cluster.
+type Options struct {
+	// Dir holds scratch files (a diskless Primary's loop image). Required
+	// when LoopDevices is set.
+	Dir string
+	// ResyncRate is how many bytes a resync moves per virtual second.
+	// Default 100 MiB/s (about what the captures show).
+	ResyncRate int64
+	// BitmapExchange is how long the replication state stays WFBitMapS/T
+	// before the resync starts. Default 1 ms of virtual time, so a status
+	// taken right after the handshake shows WFBitMapS as in capture 02.
+	BitmapExchange time.Duration
+	// Start is the virtual clock's start. Default 2026-11-22T00:00:00Z.
+	Start time.Time
+	// Seed makes generation UUIDs reproducible.
+	Seed uint64
+	// LoopDevices makes a Primary's DevicePath a real loop device (needs
+	// root and /dev/loop-control). Without it DevicePath names the replica's
+	// backing file for a diskful Primary and "" for a diskless one.
+	LoopDevices bool
+}
+
+// Cluster is a set of simulated DRBD nodes, the network between them, and
+// a virtual clock. It is safe for concurrent use.
+type Cluster struct {
+	mu   sync.Mutex
+	cond *sync.Cond // broadcast after every settle: wakes suspended writers
+	opts Options
+	now  time.Time
+	rng  *rand.Rand
+
+	nodes map[string]*Node
+	cut   map[link]bool
+	// acked remembers, per resource, the content hash of every block whose
+	// write was acknowledged to a writer: the promise DRBD makes.
+	acked map[string]map[int64]uint64
+	// pending cluster-wide agreements (connects, role changes), applied
+	// once the cluster has settled.
+	pending []*resource
+}
+
+type link struct{ a, b string }
+
+func mkLink(a, b string) link {
+	if a > b {
+		a, b = b, a
+	}
+	return link{a, b}
+}
+
+// NewCluster returns an empty cluster.
+func NewCluster(opts Options) *Cluster {
+	if opts.ResyncRate <= 0 {
+		opts.ResyncRate = 100 << 20
+	}
+	if opts.BitmapExchange <= 0 {
+		opts.BitmapExchange = time.Millisecond
+	}
+	if opts.Start.IsZero() {
+		opts.Start = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	}
+	c := &Cluster{
+		opts:  opts,
+		now:   opts.Start,
+		rng:   rand.New(rand.NewPCG(opts.Seed, 0x6d657368766f6c)),
+		nodes: map[string]*Node{},
+		cut:   map[link]bool{},
+		acked: map[string]map[int64]uint64{},
+	}
+	c.cond = sync.NewCond(&c.mu)
+	return c
+}
+
+// Node returns the node with the given name, creating it on first use. The
+// name is the DRBD host name ("on <name>"), which peers' configurations use.
+func (c *Cluster) Node(name string) *Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[name]
+	if n == nil {
+		n = &Node{c: c, name: name, configs: map[string]*resConfig{}, mds: map[string]*metadata{},
+			res: map[string]*resource{}, faults: map[string]Fault{}}
+		c.nodes[name] = n
+	}
+	return n
+}
+
+// Now is the virtual time.
+func (c *Cluster) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the virtual clock by d, running time-based processes
+// (bitmap exchange, resync progress) in steps of at most 100 ms so that a
+// resync's progress is observable at the granularity tests care about.
+func (c *Cluster) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for d > 0 {
+		step := min(d, 100*time.Millisecond)
+		d -= step
+		c.now = c.now.Add(step)
+		c.progressResyncs(step)
+		c.settle()
+	}
+}
+
+// RunClock advances the virtual clock with the wall clock every tick until
+// ctx is done: for the sandbox, where agents run in real time.
+func (c *Cluster) RunClock(ctx context.Context, tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			c.Advance(now.Sub(last))
+			last = now
+		}
+	}
+}
+
+// SetResyncRate changes the resync speed (bytes per virtual second) of
+// every running and future resync: "slow the resync".
+func (c *Cluster) SetResyncRate(bytesPerSecond int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if bytesPerSecond > 0 {
+		c.opts.ResyncRate = bytesPerSecond
+	}
+}
+
+// Partition cuts every link between a node of side and a node not in side
+// (the rest of the cluster). Links inside side, and outside, are kept.
+func (c *Cluster) Partition(side ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in := map[string]bool{}
+	for _, s := range side {
+		in[s] = true
+	}
+	for a := range c.nodes {
+		for b := range c.nodes {
+			if a < b && in[a] != in[b] {
+				c.cut[mkLink(a, b)] = true
+			}
+		}
+	}
+	c.settle()
+}
+
+// Cut cuts the link between a and b (both directions).
+func (c *Cluster) Cut(a, b string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cut[mkLink(a, b)] = true
+	c.settle()
+}
+
+// Connect restores the link between a and b.
+func (c *Cluster) Connect(a, b string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.cut, mkLink(a, b))
+	c.settle()
+}
+
+// Heal restores every link.
+func (c *Cluster) Heal() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.cut)
+	c.settle()
+}
+
+func (c *Cluster) linked(a, b string) bool { return !c.cut[mkLink(a, b)] }
+
+// nodeNames in a stable order.
+func (c *Cluster) nodeNames() []string {
+	names := make([]string, 0, len(c.nodes))
+	for n := range c.nodes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// newUUID returns a fresh generation UUID. Bit 0 is DRBD's "primary" flag
+// in real UUIDs; the simulator keeps it clear and never returns the
+// reserved values 0 and 4 (UUID_JUST_CREATED).
+func (c *Cluster) newUUID() uint64 {
+	for {
+		u := c.rng.Uint64() &^ 1
+		if u != 0 && u != uuidJustCreated {
+			return u
+		}
+	}
+}
+
+// LostAckedWrites reports every replica of res that could serve data —
+// UpToDate and quorate — yet lacks an acknowledged write (a block whose
+// content differs from the last acknowledged content). An empty result is
+// the promise DRBD keeps with quorum.
+//
+// An isolated replica keeps calling itself UpToDate (DRBD cannot know
+// better); it is excluded here while it has no quorum, because quorum is
+// what stops it from serving. StaleUpToDate lists those.
+func (c *Cluster) LostAckedWrites(res string) []string {
+	return c.lacking(res, true)
+}
+
+// StaleUpToDate reports every replica that shows UpToDate but lacks an
+// acknowledged write, quorate or not.
+func (c *Cluster) StaleUpToDate(res string) []string {
+	return c.lacking(res, false)
+}
+
+func (c *Cluster) lacking(res string, quorateOnly bool) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, name := range c.nodeNames() {
+		r := c.nodes[name].res[res]
+		if r == nil || !r.attached() || r.disk != DiskUpToDate || (quorateOnly && !r.quorate) {
+			continue
+		}
+		for blk, h := range c.acked[res] {
+			got, err := r.blockHash(blk)
+			if err != nil || got != h {
+				out = append(out, fmt.Sprintf("%s: block %d (offset %d) lacks an acknowledged write", name, blk, blk*blockSize))
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Diverged reports whether a connection of res is StandAlone because of a
+// split brain, and the message DRBD logged.
+func (c *Cluster) Diverged(res string) (bool, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var msgs []string
+	for _, name := range c.nodeNames() {
+		r := c.nodes[name].res[res]
+		if r == nil {
+			continue
+		}
+		for _, k := range r.sortedConns() {
+			if k.splitBrain {
+				msgs = append(msgs, fmt.Sprintf("%s: %s: %s", name, k.peer.Name, k.standAloneMsg))
+			}
+		}
+	}
+	return len(msgs) > 0, msgs
+}

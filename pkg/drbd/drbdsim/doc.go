@@ -1,0 +1,113 @@
+// Package drbdsim simulates the DRBD 9.2 kernel module (and the drbd-utils
+// commands that drive it) for many nodes in one process, behind the same
+// drbd.Driver interface as the real driver, so that the node agent cannot
+// tell them apart.
+//
+// # Shape
+//
+// A Cluster holds the simulated nodes, the network between them and a
+// virtual clock. Cluster.Node(name) is a *Node, which implements drbd.Driver.
+// All state lives under one mutex. Every operation — a Driver command, a
+// fault injection, Advance — changes some state and then runs settle(),
+// which drives the cluster to a fixpoint: connections come up or go down,
+// handshakes compare generation UUIDs and start resyncs or detect split
+// brain, every node recomputes its quorum with pkg/drbd/quorum, and the
+// differences are published as events2 lines. Nothing happens between
+// operations, so tests are deterministic and never sleep.
+//
+// Time is virtual: only Advance(d) moves it, and only time-based processes
+// (resync progress, the bitmap exchange before a resync) depend on it. A
+// sandbox that wants wall-clock behaviour calls RunClock, which advances
+// the virtual clock in real time from a goroutine.
+//
+// # What is modelled (see the captures in /work/shared/drbd-captures)
+//
+//   - Per node and resource: role, disk state (Diskless, Attaching,
+//     Inconsistent, Outdated, Consistent, UpToDate, Failed), connection
+//     state per peer (StandAlone, Unconnected, Connecting, Connected,
+//     NetworkFailure, TearDown as transient loss states), replication state
+//     (Off, Established, WFBitMapS/T, SyncSource/Target).
+//   - A connection comes up only if both ends run the resource, each is
+//     configured for the other (node-id, addresses), the shared secrets and
+//     HMAC algorithms match, and the network lets them through.
+//   - Generation UUIDs per replica (current, bitmap UUID per peer, history)
+//     and a per-peer bitmap of 4 KiB blocks. The handshake decides like
+//     DRBD's uuid_compare: no sync, sync only the bitmap (a replica that
+//     came back), full sync (a new replica, or a lost bitmap), split brain
+//     (both sides changed since they parted: StandAlone + message), or
+//     unrelated data.
+//   - Resync at Options.ResyncRate bytes per virtual second, copying the
+//     real bytes between the replicas' backing files. new-current-uuid
+//     --clear-bitmap at formation skips it.
+//   - Quorum via pkg/drbd/quorum with each node's OWN q/qmr, the members
+//     set (updated on cluster-wide agreements only: a connection coming up,
+//     a promotion, a demotion), outdated peers, the tiebreaker (keeps,
+//     never gains), quorate-peer for diskless nodes, non-voting peers (the
+//     non-upstream option; such a node counts itself like a diskless one).
+//     A node recomputes its displayed quorum when its own view changes; a
+//     peer's graceful departure (down) is absorbed without recomputing, so
+//     the displayed quorum can be stale, while a promotion always computes
+//     afresh (DRBD-QUORUM.md, "quorum 2" and "qmr 2" rows).
+//   - Promotion: refused without quorum (-25 with DRBD's "X of Y nodes
+//     visible" detail), without UpToDate data in reach (-2), with another
+//     Primary in the connected component (-1, unless allow-two-primaries).
+//     The promotion is a cluster-wide agreement through every reachable
+//     node; diskful nodes that are reachable only indirectly are outdated
+//     (DRBD-QUORUM.md row 1).
+//   - Writes through Node.Write: refused (EIO) or suspended without quorum
+//     per on-no-quorum, EIO on a diskless Primary without reachable data;
+//     acknowledged once every connected diskful peer has them (protocol C).
+//     A writer outdates reachable diskful replicas its write cannot reach
+//     (DRBD's weak nodes). The cluster remembers acknowledged writes;
+//     LostAckedWrites reports an UpToDate, quorate replica that lacks one,
+//     StaleUpToDate any UpToDate one (an isolated replica keeps calling
+//     itself UpToDate; only quorum stops it from serving). Diverged reports
+//     a split brain.
+//   - Graceful down outdates a leaving UpToDate replica while an UpToDate
+//     peer stays, so the survivor is the last man standing.
+//   - Faults: partition (any set of links) and heal, crash and restart
+//     (disks and metadata kept, resources down until Up/Adjust), disk
+//     failure (detach), a command that hangs until its context ends (then
+//     drbd.ErrTimeout) or fails, a slower resync.
+//   - Output: events2 lines in the real text format (exists/create/change/
+//     destroy, --timestamps, --statistics), status and show JSON in the
+//     real shape, parsed back by pkg/drbd's parsers.
+//
+// # Block device
+//
+// Each attached replica's data is its backing device itself (a file or a
+// block device path from the Resource). With Options.LoopDevices, a
+// Primary's DevicePath is a loop device over a file — its own backing file
+// when diskful, a scratch copy of an UpToDate peer's data when diskless —
+// so that mkfs and mount work. The kernel does not tell the simulator about
+// writes made through that loop device, so they reach the peers only at a
+// sync point: Node.Sync, demotion, Down, and a crash (which marks the
+// changed blocks out of sync, like DRBD's activity log, but does not count
+// them as acknowledged). Between sync points a loop-device write is neither
+// replicated nor quorum-checked; use Node.Write to test the write path.
+//
+// DevicePath is <Options.Dir>/dev/<node>/drbd<minor>, a symlink that
+// exists only while the node is Primary with LoopDevices.
+//
+// # Approximations
+//
+// may_promote and promotion_score follow a formula that reproduces every
+// capture (10100 for an UpToDate local disk, plus one per connected peer
+// that is not Inconsistent; 0 without quorum or data), not the kernel's
+// code. The layout of create and destroy events2 lines, and of a status
+// with several resources or no connections, is inferred, not captured.
+// Timestamps within one operation are equal (virtual time does not move
+// inside an operation).
+//
+// # What is not modelled
+//
+// Protocols A and B (everything behaves as C), multiple volumes, online
+// verify (Verify compares the data and reports but is instantaneous),
+// the soft-transition refusal of a graceful peer departure that would
+// drop a Primary's quorum, fencing policies and handlers other than the
+// quorum-lost and disconnected notifications, congestion, the activity log
+// beyond crash recovery, two-phase-commit failures and timeouts, and the
+// exact statistics counters (read/written/sent/received are counted in
+// KiB of simulated IO, not the kernel's exact numbers). Metadata is held
+// in memory per node (it survives a simulated crash, not the process).
+package drbdsim

@@ -1,0 +1,565 @@
+package drbdsim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/drbd/quorum"
+)
+
+// settle drives the cluster to a fixpoint after any change: connections,
+// handshakes, bitmap exchanges, peers' reported states and quorum. It then
+// applies pending cluster-wide agreements and publishes events. Called with
+// c.mu held.
+func (c *Cluster) settle() {
+	for range 8 {
+		c.settleOnce()
+		if len(c.pending) == 0 {
+			break
+		}
+		pending := c.pending
+		c.pending = nil
+		for _, r := range pending {
+			if r.n.res[r.name] == r && !r.n.crashed {
+				c.agreement(r)
+			}
+		}
+	}
+	for _, r := range c.runningResources() {
+		susp := r.role == rolePrimary && !r.quorate && r.cfg.Options.Resource.OnNoQuorum == drbd.OnNoQuorumSuspendIO
+		if !susp {
+			r.suspendedQuorum = false
+		}
+		r.publish()
+	}
+	c.cond.Broadcast()
+}
+
+func (c *Cluster) settleOnce() {
+	for range 64 {
+		changed := false
+		for _, r := range c.runningResources() {
+			for _, k := range r.sortedConns() {
+				pr := c.peerResource(r, k)
+				var pk *conn
+				if pr != nil {
+					pk = pr.conns[r.nodeID()]
+				}
+				ok := c.canConnect(r, k, pr, pk)
+				switch {
+				case ok && !k.connected() && k.cstate != connStandAlone:
+					c.establish(r, k, pr, pk)
+					changed = true
+				case !ok && k.connected():
+					c.lose(r, k, connNetworkFailure)
+					changed = true
+				}
+			}
+		}
+		for _, r := range c.runningResources() {
+			for _, k := range r.sortedConns() {
+				pr := c.peerResource(r, k)
+				if pr == nil || !k.connected() {
+					continue
+				}
+				pk := pr.conns[r.nodeID()]
+				if pk == nil || !pk.connected() {
+					continue
+				}
+				if !k.handshaken && r.attached() && pr.attached() {
+					c.handshake(r, k, pr, pk)
+					changed = true
+				}
+				if k.repl == replWFBitMapS && !c.now.Before(k.wfUntil) {
+					k.repl, pk.repl = replSyncSource, replSyncTarget
+					k.rsStarted, pk.rsStarted = c.now, c.now
+					changed = true
+				}
+				if c.refreshPeerView(r, k, pr) {
+					changed = true
+				}
+			}
+		}
+		for _, r := range c.runningResources() {
+			view := c.quorumView(r)
+			if view == r.quorumView {
+				continue
+			}
+			r.quorumView = view
+			q := c.computeQuorum(r)
+			if q.Quorate != r.quorate {
+				r.quorate = q.Quorate
+				changed = true
+				r.publish()
+				if !q.Quorate && r.role == rolePrimary {
+					r.helper("quorum-lost", true)
+				}
+			}
+		}
+		if !changed {
+			return
+		}
+	}
+}
+
+// runningResources lists every running resource in a stable order.
+func (c *Cluster) runningResources() []*resource {
+	var out []*resource
+	for _, name := range c.nodeNames() {
+		n := c.nodes[name]
+		if n.crashed {
+			continue
+		}
+		for _, rn := range sortedKeys(n.res) {
+			out = append(out, n.res[rn])
+		}
+	}
+	return out
+}
+
+// canConnect: both ends run the resource, are configured for each other,
+// agree on authentication, and the network lets them through.
+func (c *Cluster) canConnect(r *resource, k *conn, pr *resource, pk *conn) bool {
+	if pr == nil || pk == nil || k.cstate == connStandAlone || pk.cstate == connStandAlone {
+		return false
+	}
+	if !c.linked(r.n.name, pr.n.name) {
+		return false
+	}
+	if k.peer.NodeID != pr.nodeID() || k.peer.Address != pr.cfg.Self.Address || pk.peer.Address != r.cfg.Self.Address {
+		return false
+	}
+	a, b := r.cfg.Options.Net, pr.cfg.Options.Net
+	return a.SharedSecret == b.SharedSecret && a.CramHMACAlg == b.CramHMACAlg
+}
+
+// establish brings a connection up on both ends (a cluster-wide agreement).
+func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
+	for _, e := range []struct {
+		self, peer *resource
+		k          *conn
+	}{{r, pr, k}, {pr, r, pk}} {
+		e.k.cstate = connConnected
+		e.k.repl = replEstablished
+		e.k.handshaken = false
+		e.k.standAloneMsg, e.k.splitBrain = "", false
+		e.k.peerRole = e.peer.role
+		e.k.peerDisk = e.peer.disk
+		e.k.peerQuorate = e.peer.quorate
+		e.k.peerNonVoting = e.peer.cfg.Options.Disk.NonVoting
+		delete(e.self.outdated(), e.peer.nodeID())
+		if e.self.md != nil {
+			e.self.md.peer(e.peer.nodeID()).outdated = false
+		}
+	}
+	// DRBD's order: the path comes up, then the state change that carries
+	// the connection, the new quorum and the peer's disk.
+	for _, x := range []*resource{r, pr} {
+		x.publishOnly(onlyPaths)
+		x.quorate = c.computeQuorum(x).Quorate
+		x.quorumView = c.quorumView(x)
+		x.publish()
+	}
+	c.pending = append(c.pending, r)
+}
+
+// lose takes a connection down on r's side after a failure (how is the
+// state DRBD reports first: NetworkFailure, BrokenPipe, TearDown).
+func (c *Cluster) lose(r *resource, k *conn, how string) {
+	k.cstate = how
+	k.peerRole = roleUnknown
+	k.repl = replOff
+	k.peerDisk = DiskUnknown
+	k.peerQuorate = false
+	k.rsTotal = 0
+	lost := false
+	if how == connTearDown {
+		// A graceful departure is the peer's state change, not ours: the
+		// displayed quorum is not recomputed (it may go stale).
+		r.quorumView = c.quorumView(r)
+	} else {
+		q := c.computeQuorum(r)
+		lost = r.quorate && !q.Quorate
+		r.quorate = q.Quorate
+		r.quorumView = c.quorumView(r)
+	}
+	// DRBD's order: the state change (connection, device, peer-device),
+	// the quorum-lost helper, the path, the disconnected helper.
+	r.publishOnly(allButPath)
+	if lost && r.role == rolePrimary {
+		r.helper("quorum-lost", true)
+	}
+	r.publishOnly(onlyPaths)
+	r.peerHelper(k, "disconnected")
+	k.cstate = connUnconnected
+	r.publish()
+	k.cstate = connConnecting
+	r.publish()
+}
+
+// refreshPeerView copies what the peer reports over a live connection.
+func (c *Cluster) refreshPeerView(r *resource, k *conn, pr *resource) bool {
+	nv := pr.cfg.Options.Disk.NonVoting
+	changed := k.peerRole != pr.role || k.peerDisk != pr.disk || k.peerQuorate != pr.quorate || k.peerNonVoting != nv
+	k.peerRole, k.peerDisk, k.peerQuorate, k.peerNonVoting = pr.role, pr.disk, pr.quorate, nv
+	return changed
+}
+
+// handshake compares generation UUIDs like DRBD's uuid_compare and decides
+// between no sync, a bitmap-based or full resync, split brain and
+// unrelated data.
+func (c *Cluster) handshake(a *resource, ka *conn, b *resource, kb *conn) {
+	ka.handshaken, kb.handshaken = true, true
+	am, bm := a.md, b.md
+	apm, bpm := am.peer(b.nodeID()), bm.peer(a.nodeID())
+	switch {
+	case am.current == uuidJustCreated && bm.current == uuidJustCreated:
+		// "no-sync by rule=just-created-both"
+	case am.current == bm.current:
+		apm.bits.or(bpm.bits)
+		bpm.bits.or(apm.bits)
+		if apm.bits.count() == 0 {
+			c.noSync(a, b)
+			return
+		}
+		if better(b, a) {
+			c.startSync(b, kb, a, ka, false)
+		} else {
+			c.startSync(a, ka, b, kb, false)
+		}
+	case bm.current == uuidJustCreated:
+		c.startSync(a, ka, b, kb, true) // "source-set-bitmap by rule=just-created-peer"
+	case am.current == uuidJustCreated:
+		c.startSync(b, kb, a, ka, true)
+	case apm.bitmapUUID != 0 && apm.bitmapUUID == bm.current:
+		c.startSync(a, ka, b, kb, false) // b came back: sync what changed
+	case bpm.bitmapUUID != 0 && bpm.bitmapUUID == am.current:
+		c.startSync(b, kb, a, ka, false)
+	case am.inHistory(bm.current):
+		c.startSync(a, ka, b, kb, true) // b is behind and the bitmap is gone
+	case bm.inHistory(am.current):
+		c.startSync(b, kb, a, ka, true)
+	case related(am, bm):
+		c.standAlone(a, ka, b, kb, true, "Split-Brain detected but unresolved, dropping connection!")
+	default:
+		c.standAlone(a, ka, b, kb, false, "Unrelated data, aborting!")
+	}
+}
+
+// better: x is the better sync source than y when both hold the same
+// generation (an interrupted resync, or a Primary's writes).
+func better(x, y *resource) bool {
+	rank := func(r *resource) int {
+		switch {
+		case r.role == rolePrimary:
+			return 4
+		case r.disk == DiskUpToDate:
+			return 3
+		case r.disk == DiskConsistent:
+			return 2
+		case r.disk == DiskOutdated:
+			return 1
+		}
+		return 0
+	}
+	return rank(x) > rank(y)
+}
+
+// related: the two replicas share an ancestor generation, so each changed
+// on its own since they parted.
+func related(a, b *metadata) bool {
+	anc := map[uint64]bool{}
+	for _, u := range a.history {
+		anc[u] = true
+	}
+	for _, p := range a.peers {
+		if p.bitmapUUID != 0 {
+			anc[p.bitmapUUID] = true
+		}
+	}
+	if anc[b.current] {
+		return true
+	}
+	for _, u := range b.history {
+		if anc[u] {
+			return true
+		}
+	}
+	for _, p := range b.peers {
+		if p.bitmapUUID != 0 && anc[p.bitmapUUID] {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Cluster) noSync(a, b *resource) {
+	a.md.peer(b.nodeID()).bitmapUUID = 0
+	b.md.peer(a.nodeID()).bitmapUUID = 0
+	// Same generation and nothing out of sync: a Consistent or Outdated
+	// replica is as good as its UpToDate peer.
+	if a.disk == DiskUpToDate || b.disk == DiskUpToDate || (a.disk == DiskConsistent && b.disk == DiskConsistent) {
+		for _, x := range []*resource{a, b} {
+			if x.disk == DiskConsistent || x.disk == DiskOutdated {
+				x.setDisk(DiskUpToDate)
+			}
+		}
+	}
+}
+
+func (c *Cluster) startSync(src *resource, ks *conn, dst *resource, kd *conn, full bool) {
+	sp, dp := src.md.peer(dst.nodeID()), dst.md.peer(src.nodeID())
+	if full {
+		sp.bits.setAll(src.md.blocks())
+	}
+	sp.bits.or(dp.bits)
+	dp.bits.or(sp.bits)
+	if src.disk == DiskConsistent {
+		src.setDisk(DiskUpToDate)
+	}
+	dst.setDisk(DiskInconsistent)
+	src.bmWrites++
+	dst.bmWrites++
+	ks.repl, kd.repl = replWFBitMapS, replWFBitMapT
+	ks.wfUntil, kd.wfUntil = c.now.Add(c.opts.BitmapExchange), c.now.Add(c.opts.BitmapExchange)
+	ks.rsTotal, kd.rsTotal = sp.bits.count(), sp.bits.count()
+	src.publish()
+	dst.publish()
+}
+
+func (c *Cluster) standAlone(a *resource, ka *conn, b *resource, kb *conn, splitBrain bool, msg string) {
+	for _, e := range []struct {
+		r *resource
+		k *conn
+	}{{a, ka}, {b, kb}} {
+		e.k.cstate = connStandAlone
+		e.k.repl = replOff
+		e.k.peerRole = roleUnknown
+		e.k.peerDisk = DiskUnknown
+		e.k.splitBrain = splitBrain
+		e.k.standAloneMsg = msg
+		if splitBrain {
+			e.r.peerHelper(e.k, "split-brain")
+		}
+		e.r.publish()
+	}
+}
+
+// progressResyncs moves every running resync forward by d of virtual time.
+func (c *Cluster) progressResyncs(d time.Duration) {
+	budget := c.opts.ResyncRate * int64(d) / int64(time.Second) / blockSize
+	if budget < 1 {
+		budget = 1
+	}
+	for _, r := range c.runningResources() {
+		for _, k := range r.sortedConns() {
+			if k.repl != replSyncSource || c.now.Before(k.wfUntil) {
+				continue
+			}
+			pr := c.peerResource(r, k)
+			if pr == nil || !pr.attached() || !r.attached() {
+				continue
+			}
+			pk := pr.conns[r.nodeID()]
+			sp, dp := r.md.peer(pr.nodeID()), pr.md.peer(r.nodeID())
+			buf := make([]byte, blockSize)
+			for n := int64(0); n < budget; n++ {
+				i := sp.bits.first()
+				if i < 0 {
+					break
+				}
+				if m, err := r.file.ReadAt(buf, i*blockSize); err == nil || m > 0 {
+					_, _ = pr.file.WriteAt(buf[:m], i*blockSize)
+				}
+				sp.bits.clear(i)
+				dp.bits.clear(i)
+				k.sent += blockSize / 1024
+				pk.received += blockSize / 1024
+				pr.written += blockSize / 1024
+				r.read += blockSize / 1024
+			}
+			if sp.bits.count() == 0 {
+				c.finishSync(r, k, pr, pk)
+			}
+		}
+	}
+}
+
+func (c *Cluster) finishSync(src *resource, ks *conn, dst *resource, kd *conn) {
+	ks.repl, kd.repl = replEstablished, replEstablished
+	ks.rsTotal, kd.rsTotal = 0, 0
+	if dst.md.current != src.md.current {
+		dst.md.rotate(src.md.current)
+	}
+	dst.md.peer(src.nodeID()).bitmapUUID = 0
+	src.md.peer(dst.nodeID()).bitmapUUID = 0
+	if src.disk == DiskUpToDate {
+		dst.setDisk(DiskUpToDate)
+	} else {
+		dst.setDisk(DiskConsistent)
+	}
+	ks.peerDisk = dst.disk // "pdsk( Inconsistent -> UpToDate ) repl( SyncSource -> Established )"
+	src.publish()
+	dst.publish()
+}
+
+// computeQuorum is r's own view, under r's own q/qmr, computed fresh.
+func (c *Cluster) computeQuorum(r *resource) quorum.Result {
+	in := c.quorumInput(r)
+	return quorum.Compute(&in)
+}
+
+// quorumView is a fingerprint of everything r's quorum depends on except
+// its current quorum. DRBD recomputes quorum on a state change of its
+// own; settle recomputes when this fingerprint changes, and a graceful
+// peer departure absorbs its change without recomputing: that is how the
+// displayed quorum goes stale (DRBD-QUORUM.md, "quorum 2" and "qmr 2"
+// rows).
+func (c *Cluster) quorumView(r *resource) string {
+	in := c.quorumInput(r)
+	return fmt.Sprint(in.Quorum, in.MinRedundancy, in.Self, in.Peers)
+}
+
+func (c *Cluster) quorumInput(r *resource) quorum.Input {
+	buf := make([]quorum.Peer, 0, len(r.cfg.Peers))
+	in := quorum.Input{
+		Quorum:        setting(r.cfg.Options.Resource.Quorum),
+		MinRedundancy: setting(r.cfg.Options.Resource.QuorumMinimumRedundancy),
+		QuorateNow:    r.quorate,
+		Peers:         buf[:0],
+	}
+	switch {
+	case r.cfg.Disk == nil || r.cfg.Options.Disk.NonVoting:
+		// A non-voting replica (non-upstream option) counts itself like a
+		// diskless one: no vote of its own.
+		in.Self = quorum.DiskNone
+	case r.attached() && r.disk == DiskUpToDate:
+		in.Self = quorum.DiskUpToDate
+	case r.attached():
+		in.Self = quorum.DiskPresent
+	default:
+		in.Self = quorum.DiskDetached
+	}
+	for _, p := range r.cfg.Peers {
+		k := r.conns[p.NodeID]
+		qp := quorum.Peer{
+			Diskless: p.Diskless,
+			Excluded: !p.EffectiveAllowRemoteRead(r.cfg.Options),
+		}
+		if k != nil && k.peerNonVoting {
+			qp.Excluded = true
+		}
+		if k != nil && k.connected() && k.repl != replOff {
+			qp.Connected = true
+			switch k.peerDisk {
+			case DiskUpToDate:
+				qp.Disk = quorum.DiskUpToDate
+			case DiskDiskless, DiskFailed, DiskAttaching:
+				qp.Disk = quorum.DiskDetached
+			default:
+				qp.Disk = quorum.DiskPresent
+			}
+			qp.Quorate = k.peerQuorate
+		} else {
+			qp.Outdated = r.outdated()[p.NodeID]
+			qp.LeftMembers = !r.members[p.NodeID]
+		}
+		in.Peers = append(in.Peers, qp)
+	}
+	return in
+}
+
+func setting(q drbd.Quorum) quorum.Setting {
+	switch q {
+	case drbd.QuorumOff:
+		return quorum.Off
+	case drbd.QuorumMajority:
+		return quorum.Majority
+	case drbd.QuorumAll:
+		return quorum.All
+	}
+	if k, ok := q.IsCount(); ok {
+		return quorum.Count(k)
+	}
+	return quorum.Off
+}
+
+// component is every running resource reachable from r over live
+// connections: where a cluster-wide state change travels.
+func (c *Cluster) component(r *resource) []*resource {
+	seen := map[*resource]bool{r: true}
+	queue := []*resource{r}
+	for i := 0; i < len(queue); i++ {
+		x := queue[i]
+		for _, k := range x.sortedConns() {
+			if !k.connected() {
+				continue
+			}
+			if y := c.peerResource(x, k); y != nil && !seen[y] {
+				seen[y] = true
+				queue = append(queue, y)
+			}
+		}
+	}
+	return queue
+}
+
+func directlyConnected(a, b *resource) bool {
+	k := a.conns[b.nodeID()]
+	return k != nil && k.connected()
+}
+
+// agreement is a cluster-wide state change over r's component: every
+// quorate participant takes the component as its members set, and a
+// diskful replica that cannot receive a Primary's writes directly is
+// outdated (DRBD-QUORUM.md, row 1).
+func (c *Cluster) agreement(r *resource) {
+	comp := c.component(r)
+	for _, x := range comp {
+		if x.role != rolePrimary {
+			continue
+		}
+		for _, y := range comp {
+			if y != x && y.attached() && y.disk == DiskUpToDate && !directlyConnected(x, y) {
+				y.setDisk(DiskOutdated)
+				x.outdated()[y.nodeID()] = true
+				y.publish()
+			}
+		}
+	}
+	for _, x := range comp {
+		if !c.computeQuorum(x).Quorate {
+			continue
+		}
+		x.members = map[int]bool{}
+		for _, y := range comp {
+			x.members[y.nodeID()] = true
+		}
+	}
+}
+
+// setDisk changes the disk state and persists what DRBD persists.
+func (r *resource) setDisk(d DiskState) {
+	r.disk = d
+	if r.md != nil {
+		switch d {
+		case DiskUpToDate, DiskOutdated, DiskInconsistent:
+			r.md.disk = d
+		}
+	}
+}
+
+// outdated is the set of peers this node knows to be Outdated; kept in the
+// metadata for a diskful node so that it survives restarts.
+func (r *resource) outdated() map[int]bool {
+	if r.n.outdatedPeers == nil {
+		r.n.outdatedPeers = map[string]map[int]bool{}
+	}
+	m := r.n.outdatedPeers[r.name]
+	if m == nil {
+		m = map[int]bool{}
+		r.n.outdatedPeers[r.name] = m
+	}
+	return m
+}

@@ -1,0 +1,807 @@
+package drbdsim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/meshvol/meshvol/pkg/drbd"
+)
+
+// Node is one simulated machine: its DRBD configuration files, the
+// metadata on its disks, and the resources its kernel runs. It implements
+// drbd.Driver.
+type Node struct {
+	c    *Cluster
+	name string
+
+	configs map[string]*resConfig
+	mds     map[string]*metadata // by backing device path
+	res     map[string]*resource
+	// outdatedPeers survives restarts like the metadata flag it stands for.
+	outdatedPeers map[string]map[int]bool
+
+	crashed bool
+	faults  map[string]Fault
+	subs    []*subscriber
+}
+
+var _ drbd.Driver = (*Node)(nil)
+
+// Name is the node's host name.
+func (n *Node) Name() string { return n.name }
+
+// Fault makes a command misbehave (InjectFault).
+type Fault struct {
+	// Hang: the command blocks until its context is done, then fails with
+	// drbd.ErrTimeout. Nothing is applied.
+	Hang bool
+	// Err: the command fails with this error (wrapped in a
+	// *drbd.CommandError of kind drbd.ErrCommandFailed). Nothing is applied.
+	Err error
+}
+
+// InjectFault makes every later call of the named command ("up", "adjust",
+// "primary", "secondary", "down", "status", "events", … or "*" for all)
+// misbehave until ClearFault.
+func (n *Node) InjectFault(cmd string, f Fault) {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	n.faults[cmd] = f
+}
+
+// ClearFault removes a fault injected for cmd.
+func (n *Node) ClearFault(cmd string) {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	delete(n.faults, cmd)
+}
+
+// begin runs the checks every command shares and returns with c.mu held
+// (release with n.c.mu.Unlock) or an error. A hung command waits without
+// the lock so that the rest of the cluster keeps running.
+func (n *Node) begin(ctx context.Context, cmd string, args ...string) error {
+	n.c.mu.Lock()
+	f, ok := n.faults[cmd]
+	if !ok {
+		f, ok = n.faults["*"]
+	}
+	argv := append([]string{"drbdsim", n.name, cmd}, args...)
+	if n.crashed {
+		n.c.mu.Unlock()
+		return &drbd.CommandError{Args: argv, ExitCode: -1, Kind: drbd.ErrCommandFailed,
+			Err: fmt.Errorf("node %s is down (crashed)", n.name)}
+	}
+	if ok && f.Hang {
+		n.c.mu.Unlock()
+		<-ctx.Done()
+		return &drbd.CommandError{Args: argv, ExitCode: -1, Kind: drbd.ErrTimeout, Err: ctx.Err()}
+	}
+	if ok && f.Err != nil {
+		n.c.mu.Unlock()
+		return &drbd.CommandError{Args: argv, ExitCode: 20, Kind: drbd.ErrCommandFailed, Err: f.Err, Stderr: f.Err.Error()}
+	}
+	if err := ctx.Err(); err != nil {
+		n.c.mu.Unlock()
+		return &drbd.CommandError{Args: argv, ExitCode: -1, Kind: drbd.ErrTimeout, Err: err}
+	}
+	return nil
+}
+
+func cmdErr(kind error, args []string, code, exit int, stderr string) error {
+	return &drbd.CommandError{Args: args, ExitCode: exit, Stderr: stderr, StateCode: code, Kind: kind}
+}
+
+// stateErr is a refused state change as drbdsetup reports it.
+func stateErr(kind error, cmd, res string, code int, msg, detail string) error {
+	stderr := fmt.Sprintf("%s: State change failed: (%d) %s\n", res, code, msg)
+	if detail != "" {
+		stderr += "additional info from kernel:\n" + detail + "\n"
+	}
+	exit := 11
+	if code == -2 {
+		exit = 17
+	}
+	return cmdErr(kind, []string{"drbdsetup", cmd, res}, code, exit, stderr)
+}
+
+func unknownRes(cmd, res string) error {
+	return cmdErr(drbd.ErrUnknownResource, []string{"drbdsetup", cmd, res}, 158, 10,
+		fmt.Sprintf("%s: Failure: (158) Unknown resource\n", res))
+}
+
+// WriteConfig validates r and stores it as the node's configuration file.
+func (n *Node) WriteConfig(ctx context.Context, r *drbd.Resource) error {
+	if r == nil {
+		return fmt.Errorf("drbdsim: WriteConfig: resource is nil")
+	}
+	if err := n.begin(ctx, "write-config", r.Name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	if err := r.Validate(drbd.Features{NonVoting: true}); err != nil {
+		return err
+	}
+	if r.Self.Name != n.name {
+		return fmt.Errorf("drbdsim: resource %s: self.name %q is not this node (%s)", r.Name, r.Self.Name, n.name)
+	}
+	n.configs[r.Name] = &resConfig{res: cloneResource(r)}
+	return nil
+}
+
+func cloneResource(r *drbd.Resource) drbd.Resource {
+	out := *r
+	if r.Disk != nil {
+		d := *r.Disk
+		out.Disk = &d
+	}
+	out.Peers = make([]drbd.Peer, len(r.Peers))
+	for i, p := range r.Peers {
+		out.Peers[i] = p
+		if p.AllowRemoteRead != nil {
+			v := *p.AllowRemoteRead
+			out.Peers[i].AllowRemoteRead = &v
+		}
+	}
+	return out
+}
+
+// RemoveConfig deletes the configuration file.
+func (n *Node) RemoveConfig(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "remove-config", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	delete(n.configs, name)
+	return nil
+}
+
+func (n *Node) config(cmd, name string) (*drbd.Resource, error) {
+	cfg := n.configs[name]
+	if cfg == nil {
+		return nil, cmdErr(drbd.ErrUnknownResource, []string{"drbdadm", cmd, name}, 0, 10,
+			fmt.Sprintf("'%s' not defined in your config (for this host).\n", name))
+	}
+	return &cfg.res, nil
+}
+
+// HasMetadata reports whether the configured backing device carries
+// metadata.
+func (n *Node) HasMetadata(ctx context.Context, name string) (bool, error) {
+	if err := n.begin(ctx, "has-metadata", name); err != nil {
+		return false, err
+	}
+	defer n.c.mu.Unlock()
+	cfg, err := n.config("dump-md", name)
+	if err != nil {
+		return false, err
+	}
+	if cfg.Disk == nil {
+		return false, fmt.Errorf("drbdsim: resource %s is diskless on %s: no metadata to look for", name, n.name)
+	}
+	_, ok := n.mds[cfg.Disk.BackingDevice]
+	return ok, nil
+}
+
+// CreateMetadata writes fresh metadata (current UUID "just created",
+// Inconsistent) for maxPeers bitmap slots.
+func (n *Node) CreateMetadata(ctx context.Context, name string, maxPeers int) error {
+	if err := n.begin(ctx, "create-md", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	cfg, err := n.config("create-md", name)
+	if err != nil {
+		return err
+	}
+	if cfg.Disk == nil {
+		return fmt.Errorf("drbdsim: create-md %s: resource is diskless on %s", name, n.name)
+	}
+	if maxPeers < 1 || maxPeers > 31 {
+		return fmt.Errorf("drbdsim: create-md %s: max-peers %d out of range 1..31", name, maxPeers)
+	}
+	if r := n.res[name]; r != nil && r.file != nil {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20,
+			"Device is attached to a DRBD resource; detach it first\n")
+	}
+	size, err := deviceSize(cfg.Disk.BackingDevice)
+	if err != nil {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20, err.Error()+"\n")
+	}
+	kib := size / 1024
+	usable := (kib - internalMetaKiB(kib, maxPeers)) * 1024
+	usable -= usable % blockSize
+	if usable <= 0 {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20,
+			fmt.Sprintf("%s: device too small (%d bytes) for internal metadata\n", cfg.Disk.BackingDevice, size))
+	}
+	n.mds[cfg.Disk.BackingDevice] = &metadata{backing: cfg.Disk.BackingDevice, maxPeers: maxPeers, sizeBytes: usable,
+		current: uuidJustCreated, disk: DiskInconsistent, peers: map[int]*peerMD{}}
+	return nil
+}
+
+// deviceSize is the size of a regular file or block device.
+func deviceSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	size, err := f.Seek(0, 2)
+	if err != nil {
+		return 0, fmt.Errorf("%s: size: %w", path, err)
+	}
+	return size, nil
+}
+
+// Up brings the resource up from its configuration: attach, then connect
+// to every configured peer.
+func (n *Node) Up(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "up", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	if n.res[name] != nil {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "new-resource", name}, 161, 10,
+			fmt.Sprintf("%s: Failure: (161) Minor or volume exists already (delete it first)\n", name))
+	}
+	return n.up(name)
+}
+
+func (n *Node) up(name string) error {
+	cfg, err := n.config("up", name)
+	if err != nil {
+		return err
+	}
+	var md *metadata
+	if cfg.Disk != nil {
+		md = n.mds[cfg.Disk.BackingDevice]
+		if md == nil {
+			return cmdErr(drbd.ErrNoMetadata, []string{"drbdsetup", "attach", name}, 119, 10,
+				fmt.Sprintf("%s: Failure: (119) No valid meta-data signature found.\n", name))
+		}
+	}
+	r := &resource{n: n, name: name, cfg: cloneResource(cfg), role: roleSecondary, disk: DiskDiskless,
+		conns: map[int]*conn{}, members: map[int]bool{}, published: map[string]*object{}}
+	r.members[cfg.Self.NodeID] = true
+	for _, p := range cfg.Peers {
+		r.members[p.NodeID] = true
+	}
+	n.res[name] = r
+	r.publishCreate()
+	if md != nil {
+		if err := r.attach(md); err != nil {
+			delete(n.res, name)
+			r.publishDestroy()
+			return err
+		}
+	}
+	for _, p := range r.cfg.Peers {
+		r.addConn(p)
+	}
+	n.c.settle()
+	return nil
+}
+
+func (r *resource) attach(md *metadata) error {
+	f, err := os.OpenFile(md.backing, os.O_RDWR, 0)
+	if err != nil {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "attach", r.name}, 0, 10,
+			fmt.Sprintf("%s: Failure: (104) Can not open backing device: %v\n", r.name, err))
+	}
+	r.md, r.file = md, f
+	r.disk = DiskAttaching
+	r.publish()
+	// DRBD restores the persisted state; a replica that was UpToDate is
+	// only Consistent until a peer (or a promotion) confirms it.
+	switch md.disk {
+	case DiskUpToDate:
+		r.disk = DiskConsistent
+	default:
+		r.disk = md.disk
+	}
+	for id, pm := range md.peers {
+		if pm.outdated {
+			r.outdated()[id] = true
+		}
+	}
+	for _, k := range r.conns {
+		k.handshaken = false
+	}
+	r.publish()
+	return nil
+}
+
+func (r *resource) detach(to DiskState) {
+	if r.file != nil {
+		_ = r.file.Close()
+	}
+	r.file = nil
+	r.md = nil
+	r.disk = to
+	r.publish()
+	if to == DiskFailed {
+		r.disk = DiskDiskless
+		r.publish()
+	}
+	for _, k := range r.conns {
+		k.handshaken = false
+	}
+}
+
+func (r *resource) addConn(p drbd.Peer) {
+	k := &conn{peer: p, cstate: connStandAlone, peerRole: roleUnknown, repl: replOff, peerDisk: DiskUnknown}
+	r.conns[p.NodeID] = k
+	r.publishCreateConn(k)
+	k.cstate = connUnconnected
+	r.publish()
+	k.cstate = connConnecting
+	r.publish()
+}
+
+// Adjust makes the running resource match the configuration (or brings it
+// up): options, peers added and removed, disk attached or detached,
+// StandAlone connections retried.
+func (n *Node) Adjust(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "adjust", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return n.up(name)
+	}
+	cfg, err := n.config("adjust", name)
+	if err != nil {
+		return err
+	}
+	old := r.cfg
+	r.cfg = cloneResource(cfg)
+	// Peers removed, or whose address changed: drop the connection.
+	for id, k := range r.conns {
+		p, ok := r.cfg.Peer(id)
+		if ok && p.Address == k.peer.Address && p.Name == k.peer.Name {
+			k.peer = p
+			continue
+		}
+		if k.connected() {
+			if pr := n.c.peerResource(r, k); pr != nil {
+				if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
+					n.c.lose(pr, pk, connTearDown)
+				}
+			}
+		}
+		r.publishDestroyConn(k)
+		delete(r.conns, id)
+	}
+	for _, p := range r.cfg.Peers {
+		if r.conns[p.NodeID] == nil {
+			r.addConn(p)
+		}
+	}
+	for _, k := range r.conns {
+		if k.cstate == connStandAlone {
+			k.cstate = connUnconnected
+			r.publish()
+			k.cstate = connConnecting
+			k.splitBrain, k.standAloneMsg = false, ""
+			r.publish()
+		}
+	}
+	switch {
+	case r.cfg.Disk != nil && r.file == nil:
+		md := n.mds[r.cfg.Disk.BackingDevice]
+		if md == nil {
+			return cmdErr(drbd.ErrNoMetadata, []string{"drbdsetup", "attach", name}, 119, 10,
+				fmt.Sprintf("%s: Failure: (119) No valid meta-data signature found.\n", name))
+		}
+		if err := r.attach(md); err != nil {
+			return err
+		}
+	case r.cfg.Disk == nil && r.file != nil:
+		r.detach(DiskDiskless)
+	case r.cfg.Disk != nil && old.Disk != nil && r.cfg.Disk.BackingDevice != old.Disk.BackingDevice:
+		return fmt.Errorf("drbdsim: adjust %s: changing the backing device of an attached volume needs detach first", name)
+	}
+	n.c.settle()
+	return nil
+}
+
+// Down takes the resource down gracefully: demote, disconnect (the peers
+// see TearDown), detach. A leaving UpToDate replica is marked Outdated when
+// an UpToDate peer stays behind, so the survivors may continue without it.
+func (n *Node) Down(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "down", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return nil // drbdadm down of a resource that is not up succeeds
+	}
+	if r.role == rolePrimary {
+		if err := r.demote(); err != nil {
+			return err
+		}
+	}
+	upToDatePeerStays := false
+	for _, k := range r.conns {
+		if k.connected() && k.peerDisk == DiskUpToDate {
+			upToDatePeerStays = true
+		}
+	}
+	if r.attached() && r.disk == DiskUpToDate && upToDatePeerStays {
+		r.setDisk(DiskOutdated)
+		r.publish()
+	}
+	for _, k := range r.sortedConns() {
+		if !k.connected() {
+			continue
+		}
+		pr := n.c.peerResource(r, k)
+		if pr == nil {
+			continue
+		}
+		if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
+			if r.disk == DiskOutdated {
+				pr.outdated()[r.nodeID()] = true
+				if pr.md != nil {
+					pr.md.peer(r.nodeID()).outdated = true
+				}
+			}
+			n.c.lose(pr, pk, connTearDown)
+		}
+	}
+	n.destroy(r)
+	n.c.settle()
+	return nil
+}
+
+// destroy removes a running resource (after Down, or on crash).
+func (n *Node) destroy(r *resource) {
+	r.teardownLoop()
+	if r.file != nil {
+		_ = r.file.Close()
+	}
+	r.publishDestroy()
+	delete(n.res, r.name)
+}
+
+// Primary promotes: refused with DRBD's errors when another directly
+// connected node is Primary (-1), without UpToDate data in reach (-2) or
+// without quorum (-25). force (`primary --force`) makes an Inconsistent
+// local disk UpToDate and bypasses the quorum check.
+func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason) error {
+	if err := n.begin(ctx, "primary", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("primary", name)
+	}
+	if r.role == rolePrimary {
+		return nil
+	}
+	c := n.c
+	if !r.cfg.Options.Net.AllowTwoPrimaries {
+		for _, k := range r.conns {
+			if k.connected() && k.peerRole == rolePrimary {
+				return stateErr(drbd.ErrTwoPrimaries, "primary", name, -1, "Multiple primaries not allowed by config", "")
+			}
+		}
+	}
+	hasData := r.attached() && r.disk == DiskUpToDate
+	for _, k := range r.conns {
+		if k.connected() && k.peerDisk == DiskUpToDate {
+			hasData = true
+		}
+	}
+	if !hasData && force != drbd.NoForce && r.attached() {
+		// "Forced to consider local data as UpToDate!"
+		r.md.rotate(c.newUUID())
+		r.setDisk(DiskUpToDate)
+		for _, k := range r.conns {
+			k.handshaken = false
+		}
+		hasData = true
+	}
+	if !hasData {
+		return stateErr(drbd.ErrNoUpToDateData, "primary", name, -2, "Need access to UpToDate data", "")
+	}
+	// The promotion computes quorum afresh: a displayed quorum:yes may be
+	// stale.
+	if q := c.computeQuorum(r); force == drbd.NoForce && !q.Quorate {
+		detail := q.Reason()
+		if r.cfg.Disk == nil && q.UpToDate > 0 {
+			detail = "No UpToDate peer with quorum"
+		}
+		return stateErr(drbd.ErrNoQuorum, "primary", name, -25, "No quorum", detail)
+	}
+	r.role = rolePrimary
+	r.publish()
+	if c.opts.LoopDevices {
+		if err := r.setupLoop(); err != nil {
+			r.role = roleSecondary
+			r.publish()
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "loop", name}, 0, 20, err.Error()+"\n")
+		}
+	}
+	c.pending = append(c.pending, r)
+	c.settle()
+	return nil
+}
+
+// Secondary demotes. Writes made through the loop device are propagated
+// first; a loop device still in use (mounted) refuses like DRBD (-12).
+func (n *Node) Secondary(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "secondary", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("secondary", name)
+	}
+	if r.role != rolePrimary {
+		return nil
+	}
+	if err := r.demote(); err != nil {
+		return err
+	}
+	n.c.pending = append(n.c.pending, r)
+	n.c.settle()
+	return nil
+}
+
+func (r *resource) demote() error {
+	if r.loop != "" {
+		if inUse(r.loop) {
+			return stateErr(drbd.ErrDeviceInUse, "secondary", r.name, -12, "Device is held open by someone", "")
+		}
+		if err := r.syncLoop(); err != nil {
+			return err
+		}
+	}
+	r.teardownLoop()
+	r.role = roleSecondary
+	r.suspendedQuorum = false
+	r.publish()
+	return nil
+}
+
+// NewCurrentUUIDClearBitmap starts a new generation without a resync: on
+// this node and every connected diskful peer whose metadata is also just
+// created, all become UpToDate (formation of a brand-new volume).
+func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "new-current-uuid", name, "--clear-bitmap"); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("new-current-uuid", name)
+	}
+	if !r.attached() {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "new-current-uuid", "--clear-bitmap", name}, 0, 10,
+			fmt.Sprintf("%s: Failure: (138) Device does not have a disk\n", name))
+	}
+	if r.md.current != uuidJustCreated || r.disk != DiskInconsistent {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "new-current-uuid", "--clear-bitmap", name}, 0, 10,
+			fmt.Sprintf("%s: --clear-bitmap only on a just-created, Inconsistent device (current UUID %016X, disk %s)\n",
+				name, r.md.current, r.disk))
+	}
+	u := n.c.newUUID()
+	group := []*resource{r}
+	for _, k := range r.sortedConns() {
+		if pr := n.c.peerResource(r, k); pr != nil && k.connected() && pr.attached() && pr.md.current == uuidJustCreated {
+			group = append(group, pr)
+		}
+	}
+	for _, x := range group {
+		x.md.rotate(u)
+		for _, pm := range x.md.peers {
+			pm.bits.reset()
+			pm.bitmapUUID = 0
+		}
+		x.setDisk(DiskUpToDate)
+		x.publish()
+	}
+	n.c.settle()
+	return nil
+}
+
+// Resize re-reads the backing device size (grown volumes).
+func (n *Node) Resize(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "resize", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("resize", name)
+	}
+	if r.md == nil {
+		return nil
+	}
+	size, err := deviceSize(r.md.backing)
+	if err != nil {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "resize", name}, 0, 20, err.Error()+"\n")
+	}
+	kib := size / 1024
+	usable := (kib - internalMetaKiB(kib, r.md.maxPeers)) * 1024
+	usable -= usable % blockSize
+	if usable > r.md.sizeBytes {
+		r.md.sizeBytes = usable
+		for _, pm := range r.md.peers {
+			nb := newBitmap(r.md.blocks())
+			copy(nb, pm.bits)
+			pm.bits = nb
+		}
+	}
+	n.c.settle()
+	return nil
+}
+
+// ForgetPeer clears the peer's bitmap slot; the peer must not be configured.
+func (n *Node) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
+	if err := n.begin(ctx, "forget-peer", name, strconv.Itoa(peerNodeID)); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("forget-peer", name)
+	}
+	if _, ok := r.conns[peerNodeID]; ok {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "forget-peer", name, strconv.Itoa(peerNodeID)}, 0, 10,
+			fmt.Sprintf("%s: Failure: (170) Peer connection still configured; del-peer first\n", name))
+	}
+	if r.md != nil {
+		delete(r.md.peers, peerNodeID)
+	}
+	delete(r.outdated(), peerNodeID)
+	delete(r.members, peerNodeID)
+	n.c.settle()
+	return nil
+}
+
+// Verify compares the replica with the peer's block by block (instantly)
+// and marks differing blocks out of sync, as online verify does; they are
+// resynced at the next reconnect.
+func (n *Node) Verify(ctx context.Context, name string, peerNodeID int) error {
+	if err := n.begin(ctx, "verify", name, strconv.Itoa(peerNodeID)); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("verify", name)
+	}
+	k := r.conns[peerNodeID]
+	if k == nil || !k.connected() {
+		return stateErr(drbd.ErrStateChangeRefused, "verify", name, -15, "Need a connection to start verify or resync", "")
+	}
+	pr := n.c.peerResource(r, k)
+	if !r.attached() || pr == nil || !pr.attached() {
+		return stateErr(drbd.ErrStateChangeRefused, "verify", name, -2, "Need access to UpToDate data", "")
+	}
+	for b := int64(0); b < r.md.blocks(); b++ {
+		h1, _ := r.blockHash(b)
+		h2, _ := pr.blockHash(b)
+		if h1 != h2 {
+			r.md.peer(pr.nodeID()).bits.set(b)
+			pr.md.peer(r.nodeID()).bits.set(b)
+		}
+	}
+	n.c.settle()
+	return nil
+}
+
+// DevicePath is a stable path for the resource's block device: a symlink
+// (under Options.Dir) to the loop device while Primary with LoopDevices.
+func (n *Node) DevicePath(name string) string {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	minor := 0
+	if cfg := n.configs[name]; cfg != nil {
+		minor = cfg.res.Minor
+	} else if r := n.res[name]; r != nil {
+		minor = r.cfg.Minor
+	}
+	return filepath.Join(n.c.opts.Dir, "dev", n.name, "drbd"+strconv.Itoa(minor))
+}
+
+// Crash stops the node hard: resources vanish without a goodbye (peers see
+// NetworkFailure), event streams end, configuration and metadata stay. Writes
+// made through a loop device and not yet synced are marked out of sync
+// towards every peer (DRBD's activity log) but were never acknowledged.
+func (n *Node) Crash() {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	if n.crashed {
+		return
+	}
+	for _, name := range sortedKeys(n.res) {
+		r := n.res[name]
+		if r.loop != "" && r.attached() {
+			r.alRecovery()
+		}
+		r.teardownLoop()
+		if r.file != nil {
+			_ = r.file.Close()
+		}
+		delete(n.res, name)
+	}
+	for _, s := range n.subs {
+		s.close()
+	}
+	n.subs = nil
+	n.crashed = true
+	n.c.settle()
+}
+
+// Restart boots a crashed node: nothing runs until Up or Adjust.
+func (n *Node) Restart() {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	n.crashed = false
+}
+
+// FailDisk makes the backing device fail: the disk goes Failed, then
+// Diskless (on-io-error detach). A Primary continues through its peers.
+func (n *Node) FailDisk(name string) error {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil || r.file == nil {
+		return fmt.Errorf("drbdsim: %s: resource %s has no attached disk", n.name, name)
+	}
+	if r.md != nil {
+		// The failed disk keeps whatever state it had persisted; a later
+		// re-attach resyncs from the peers.
+		r.md.disk = DiskInconsistent
+		r.md.current = uuidJustCreated
+		for _, pm := range r.md.peers {
+			pm.bitmapUUID = 0
+		}
+	}
+	r.detach(DiskFailed)
+	n.c.settle()
+	return nil
+}
+
+// inUse reports whether a loop device is mounted or held by another device.
+func inUse(dev string) bool {
+	resolved := dev
+	if b, err := os.ReadFile("/proc/mounts"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == resolved {
+				return true
+			}
+		}
+	}
+	holders, _ := os.ReadDir(filepath.Join("/sys/block", filepath.Base(dev), "holders"))
+	return len(holders) > 0
+}
+
+// EIO is the error of a failed write or read, as the block layer reports it.
+var EIO = syscall.EIO
+
+func ioErr(op, res string, off int64, why string) error {
+	return fmt.Errorf("%s %s at offset %d: %s: %w", op, res, off, why, EIO)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
