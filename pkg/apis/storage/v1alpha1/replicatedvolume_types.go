@@ -254,6 +254,13 @@ type DatameshTransition struct {
 	// replicaName is the replica the transition is about; empty for volume-wide ones.
 	// +optional
 	ReplicaName string `json:"replicaName,omitempty"`
+	// replicaNodeID is the DRBD node-id of that replica while the transition runs. It
+	// outlives the member during a removal, so the node-id is not handed to a new member
+	// before every peer has dropped its connection to the old one.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=31
+	// +optional
+	ReplicaNodeID *int32 `json:"replicaNodeID,omitempty"`
 	// fromType is the member type the transition starts from.
 	// +optional
 	FromType MemberType `json:"fromType,omitempty"`

@@ -1,0 +1,196 @@
+package datamesh
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The benchmarks measure what one reconcile asks of the engine: Process from the
+// objects in to the status out, on objects as a controller's cache hands them over
+// (names are separate allocations, as decoded from JSON), with no deep copy of the input.
+
+// steadyWorld forms a volume of the given layout plus `access` Access members, all
+// confirmed and UpToDate, and returns it with the engine warmed up.
+func steadyWorld(tb testing.TB, ftt, gmdr, access int) *world {
+	w := newWorld()
+	for i := 10; i <= 40; i++ {
+		w.pool.Nodes = append(w.pool.Nodes, v1.EligibleNode{NodeName: "n" + strconv.Itoa(i), Zone: "z1", Ready: true})
+	}
+	c := w.rv.Spec.ManualConfiguration
+	c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy = int32(ftt), int32(gmdr)
+	for i := 0; i < 5; i++ {
+		if _, err := w.process(tb); err != nil {
+			tb.Fatal(err)
+		}
+		if w.place() == "" {
+			break
+		}
+	}
+	w.settleAll(tb)
+	for i := 0; i < access; i++ {
+		n := len(w.rvrs) + 1
+		w.addRVR("r"+strconv.Itoa(n), "n"+strconv.Itoa(n), v1.ReplicaTypeAccess)
+		// Keep the Access replicas: an RVA on each node (attachments are served up to
+		// maxAttachments; the rest stay Pending, which is steady too).
+		a := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: "rva-n" + strconv.Itoa(n), CreationTimestamp: metav1.NewTime(w.now.Add(time.Duration(i) * time.Second))}}
+		a.Spec.NodeName = "n" + strconv.Itoa(n)
+		w.rvas = append(w.rvas, a)
+	}
+	w.settleAll(tb)
+	// Separate allocations for every name, as a real cache would have them.
+	for _, r := range w.rvrs {
+		r.Name = strings.Clone(r.Name)
+	}
+	if res, _ := w.process(tb); res.Changed || len(w.rv.Status.DatameshTransitions) != 0 {
+		tb.Fatalf("not steady: changed=%v transitions=%d\n%s", res.Changed, len(w.rv.Status.DatameshTransitions), w.status(true))
+	}
+	return w
+}
+
+func (w *world) settleAll(tb testing.TB) {
+	for i := 0; i < 200; i++ {
+		for _, r := range w.rvrs {
+			r.Status.DatameshRevision = w.rv.Status.DatameshRevision
+			if r.Spec.Type == v1.ReplicaTypeDiskful {
+				r.Status.DiskState = v1.DiskStateUpToDate
+			}
+		}
+		before := w.rv.Status.DatameshRevision
+		if _, err := w.process(tb); err != nil {
+			tb.Fatal(err)
+		}
+		if len(w.rv.Status.DatameshTransitions) == 0 && before == w.rv.Status.DatameshRevision {
+			return
+		}
+	}
+	tb.Fatalf("did not settle:\n%s", w.status(true))
+}
+
+func benchSteady(b *testing.B, w *world) {
+	in := &Input{RV: w.rv, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now}
+	e := NewEngine(w.reg, w.features)
+	e.Process(in)
+	b.ReportAllocs()
+	b.ResetTimer()
+	c0 := cpuTime()
+	for i := 0; i < b.N; i++ {
+		res, err := e.Process(in)
+		if err != nil || res.Changed {
+			b.Fatalf("steady volume changed: %v", err)
+		}
+	}
+	reportCPU(b, c0)
+}
+
+// cpuTime is the process's user+system CPU time. On a shared, overloaded machine the
+// wall-clock ns/op includes the time the benchmark waited for a core; cpu-ns/op does not.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func reportCPU(b *testing.B, c0 time.Duration) {
+	if d := cpuTime() - c0; d > 0 && b.N > 0 {
+		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	}
+}
+
+// BenchmarkProcessSteady3D: a formed 3D volume with nothing to do.
+func BenchmarkProcessSteady3D(b *testing.B) {
+	benchSteady(b, steadyWorld(b, 1, 1, 0))
+}
+
+// BenchmarkProcessSteady32: 32 members (5D + 27 Access; 27 RVAs, one attached, the
+// others waiting for maxAttachments), RVRs passed sorted by name as the reconciler does.
+func BenchmarkProcessSteady32(b *testing.B) {
+	w := steadyWorld(b, 2, 2, 27)
+	if n := len(w.rv.Status.Datamesh.Members); n != 32 {
+		b.Fatalf("%d members", n)
+	}
+	slices.SortFunc(w.rvrs, func(x, y *v1.ReplicatedVolumeReplica) int { return strings.Compare(x.Name, y.Name) })
+	benchSteady(b, w)
+}
+
+// BenchmarkProcessSteady32Unsorted: the same with RVRs in creation order (r1, r2, …,
+// r32, not name order): the engine sorts a permutation itself.
+func BenchmarkProcessSteady32Unsorted(b *testing.B) {
+	w := steadyWorld(b, 2, 2, 27)
+	benchSteady(b, w)
+}
+
+// statusSnapshot restores a status cheaply (reusing the slices' storage), so a benchmark
+// can run the same admitting reconcile again without a deep copy.
+type statusSnapshot struct {
+	st       v1.ReplicatedVolumeStatus
+	members  []v1.DatameshMember
+	requests []v1.DatameshReplicaRequest
+	eff      v1.Layout
+}
+
+func snapshot(st *v1.ReplicatedVolumeStatus) *statusSnapshot {
+	s := &statusSnapshot{st: *st, eff: *st.EffectiveLayout}
+	s.members = append([]v1.DatameshMember(nil), st.Datamesh.Members...)
+	s.requests = append([]v1.DatameshReplicaRequest(nil), st.DatameshReplicaRequests...)
+	return s
+}
+
+func (s *statusSnapshot) restore(st *v1.ReplicatedVolumeStatus) {
+	members := append(st.Datamesh.Members[:0], s.members...)
+	requests := append(st.DatameshReplicaRequests[:0], s.requests...)
+	transitions := st.DatameshTransitions[:0]
+	eff := st.EffectiveLayout
+	*st = s.st
+	*eff = s.eff
+	st.EffectiveLayout = eff
+	st.Datamesh.Members = members
+	st.DatameshReplicaRequests = requests
+	st.DatameshTransitions = transitions
+}
+
+// BenchmarkAdmitAddReplicaD: a 3D volume whose configuration moved to 4D, and a new
+// Diskful replica: the reconcile that admits AddReplica(D) (derives the plan, runs the
+// guards, publishes ✦ → A). The status is restored in place before each iteration
+// (statusSnapshot.restore, measured alone by BenchmarkRestoreOnly: subtract it).
+func BenchmarkAdmitAddReplicaD(b *testing.B) {
+	w := steadyWorld(b, 1, 1, 0)
+	w.rv.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = 2
+	w.process(b)
+	w.addRVR("r4", "n4", v1.ReplicaTypeDiskful)
+	w.rvrs[3].Name = strings.Clone("r4")
+	snap := snapshot(&w.rv.Status)
+	in := &Input{RV: w.rv, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now}
+	e := NewEngine(w.reg, w.features)
+	e.Process(in)
+	if len(w.rv.Status.DatameshTransitions) != 1 || w.rv.Status.DatameshTransitions[0].Type != v1.TransitionAddReplica {
+		b.Fatalf("AddReplica not admitted:\n%s", w.status(true))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	c0 := cpuTime()
+	for i := 0; i < b.N; i++ {
+		snap.restore(&w.rv.Status)
+		e.Process(in)
+	}
+	reportCPU(b, c0)
+}
+
+// BenchmarkRestoreOnly is the restore part of BenchmarkAdmitAddReplicaD.
+func BenchmarkRestoreOnly(b *testing.B) {
+	w := steadyWorld(b, 1, 1, 0)
+	snap := snapshot(&w.rv.Status)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		snap.restore(&w.rv.Status)
+	}
+}

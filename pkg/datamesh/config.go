@@ -1,0 +1,105 @@
+package datamesh
+
+import (
+	"slices"
+	"strconv"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+)
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// resolveConfiguration writes status.configuration from the RSC (Auto) or
+// spec.manualConfiguration (Manual). During formation it is frozen: the layout being
+// built must not change under it. A source that cannot be resolved keeps the previous
+// configuration and says why in a Warning event; transitions in flight go on.
+func (e *Engine) resolveConfiguration() error {
+	s := &e.s
+	rv := s.in.RV
+	if !e.formationActive() {
+		want, ok, why := desiredConfiguration(rv, s.in.RSC)
+		switch {
+		case !ok:
+			if why != "" {
+				e.event(EventWarning, "ConfigurationUnresolved", why)
+			}
+		case s.st.Configuration == nil || !sameConfiguration(s.st.Configuration, &want):
+			if s.st.Configuration == nil {
+				s.st.Configuration = &v1.ReplicatedVolumeConfiguration{}
+			}
+			*s.st.Configuration = want
+			s.st.Configuration.Zones = slices.Clone(want.Zones)
+			e.markChanged()
+		}
+	}
+	if c := s.st.Configuration; c != nil {
+		s.cfg = layout.Layout{FTT: int(c.FailuresToTolerate), GMDR: int(c.GuaranteedMinimumDataRedundancy)}
+		if err := s.cfg.Validate(); err != nil {
+			// A configuration that was valid when written cannot become invalid; one
+			// written by someone else is refused rather than acted on.
+			return inputError("status.configuration." + err.Error())
+		}
+		s.hasCfg = true
+	}
+	return nil
+}
+
+type inputError string
+
+func (e inputError) Error() string { return string(e) }
+
+// desiredConfiguration resolves the configuration source. ok=false with a reason when it
+// cannot (no class, invalid values); the reason names the field and the rule.
+func desiredConfiguration(rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass) (v1.ReplicatedVolumeConfiguration, bool, string) {
+	var c v1.ReplicatedVolumeConfiguration
+	switch rv.Spec.ConfigurationMode {
+	case v1.ConfigurationModeManual:
+		if rv.Spec.ManualConfiguration == nil {
+			return c, false, "spec.manualConfiguration: required when configurationMode is Manual"
+		}
+		c = *rv.Spec.ManualConfiguration
+	default:
+		if rsc == nil {
+			return c, false, "spec.replicatedStorageClassName: storage class " + strconv.Quote(rv.Spec.ReplicatedStorageClassName) + " not found"
+		}
+		sp := &rsc.Spec
+		var l layout.Layout
+		switch {
+		case sp.Replication != nil:
+			var err error
+			if l, err = layout.FromReplication(string(*sp.Replication)); err != nil {
+				return c, false, "storage class " + rsc.Name + ": " + err.Error()
+			}
+		case sp.FailuresToTolerate != nil && sp.GuaranteedMinimumDataRedundancy != nil:
+			l = layout.Layout{FTT: int(*sp.FailuresToTolerate), GMDR: int(*sp.GuaranteedMinimumDataRedundancy)}
+		default:
+			return c, false, "storage class " + rsc.Name + ": set replication, or both failuresToTolerate and guaranteedMinimumDataRedundancy"
+		}
+		c = v1.ReplicatedVolumeConfiguration{
+			StoragePool:                     sp.StoragePool,
+			FailuresToTolerate:              int32(l.FTT),
+			GuaranteedMinimumDataRedundancy: int32(l.GMDR),
+			Topology:                        sp.Topology,
+			Zones:                           sp.Zones,
+			VolumeAccess:                    sp.VolumeAccess,
+		}
+	}
+	if c.Topology == "" {
+		c.Topology = v1.TopologyIgnored
+	}
+	if c.VolumeAccess == "" {
+		c.VolumeAccess = v1.VolumeAccessPreferablyLocal
+	}
+	l := layout.Layout{FTT: int(c.FailuresToTolerate), GMDR: int(c.GuaranteedMinimumDataRedundancy)}
+	if err := l.Validate(); err != nil {
+		return c, false, "configuration: " + err.Error()
+	}
+	return c, true, ""
+}
+
+func sameConfiguration(a, b *v1.ReplicatedVolumeConfiguration) bool {
+	return a.StoragePool == b.StoragePool && a.FailuresToTolerate == b.FailuresToTolerate &&
+		a.GuaranteedMinimumDataRedundancy == b.GuaranteedMinimumDataRedundancy &&
+		a.Topology == b.Topology && a.VolumeAccess == b.VolumeAccess && slices.Equal(a.Zones, b.Zones)
+}

@@ -1,0 +1,209 @@
+package datamesh
+
+import (
+	"strconv"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+// Emergency operations (seed 000 §ForceRemoveReplica, "Transition parallelism"):
+//
+//   - ForceDetach clears a lost member's attachment without waiting for it; it cancels
+//     the member's Attach/Detach in flight.
+//   - ForceRemoveReplica removes a lost member in one step from whatever state it is in,
+//     cancels every transition of that member, and does not wait for voter or quorum
+//     transitions of others (they may be stuck waiting for it). Every force removal
+//     ready in this pass is published together: one revision, q computed once for the
+//     final voter count. The dead member is excluded from the wait set.
+//
+// Guards: NotAttached (no attachment and no Attach/Detach in flight) and
+// MemberUnreachable (no replica whose agent is ready reports a Connected connection to it).
+
+func (e *Engine) emergency() {
+	s := &e.s
+	for _, name := range s.in.ForceDetach {
+		e.forceDetach(name)
+	}
+	for i := range s.st.DatameshReplicaRequests {
+		if r := &s.st.DatameshReplicaRequests[i]; r.Operation == v1.ReplicaOperationForceLeave {
+			e.forceDetach(r.Name)
+		}
+	}
+	var batch []int // request indexes; requests do not move during this pass
+	for i := range s.st.DatameshReplicaRequests {
+		r := &s.st.DatameshReplicaRequests[i]
+		if r.Operation != v1.ReplicaOperationForceLeave || e.forceInFlight(r.Name) {
+			continue
+		}
+		mi := e.memberIndex(r.Name)
+		if mi < 0 {
+			// Already out of the datamesh, but a transition (a RemoveReplica waiting for
+			// the dead replica to confirm) still refers to it: cancel it, the member is gone.
+			cancelled := false
+			for ti := e.transitionOf(r.Name, false); ti >= 0; ti = e.transitionOf(r.Name, false) {
+				e.cancel(ti)
+				cancelled = true
+			}
+			if cancelled {
+				e.setRequestMessageString(r.Name, "Force-removed from datamesh")
+				e.event(EventWarning, "ReplicaForceRemoved", "Replica "+r.Name+" was force-removed: its transition was cancelled")
+			}
+			continue
+		}
+		s.waiting = true
+		if s.st.Datamesh.Members[mi].Attached || e.attachmentInFlight(r.Name) {
+			e.setRequestMessageString(r.Name, "Cannot force-remove attached member; ForceDetach first")
+			continue
+		}
+		if n := e.connectedFrom(r.Name); n > 0 {
+			e.setRequestMessageString(r.Name, "Force-removal blocked: member is reachable (connected from "+strconv.Itoa(n)+" replica(s))")
+			continue
+		}
+		batch = append(batch, i)
+	}
+	if len(batch) == 0 {
+		return
+	}
+	// Cancel first, then append: cancelling moves transitions, appending does not.
+	for _, ri := range batch {
+		name := s.st.DatameshReplicaRequests[ri].Name
+		for ti := e.transitionOf(name, false); ti >= 0; ti = e.transitionOf(name, false) {
+			e.cancel(ti)
+		}
+	}
+	var started []int
+	for _, ri := range batch {
+		name := s.st.DatameshReplicaRequests[ri].Name
+		mi := e.memberIndex(name)
+		from := StateOfMember(s.st.Datamesh.Members[mi].Type)
+		c := e.counts()
+		id, err := DerivedPlanID(from, StateGone, PathParams{Force: true, VotersOdd: c.voters%2 == 1, Shadow: e.features.ShadowDiskful || from.IsShadow()})
+		if err != nil {
+			e.setRequestMessageString(name, "Cannot force-remove: "+err.Error())
+			continue
+		}
+		p, ok := e.reg.Latest(id)
+		if !ok {
+			e.setRequestMessageString(name, "Cannot force-remove: plan "+id+" is not registered")
+			continue
+		}
+		ti := e.appendTransition(p, name)
+		st := s.st
+		st.Datamesh.Members = append(st.Datamesh.Members[:mi], st.Datamesh.Members[mi+1:]...)
+		e.index()
+		started = append(started, ti)
+	}
+	if len(started) == 0 {
+		return
+	}
+	e.afterMembershipChange()
+	rev := e.bump()
+	for _, ti := range started {
+		ts := &s.st.DatameshTransitions[ti].Steps[0]
+		ts.Status, ts.DatameshRevision, ts.StartedAt = v1.StepActive, rev, e.now()
+		e.event(EventWarning, "ForceRemoveStarted", "Force-removing replica "+s.st.DatameshTransitions[ti].ReplicaName+" from the datamesh at revision "+strconv.FormatInt(rev, 10))
+	}
+	// Transitions that waited for the dead members may be done now: look again.
+	e.backward()
+}
+
+// appendTransition adds a transition for plan p without publishing it.
+func (e *Engine) appendTransition(p *Plan, replica string) int {
+	steps := make([]v1.DatameshTransitionStep, len(p.Steps))
+	for i := range p.Steps {
+		steps[i] = v1.DatameshTransitionStep{Name: p.Steps[i].Name, Status: v1.StepPending}
+	}
+	st := e.s.st
+	st.DatameshTransitions = append(st.DatameshTransitions, v1.DatameshTransition{
+		Type: p.Type, Group: p.Group, ReplicaName: replica,
+		FromType: p.From.MemberType(), ToType: p.To.MemberType(),
+		PlanID: p.ID, PlanVersion: p.Version, Steps: steps,
+	})
+	e.markChanged()
+	return len(st.DatameshTransitions) - 1
+}
+
+func (e *Engine) attachmentInFlight(name string) bool {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if ts[i].ReplicaName != name {
+			continue
+		}
+		switch ts[i].Type {
+		case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
+			return true
+		}
+	}
+	return false
+}
+
+// connectedFrom counts replicas with a ready agent that report a Connected DRBD
+// connection to name. A replica whose DRBDConfigured reason is AgentNotReady is not
+// trusted: its peers list may be stale.
+func (e *Engine) connectedFrom(name string) int {
+	n := 0
+	for _, r := range e.s.in.RVRs {
+		if r.Name == name || agentNotReady(r) {
+			continue
+		}
+		for k := range r.Status.Peers {
+			if p := &r.Status.Peers[k]; p.Name == name && p.ConnectionState == "Connected" {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// upToDate: the replica reports an UpToDate disk and its agent is reporting. A replica
+// whose DRBDConfigured reason is AgentNotReady keeps its last report (often UpToDate) for
+// ever once its node is gone, so it never counts as a copy for guards, qmr or the choice
+// of which D to give up (model checker finding F1).
+func upToDate(r *v1.ReplicatedVolumeReplica) bool {
+	return r != nil && r.Status.DiskState == v1.DiskStateUpToDate && !agentNotReady(r)
+}
+
+func agentNotReady(r *v1.ReplicatedVolumeReplica) bool {
+	for k := range r.Status.Conditions {
+		if c := &r.Status.Conditions[k]; c.Type == v1.ConditionDRBDConfigured {
+			return c.Reason == v1.ReasonAgentNotReady
+		}
+	}
+	return false
+}
+
+// forceDetach clears name's attachment without waiting for it.
+func (e *Engine) forceDetach(name string) {
+	s := &e.s
+	mi := e.memberIndex(name)
+	if mi < 0 {
+		return
+	}
+	for i := range s.st.DatameshTransitions {
+		if t := &s.st.DatameshTransitions[i]; t.ReplicaName == name && t.Type == v1.TransitionForceDetach {
+			return
+		}
+	}
+	attached := s.st.Datamesh.Members[mi].Attached
+	inFlight := false
+	for ti := 0; ti < len(s.st.DatameshTransitions); {
+		t := &s.st.DatameshTransitions[ti]
+		if t.ReplicaName == name && (t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach) {
+			inFlight = true
+			e.cancel(ti)
+			continue
+		}
+		ti++
+	}
+	if !attached && !inFlight {
+		return
+	}
+	p, ok := e.reg.Latest(PlanForceDetach)
+	if !ok {
+		return
+	}
+	ti := e.start(p, name)
+	e.confirm(ti, p, 0)
+	e.event(EventWarning, "ForceDetached", "Member "+name+" was force-detached")
+}

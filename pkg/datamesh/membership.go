@@ -1,0 +1,322 @@
+package datamesh
+
+import (
+	"strconv"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+)
+
+// The membership forward pass turns open replica requests into transitions. For each
+// request the planner first decides whether there is anything to do (a skip leaves the
+// message alone, so a completion message survives: seed 001 §2, §6) and derives the plan;
+// then the parallelism rules and the plan's guards decide whether it may start now (a
+// block sets the request's message).
+
+func (e *Engine) membership() {
+	s := &e.s
+	if !s.openRequests {
+		return // every request is done: nothing to plan (the steady state)
+	}
+	if s.quorumBusy || e.groupInFlight(v1.GroupQuorum) {
+		e.blockOpenRequests("Waiting for ChangeQuorum to complete")
+		return
+	}
+	voting := e.votingInFlight()
+	for i := 0; i < len(s.st.DatameshReplicaRequests); i++ {
+		req := s.st.DatameshReplicaRequests[i]
+		if req.Operation == v1.ReplicaOperationForceLeave || e.transitionOf(req.Name, true) >= 0 {
+			continue
+		}
+		p, blocked := e.planFor(&req, i)
+		if p == nil {
+			if blocked != "" {
+				s.waiting = true
+				e.setRequestMessageString(req.Name, blocked)
+			}
+			continue
+		}
+		s.waiting = true
+		if p.Group == v1.GroupVotingMembership && voting != "" {
+			e.setRequestMessageString(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (one voter transition at a time)")
+			continue
+		}
+		if (p.From == StateTB || p.To == StateTB) && voting != "" {
+			// A TieBreaker appearing or leaving while the voter set is half changed would
+			// change what DRBD's tiebreaker allows under a q chosen without it.
+			e.setRequestMessageString(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (a TieBreaker change waits for voter changes)")
+			continue
+		}
+		if msg := e.guards(p, &req); msg != "" {
+			e.setRequestMessageString(req.Name, msg)
+			continue
+		}
+		ti := e.start(p, req.Name)
+		e.confirm(ti, p, 0)
+		if p.Group == v1.GroupVotingMembership {
+			voting = req.Name
+		}
+	}
+}
+
+func (e *Engine) groupInFlight(g v1.TransitionGroup) bool {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if ts[i].Group == g {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) votingInFlight() string {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if ts[i].Group == v1.GroupVotingMembership {
+			return ts[i].ReplicaName
+		}
+	}
+	return ""
+}
+
+// blockOpenRequests sets msg on every request that is not done and has no transition.
+func (e *Engine) blockOpenRequests(msg string) {
+	s := &e.s
+	for i := range s.st.DatameshReplicaRequests {
+		req := s.st.DatameshReplicaRequests[i]
+		if req.Operation == v1.ReplicaOperationForceLeave || e.transitionOf(req.Name, true) >= 0 {
+			continue
+		}
+		if p, _ := e.planFor(&req, i); p != nil {
+			s.waiting = true
+			e.setRequestMessageString(req.Name, msg)
+		}
+	}
+}
+
+// planFor is the planner: it returns the plan for a request, or nil and a blocked message,
+// or nil and "" when there is nothing to do (skip).
+func (e *Engine) planFor(req *v1.DatameshReplicaRequest, guess int) (*Plan, string) {
+	s := &e.s
+	mi := e.memberIndexGuess(req.Name, guess)
+	var from, to State
+	switch req.Operation {
+	case v1.ReplicaOperationJoin:
+		if mi >= 0 || e.findRVR(req.Name, -1) < 0 {
+			return nil, ""
+		}
+		st, ok := StateOfReplicaType(req.Type)
+		if !ok {
+			return nil, "spec.type: unknown replica type " + strconv.Quote(string(req.Type))
+		}
+		from, to = StateNew, st
+	case v1.ReplicaOperationLeave:
+		if mi < 0 {
+			return nil, ""
+		}
+		from, to = e.mstate(mi), StateGone
+	case v1.ReplicaOperationChangeType:
+		if mi < 0 {
+			return nil, ""
+		}
+		st, ok := StateOfReplicaType(req.Type)
+		if !ok {
+			return nil, "spec.type: unknown replica type " + strconv.Quote(string(req.Type))
+		}
+		from, to = e.mstate(mi), st
+		if from == to {
+			return nil, ""
+		}
+	default:
+		return nil, ""
+	}
+	if from.IsLiminal() {
+		return nil, "Member is " + string(from.MemberType()) + ", a transitional state with no transition in flight; it can only be force-removed"
+	}
+	if (to.IsShadow() || from.IsShadow()) && !e.features.ShadowDiskful {
+		return nil, "ShadowDiskful needs a DRBD with the non-voting disk option (feature ShadowDiskful is off)"
+	}
+	c := e.counts()
+	eff := e.effective()
+	pp := PathParams{
+		VotersOdd: c.voters%2 == 1,
+		Shadow:    e.features.ShadowDiskful,
+		QMRUp:     from == StateNew && to == StateD && eff.GMDR < s.cfg.GMDR,
+		QMRDown:   from == StateD && to == StateGone && (eff.GMDR > s.cfg.GMDR || int(s.st.Datamesh.QuorumMinimumRedundancy) > s.cfg.GMDR+1),
+		TBHold:    c.tb > 0 || e.tieBreakerChanging(),
+	}
+	id, err := DerivedPlanID(from, to, pp)
+	if err != nil {
+		return nil, "No plan: " + err.Error()
+	}
+	p, ok := e.reg.Latest(id)
+	if !ok {
+		return nil, "Plan " + id + " is not registered in this controller"
+	}
+	return p, ""
+}
+
+// guards runs the plan's preconditions in the seed's order and returns the first blocked
+// message, or "".
+func (e *Engine) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
+	s := &e.s
+	if e.formationActive() {
+		return "Waiting for formation to complete"
+	}
+	mi := e.memberIndex(req.Name)
+	if p.From == StateNew {
+		return e.joinGuards(p, req)
+	}
+	m := &s.st.Datamesh.Members[mi]
+	if p.To == StateGone {
+		// NotAttached: an attached member is converted, never removed (attached-member
+		// strategy: the layout asks placement to retype it instead).
+		if m.Attached || e.detachInFlight(m.Name) {
+			return "Cannot remove attached member"
+		}
+	}
+	if p.To == StateTB && m.Attached {
+		return "Cannot change attached member to TieBreaker: a TieBreaker is never attached"
+	}
+	if p.From == StateD {
+		if msg := e.leavingDGuards(p, mi); msg != "" {
+			return msg
+		}
+	}
+	if p.From == StateTB {
+		if msg := e.leavingTBGuards(mi); msg != "" {
+			return msg
+		}
+	}
+	return ""
+}
+
+func (e *Engine) detachInFlight(name string) bool {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if ts[i].ReplicaName == name && (ts[i].Type == v1.TransitionDetach || ts[i].Type == v1.TransitionForceDetach) {
+			return true
+		}
+	}
+	return false
+}
+
+// joinGuards are seed 001's AddReplica guards.
+func (e *Engine) joinGuards(p *Plan, req *v1.DatameshReplicaRequest) string {
+	s := &e.s
+	if s.in.RV.DeletionTimestamp != nil {
+		return "Volume is being deleted"
+	}
+	if p.To == StateA && s.st.Configuration != nil && s.st.Configuration.VolumeAccess == v1.VolumeAccessLocal {
+		return "volumeAccess=Local: Access replicas cannot join (the volume is used only where a Diskful replica is)"
+	}
+	r := e.rvrByName(req.Name)
+	if msg := e.joinReady(r, nil); msg != "" {
+		return msg
+	}
+	if e.freeNodeID() < 0 {
+		return "No free DRBD node-id (0..31)"
+	}
+	return ""
+}
+
+// leavingDGuards are seed 000 "Preconditions for leaving D".
+func (e *Engine) leavingDGuards(p *Plan, mi int) string {
+	s := &e.s
+	m := &s.st.Datamesh.Members[mi]
+	cfg := s.st.Configuration
+	if m.Attached && cfg != nil && cfg.VolumeAccess == v1.VolumeAccessLocal && p.To != StateSD {
+		return "Cannot demote Diskful: volumeAccess=Local requires D on attached node"
+	}
+	// QMRReady looks at the qmr the removal will run under: a plan that starts with
+	// qmr↓ lowers it itself.
+	qmr := int(s.st.Datamesh.QuorumMinimumRedundancy)
+	if len(p.Steps) > 0 && p.Steps[0].Kind == StepQMR && p.Steps[0].QMR == Down {
+		qmr = s.cfg.GMDR + 1
+	}
+	if ok, msg := layout.GuardQMRReady(qmr, s.cfg.GMDR); !ok {
+		return msg
+	}
+	c := e.counts()
+	r := e.rvrOfMember(mi)
+	leavingUpToDate := upToDate(r)
+	if ok, msg := layout.GuardGMDR(c.upToDateD, leavingUpToDate, s.cfg.GMDR); !ok {
+		return msg
+	}
+	if ok, msg := layout.GuardFTT(c.voters, s.cfg); !ok {
+		return msg
+	}
+	if cfg != nil && cfg.Topology == v1.TopologyTransZonal {
+		zones := e.zoneCounts()
+		l := layout.Leaving{Zone: m.Zone, UpToDate: leavingUpToDate}
+		if ok, msg := layout.GuardZoneGMDR(zones, l, s.cfg.GMDR); !ok {
+			return msg
+		}
+		if ok, msg := layout.GuardZoneFTT(zones, l, e.effective()); !ok {
+			return msg
+		}
+	}
+	return ""
+}
+
+// leavingTBGuards are seed 000 "Preconditions for leaving TB".
+func (e *Engine) leavingTBGuards(mi int) string {
+	s := &e.s
+	c := e.counts()
+	if ok, msg := layout.GuardTBRequired(c.tb, c.voters, s.cfg.FTT); !ok {
+		return msg
+	}
+	if cfg := s.st.Configuration; cfg != nil && cfg.Topology == v1.TopologyTransZonal {
+		if ok, msg := layout.GuardZoneTBRequired(e.zoneCounts(), s.st.Datamesh.Members[mi].Zone, e.effective()); !ok {
+			return msg
+		}
+	}
+	return ""
+}
+
+// zoneCounts counts the members per zone for the zone guards.
+func (e *Engine) zoneCounts() []layout.ZoneCount {
+	s := &e.s
+	z := s.zones[:0]
+	for i := range s.st.Datamesh.Members {
+		m := &s.st.Datamesh.Members[i]
+		k := -1
+		for j := range z {
+			if z[j].Zone == m.Zone {
+				k = j
+				break
+			}
+		}
+		if k < 0 {
+			z = append(z, layout.ZoneCount{Zone: m.Zone})
+			k = len(z) - 1
+		}
+		switch e.mstate(i) {
+		case StateD:
+			z[k].D++
+			if upToDate(e.rvrOfMember(i)) {
+				z[k].UpToDateD++
+			}
+		case StateDL:
+			z[k].D++
+		case StateTB:
+			z[k].TB++
+		case StateA, StateSDL:
+			z[k].Diskless++
+		}
+	}
+	s.zones = z
+	return z
+}
+
+// tieBreakerChanging: a TieBreaker is joining, leaving or changing type, so some members
+// may still count it: a voter change must hold q as if it were there.
+func (e *Engine) tieBreakerChanging() bool {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if isMembership(ts[i].Type) && (ts[i].FromType == v1.MemberTypeTieBreaker || ts[i].ToType == v1.MemberTypeTieBreaker) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,283 @@
+package datamesh
+
+import (
+	"strconv"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+)
+
+// Configuration → replicas. Replicas are RVR objects that placement creates and deletes;
+// the engine only says what the configured layout wants (Result.Wanted) and turns what
+// placement did into replica requests. The order is add-before-remove: a removal is
+// wanted only when every add the layout needs has become a member of its final type
+// (and every D is UpToDate), so redundancy never dips:
+//
+//	FTT 1→2 (3D → 4D+1TB): create D, create TB.
+//	2D+1TB → 3D:            create D; once it is an UpToDate member, delete the TB.
+//	3D → 2D+1TB:            create TB; once it is a member, delete one D.
+//
+// An attached member is never deleted: it is retyped (D → sD with shadow support, else
+// D → A), the attached-member strategy. When the members already match the layout but
+// q/qmr lag the configuration (a GMDR change with the same D count, or a qmr↑ that had
+// to wait for a copy to become UpToDate), the engine starts a ChangeQuorum itself.
+
+func (e *Engine) settleLayout() {
+	s := &e.s
+	if s.in.RV.DeletionTimestamp != nil {
+		return
+	}
+	needD := s.cfg.DiskfulCount()
+	needTB := layout.TieBreakerMin(needD, s.cfg.FTT)
+	var d, tb int
+	for _, r := range s.in.RVRs {
+		if r.DeletionTimestamp != nil || e.forceLeaving(r.Name) {
+			continue
+		}
+		switch r.Spec.Type {
+		case v1.ReplicaTypeDiskful:
+			d++
+		case v1.ReplicaTypeTieBreaker:
+			tb++
+		}
+	}
+	reason := ""
+	if d < needD || tb < needTB {
+		reason = "configuration " + s.cfg.String() + " (FTT=" + strconv.Itoa(s.cfg.FTT) + ", GMDR=" + strconv.Itoa(s.cfg.GMDR) + ")"
+	}
+	for i := d; i < needD; i++ {
+		s.wanted = append(s.wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
+			Reason: reason + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d)})
+	}
+	for i := tb; i < needTB; i++ {
+		s.wanted = append(s.wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,
+			Reason: reason + " needs " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(tb)})
+	}
+	creates := false
+	for _, w := range s.wanted {
+		creates = creates || w.Action == WantCreate
+	}
+	settled := !creates && e.addsLanded()
+	c := e.counts()
+	if settled && d > needD && c.upToDateD >= needD {
+		if mi := e.pickDiskfulVictim(); mi >= 0 {
+			m := &s.st.Datamesh.Members[mi]
+			why := "configuration " + s.cfg.String() + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d)
+			if m.Attached {
+				to := v1.ReplicaTypeAccess
+				if e.features.ShadowDiskful {
+					to = v1.ReplicaTypeShadowDiskful
+				}
+				s.wanted = append(s.wanted, WantedReplica{Action: WantRetype, Type: to, Replica: m.Name, Reason: why + "; " + m.Name + " is attached, so it is converted, not removed"})
+			} else {
+				s.wanted = append(s.wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeDiskful, Replica: m.Name, Reason: why})
+			}
+		}
+	}
+	if settled && tb > needTB {
+		if mi := e.pickTBVictim(); mi >= 0 {
+			s.wanted = append(s.wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeTieBreaker, Replica: s.st.Datamesh.Members[mi].Name,
+				Reason: "configuration " + s.cfg.String() + " needs " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(tb)})
+		}
+	}
+	// A force-removed replica's object stays until placement deletes it.
+	if s.anyForce {
+		for j, r := range s.in.RVRs {
+			if r.DeletionTimestamp == nil && s.rvrMember[j] < 0 && e.forceLeaving(r.Name) && !e.forceInFlight(r.Name) {
+				s.wanted = append(s.wanted, WantedReplica{Action: WantDelete, Type: r.Spec.Type, Replica: r.Name,
+					Reason: r.Name + " was force-removed from the datamesh (its node is lost)"})
+			}
+		}
+	}
+	if len(s.st.DatameshTransitions) > 0 || s.in.ChangeQuorum != nil {
+		return
+	}
+	switch {
+	case s.cfg.GMDR < e.effective().GMDR || int(s.st.Datamesh.QuorumMinimumRedundancy) > s.cfg.GMDR+1:
+		// Lowering qmr is safe at any time; it rides on a RemoveReplica(D) (qmr↓ first)
+		// when the layout has a D too many (after its adds), else it goes alone (a GMDR
+		// change with the same D count, or a retype out of D that QMRReady holds back).
+		if d <= needD && !e.diskfulLeaving() {
+			e.settleQuorum(c)
+		}
+	case settled && !e.removalWanted():
+		e.settleQuorum(c)
+	}
+}
+
+// addsLanded: every replica that is not leaving is a member of the type it asks for and
+// no membership transition runs: the adds the layout needed are done.
+func (e *Engine) addsLanded() bool {
+	s := &e.s
+	ts := s.st.DatameshTransitions
+	for i := range ts {
+		if isMembership(ts[i].Type) || ts[i].Type == v1.TransitionChangeQuorum {
+			return false
+		}
+	}
+	for j, r := range s.in.RVRs {
+		if r.DeletionTimestamp != nil || e.forceLeaving(r.Name) {
+			continue
+		}
+		want, ok := e.rstate(j)
+		mi := s.rvrMember[j]
+		if !ok || mi < 0 || e.mstate(mi) != want {
+			return false
+		}
+	}
+	return true
+}
+
+// diskfulLeaving: a D is about to be removed (wanted, or its RVR is being deleted), so
+// the qmr↓ will be the first step of its RemoveReplica.
+func (e *Engine) diskfulLeaving() bool {
+	s := &e.s
+	for _, w := range s.wanted {
+		if w.Action == WantDelete && w.Type == v1.ReplicaTypeDiskful {
+			return true
+		}
+	}
+	for mi := range s.st.Datamesh.Members {
+		if e.mstate(mi) != StateD {
+			continue
+		}
+		if r := e.rvrOfMember(mi); r != nil && r.DeletionTimestamp != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) forceLeaving(name string) bool {
+	rs := e.s.st.DatameshReplicaRequests
+	if !e.s.anyForce || len(rs) == 0 {
+		return false
+	}
+	i := e.findRequest(name, -1)
+	return i >= 0 && rs[i].Operation == v1.ReplicaOperationForceLeave
+}
+
+// pickDiskfulVictim chooses the D to give up: not attached before attached, not UpToDate
+// before UpToDate, then the highest node-id (a stable, explainable choice).
+func (e *Engine) pickDiskfulVictim() int {
+	best, bestScore := -1, -1
+	for mi := range e.s.st.Datamesh.Members {
+		m := &e.s.st.Datamesh.Members[mi]
+		r := e.rvrOfMember(mi)
+		if e.mstate(mi) != StateD || r == nil || r.DeletionTimestamp != nil || r.Spec.Type != v1.ReplicaTypeDiskful {
+			continue
+		}
+		score := int(m.NodeID)
+		if !m.Attached {
+			score += 2 << 6
+		}
+		if !upToDate(r) {
+			score += 1 << 6
+		}
+		if score > bestScore {
+			best, bestScore = mi, score
+		}
+	}
+	return best
+}
+
+func (e *Engine) pickTBVictim() int {
+	best := -1
+	for mi := range e.s.st.Datamesh.Members {
+		m := &e.s.st.Datamesh.Members[mi]
+		r := e.rvrOfMember(mi)
+		if e.mstate(mi) != StateTB || r == nil || r.DeletionTimestamp != nil {
+			continue
+		}
+		if best < 0 || m.NodeID > e.s.st.Datamesh.Members[best].NodeID {
+			best = mi
+		}
+	}
+	return best
+}
+
+// settleQuorum moves q/qmr and the effective layout to what the configuration and the
+// members allow, through a ChangeQuorum when q or qmr must change.
+func (e *Engine) settleQuorum(c counts) {
+	s := &e.s
+	eff := e.effective()
+	qmr := int(s.st.Datamesh.QuorumMinimumRedundancy)
+	var next layout.Layout
+	if s.cfg.GMDR != eff.GMDR || qmr != layout.QMR(eff) {
+		qmr = eff.NextQMR(s.cfg, c.upToDateD)
+		next = eff.AfterQMRChange(s.cfg, qmr, c.voters, c.tb)
+	} else {
+		next = eff.AfterMembershipChange(s.cfg, c.voters, c.tb)
+	}
+	q := layout.Quorum(c.voters, next)
+	if q != int(s.st.Datamesh.Quorum) || qmr != int(s.st.Datamesh.QuorumMinimumRedundancy) {
+		e.startQuorum(q, qmr, &next)
+		return
+	}
+	if next != eff {
+		e.setEffective(next)
+	}
+}
+
+// changeQuorum starts an explicit ChangeQuorum (Input.ChangeQuorum). It is exclusive: it
+// waits until nothing but emergency transitions runs, and while it waits no new
+// membership transition starts (so it cannot starve).
+func (e *Engine) changeQuorum() {
+	s := &e.s
+	cq := s.in.ChangeQuorum
+	if cq == nil || e.groupInFlight(v1.GroupQuorum) {
+		return
+	}
+	q, qmr := int(s.st.Datamesh.Quorum), int(s.st.Datamesh.QuorumMinimumRedundancy)
+	if cq.Quorum > 0 {
+		q = int(cq.Quorum)
+	}
+	if cq.QuorumMinimumRedundancy > 0 {
+		qmr = int(cq.QuorumMinimumRedundancy)
+	}
+	if q == int(s.st.Datamesh.Quorum) && qmr == int(s.st.Datamesh.QuorumMinimumRedundancy) {
+		return
+	}
+	ts := s.st.DatameshTransitions
+	for i := range ts {
+		if ts[i].Group != v1.GroupEmergency {
+			s.quorumBusy, s.waiting = true, true
+			return
+		}
+	}
+	e.startQuorum(q, qmr, nil)
+}
+
+// startQuorum publishes q/qmr (and the effective layout: next, or GMDR = qmr-1 when nil)
+// as a ChangeQuorum: D + D∅ confirm a q-only change, everyone a qmr change.
+func (e *Engine) startQuorum(q, qmr int, next *layout.Layout) {
+	s := &e.s
+	id := PlanChangeQuorumQ
+	if qmr != int(s.st.Datamesh.QuorumMinimumRedundancy) {
+		id = PlanChangeQuorumQMR
+	}
+	p, ok := e.reg.Latest(id)
+	if !ok {
+		return
+	}
+	if next != nil {
+		e.setEffective(*next)
+	} else if qmr != int(s.st.Datamesh.QuorumMinimumRedundancy) {
+		c := e.counts()
+		e.setEffective(e.effective().AfterQMRChange(s.cfg, qmr, c.voters, c.tb))
+	}
+	s.st.Datamesh.Quorum = int32(q)
+	s.st.Datamesh.QuorumMinimumRedundancy = int32(qmr)
+	ti := e.start(p, "")
+	e.confirm(ti, p, 0)
+	e.event(EventNormal, "ChangeQuorumStarted", "ChangeQuorum: q="+strconv.Itoa(q)+", qmr="+strconv.Itoa(qmr))
+}
+
+func (e *Engine) removalWanted() bool {
+	for _, w := range e.s.wanted {
+		if w.Action != WantCreate && (w.Type == v1.ReplicaTypeDiskful || w.Type == v1.ReplicaTypeTieBreaker) {
+			return true
+		}
+	}
+	return false
+}
