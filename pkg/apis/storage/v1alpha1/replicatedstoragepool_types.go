@@ -48,8 +48,8 @@ type FilePool struct {
 // +kubebuilder:validation:XValidation:rule="self.type == 'File' || (has(self.volumeGroups) && size(self.volumeGroups) > 0)",message="volumeGroups must list at least one node's volume group when type is LVM or LVMThin"
 // +kubebuilder:validation:XValidation:rule="self.type != 'File' || has(self.file)",message="file.directory is required when type is File"
 // +kubebuilder:validation:XValidation:rule="self.type == 'File' || !has(self.file)",message="file must be empty unless type is File"
-// +kubebuilder:validation:XValidation:rule="self.type != 'LVMThin' || !has(self.volumeGroups) || self.volumeGroups.all(v, has(v.thinPool) && v.thinPool != '')",message="every volumeGroups entry needs thinPool when type is LVMThin"
-// +kubebuilder:validation:XValidation:rule="self.type != 'LVM' || !has(self.volumeGroups) || self.volumeGroups.all(v, !has(v.thinPool) || v.thinPool == '')",message="thinPool must be empty when type is LVM"
+// +kubebuilder:validation:XValidation:rule="self.type != 'LVMThin' || !has(self.volumeGroups) || self.volumeGroups.all(v, has(v.thinPool) && size(v.thinPool) > 0)",message="every volumeGroups entry needs thinPool when type is LVMThin"
+// +kubebuilder:validation:XValidation:rule="self.type != 'LVM' || !has(self.volumeGroups) || self.volumeGroups.all(v, !has(v.thinPool) || size(v.thinPool) == 0)",message="thinPool must be empty when type is LVM"
 // +kubebuilder:validation:XValidation:rule="self.type == oldSelf.type",message="type is immutable"
 type ReplicatedStoragePoolSpec struct {
 	// type is the kind of backing storage.

@@ -52,7 +52,7 @@ type ReplicatedVolumeConfiguration struct {
 
 // ReplicatedVolumeSpec is the user's intent for one volume.
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Manual' || has(self.manualConfiguration)",message="manualConfiguration is required when configurationMode is Manual"
-// +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || (has(self.replicatedStorageClassName) && self.replicatedStorageClassName != '')",message="replicatedStorageClassName is required when configurationMode is Auto"
+// +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || (has(self.replicatedStorageClassName) && size(self.replicatedStorageClassName) > 0)",message="replicatedStorageClassName is required when configurationMode is Auto"
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || !has(self.manualConfiguration)",message="manualConfiguration must be empty when configurationMode is Auto"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.size) || !isQuantity(string(self.size)) || !isQuantity(string(oldSelf.size)) || quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",message="size may not shrink: a volume can only grow"
 type ReplicatedVolumeSpec struct {

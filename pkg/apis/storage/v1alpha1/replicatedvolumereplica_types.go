@@ -22,7 +22,7 @@ type ReplicaStorage struct {
 }
 
 // ReplicatedVolumeReplicaSpec is the placement of one replica, written by the controller.
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || oldSelf.nodeName == '' || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || size(oldSelf.nodeName) == 0 || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set"
 // +kubebuilder:validation:XValidation:rule="self.replicatedVolumeName == oldSelf.replicatedVolumeName",message="replicatedVolumeName is immutable"
 // +kubebuilder:validation:XValidation:rule="!(self.type == 'Access' || self.type == 'TieBreaker') || !has(self.storage)",message="storage must be empty for diskless types Access and TieBreaker"
 type ReplicatedVolumeReplicaSpec struct {
