@@ -1,0 +1,31 @@
+# meshvol image: one binary, `meshvol controller` or `meshvol node`.
+#
+# NOT BUILT HERE: the development machines have a Docker client but no Docker
+# engine, so this file has not been through `docker build`. Keep it small and
+# obvious until it has.
+#
+# The runtime image is Debian, not distroless: the node plugin runs the host's
+# DRBD through drbd-utils (drbdadm, drbdsetup), formats and mounts volumes
+# (e2fsprogs, xfsprogs, util-linux for mount and losetup) and manages LVM
+# backing volumes (lvm2). The controller needs none of it, but one image for
+# both roles is simpler to ship and to reason about.
+
+FROM golang:1.26 AS build
+WORKDIR /src
+# Dependencies first, so a source change does not refetch them.
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+ARG COMMIT=
+RUN CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath \
+      -ldflags "-s -w -X github.com/meshvol/meshvol/pkg/version.Version=${VERSION} -X github.com/meshvol/meshvol/pkg/version.Commit=${COMMIT}" \
+      -o /out/meshvol ./cmd/meshvol
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends drbd-utils e2fsprogs xfsprogs util-linux lvm2 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/meshvol /usr/local/bin/meshvol
+ENTRYPOINT ["/usr/local/bin/meshvol"]
+CMD ["version"]

@@ -1,0 +1,97 @@
+# meshvol — build, test and check. `make help` lists the targets.
+#
+# Every target uses the Go toolchain installed on the machine (GOTOOLCHAIN=local):
+# nothing here downloads a toolchain. Tools are pinned and run with `go run
+# module@version`, so the module proxy is the only thing they need.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export GOTOOLCHAIN := local
+
+GO            ?= go
+MODULE        := github.com/meshvol/meshvol
+VERSION       ?= $(shell git describe --tags --dirty 2>/dev/null || echo dev)
+COMMIT        ?= $(shell git rev-parse --short HEAD 2>/dev/null)
+LDFLAGS       := -X $(MODULE)/pkg/version.Version=$(VERSION) $(if $(COMMIT),-X $(MODULE)/pkg/version.Commit=$(COMMIT))
+
+# Per test binary; the model checker and the integration packages are the slow ones.
+TEST_TIMEOUT  ?= 20m
+# Arguments for `make test`, e.g. `make test TEST_PKGS=./pkg/testenv/...`.
+TEST_PKGS     ?= ./...
+# Fuzz: each target runs for FUZZTIME. Empty FUZZ_TARGETS means every
+# `func FuzzX` in a _test.go file; otherwise a list of PKG:FuzzName, e.g.
+# FUZZ_TARGETS="./pkg/drbd:FuzzEvents2 ./pkg/drbd:FuzzShow".
+FUZZTIME      ?= 30s
+FUZZ_TARGETS  ?=
+BENCH_COUNT   ?= 5
+# The model checker's test lives beside the engine, in its own package.
+MODELCHECK_PKG ?= ./pkg/datamesh/modelcheck/
+
+STATICCHECK   := $(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1
+# v0.18.0 is the controller-tools release built against k8s.io/* v0.33, the
+# API version go.mod pins.
+CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.18.0
+
+# Go files of this module: not the wrapper modules under bin/.
+GO_FILES = $(shell find . -name '*.go' -not -path './bin/*' -not -path './.git/*' -not -path './_output/*')
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/meshvol from ./cmd/meshvol
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol ./cmd/meshvol
+
+.PHONY: k8s
+k8s: ## Build the real control plane and CSI sidecars into bin/k8s (hack/build-k8s.sh; no-op when up to date)
+	hack/build-k8s.sh
+
+.PHONY: test
+test: k8s ## Run every test (unit and integration on the real apiserver); full log in _output/test.log
+	TEST_TIMEOUT=$(TEST_TIMEOUT) hack/test.sh $(TEST_PKGS)
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@echo "gofmt -l"
+	@out=$$(gofmt -l $(GO_FILES)); if [[ -n "$$out" ]]; then echo "gofmt: these files need formatting:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+.PHONY: generate
+generate: ## Regenerate deepcopy code and the CRDs in config/crd from pkg/apis
+	$(CONTROLLER_GEN) object paths=./pkg/apis/...
+	@# Remove what the previous run wrote so a CRD whose type is gone does not linger.
+	rm -f config/crd/storage.meshvol.io_*.yaml
+	$(CONTROLLER_GEN) crd paths=./pkg/apis/... output:crd:artifacts:config=config/crd
+
+.PHONY: verify
+verify: ## Fail if `make generate` changes any generated file; then lint
+	hack/verify-generated.sh
+	$(MAKE) --no-print-directory lint
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:FuzzX ..." to choose
+	FUZZTIME=$(FUZZTIME) hack/fuzz.sh $(FUZZ_TARGETS)
+
+.PHONY: modelcheck
+modelcheck: ## Deep model check of the datamesh engine (up to 2h)
+	$(GO) test $(MODELCHECK_PKG) -run TestModelCheck -modelcheck.depth=deep -timeout 2h -v
+
+.PHONY: bench
+bench: k8s ## Benchmarks of ./pkg/..., -count=5 (BENCH_COUNT) for benchstat
+	$(GO) test -run '^$$' -bench . -benchmem -count=$(BENCH_COUNT) ./pkg/...
+
+.PHONY: clean
+clean: ## Remove bin/meshvol and test output (keeps bin/k8s, which takes minutes to rebuild)
+	rm -rf bin/meshvol _output
+
+.PHONY: distclean
+distclean: clean ## Also remove bin/k8s and its wrapper build modules
+	rm -rf bin
+
+.PHONY: test-lvm-vm
+test-lvm-vm: ## pkg/storage/lvm against real lvm2 in a qemu VM (test/vm/README.md; minutes, not in `make test`)
+	hack/vm-test-lvm.sh
