@@ -43,6 +43,7 @@ func TestClassifyRecordedFailures(t *testing.T) {
 		{"30-lvremove-pool-with-thins-no-y.txt", 0, storage.ErrFailedPrecondition},
 		{"30b-lvremove-origin-with-cow-snap-no-y.txt", 0, storage.ErrFailedPrecondition},
 		{"31-lvremove-pool-while-thin-open.txt", 5, storage.ErrInUse},
+		{"vm-36-lvcreate-thin-snapshot-no-dm-snapshot.txt", 0, storage.ErrFailedPrecondition},
 	} {
 		t.Run(tc.capture, func(t *testing.T) {
 			c := loadCapture(t, tc.capture)
@@ -77,6 +78,36 @@ func TestClassifyNeedsMatchingExitCode(t *testing.T) {
 	}
 	if _, kind := classify(&CommandError{ExitCode: 5, Stderr: "  something new\n"}); kind != nil {
 		t.Fatalf("unknown text classified as %v", kind)
+	}
+}
+
+// lvm2's exit 3 covers both a bad command line and a kernel without the
+// device-mapper target the command needs (vm-36). The two must stay apart:
+// the first is the caller's fault (InvalidArgument), the second the node's
+// (FailedPrecondition), and an unknown exit-3 text is neither.
+func TestClassifyExit3MissingTargetIsNotAParseError(t *testing.T) {
+	c := loadCapture(t, "vm-36-lvcreate-thin-snapshot-no-dm-snapshot.txt")
+	markReplayed(c.file)
+	if c.exit != 3 {
+		t.Fatalf("capture records exit %d, want 3", c.exit)
+	}
+	detail, kind := classify(&CommandError{ExitCode: 3, Stderr: c.stderr})
+	if !errors.Is(kind, storage.ErrFailedPrecondition) || errors.Is(kind, storage.ErrInvalidArgument) {
+		t.Fatalf("kind %v, want only %v", kind, storage.ErrFailedPrecondition)
+	}
+	// modprobe's own line comes first; the detail keeps it, since it names the
+	// module and the directory it looked in.
+	if !strings.HasPrefix(detail, "modprobe: FATAL: Module dm-snapshot not found") {
+		t.Fatalf("detail %q lost modprobe's line", detail)
+	}
+	// A thin volume without dm_thin_pool prints the same sentence for its
+	// segment type; lvm2 builds it as "<segtype>: Required ...". Not recorded,
+	// so only the sentence is checked, on its own.
+	if _, kind := classify(&CommandError{ExitCode: 3, Stderr: "  thin-pool: Required device-mapper target(s) not detected in your kernel.\n"}); !errors.Is(kind, storage.ErrFailedPrecondition) {
+		t.Fatalf("thin-pool variant: kind %v", kind)
+	}
+	if _, kind := classify(&CommandError{ExitCode: 3, Stderr: "  Run `lvcreate --help' for more information.\n"}); kind != nil {
+		t.Fatalf("unknown exit-3 text classified as %v", kind)
 	}
 }
 

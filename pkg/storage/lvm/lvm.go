@@ -108,6 +108,12 @@ func (c *core) fail(op, name string, err error) *storage.Error {
 	if errors.Is(kind, storage.ErrFailedPrecondition) && strings.Contains(detail, "device not cleared") {
 		detail += " (lvm2 created the LV but no /dev node appeared: udev is absent and activation/udev_rules is on; see udevConfig)"
 	}
+	// lvm2 tries modprobe itself, which fails in an agent container without
+	// the host's /lib/modules (vm-36); loading the module on the host is the
+	// fix, and nothing the caller can change in the request.
+	if errors.Is(kind, storage.ErrFailedPrecondition) && strings.Contains(detail, "Required device-mapper target(s) not detected") {
+		detail += " (the kernel lacks a device-mapper target lvm2 needs and could not load it: load dm_snapshot (snapshots, thin ones included) and dm_thin_pool (thin volumes) on the node, e.g. with /etc/modules-load.d)"
+	}
 	return &storage.Error{Op: op, Pool: c.poolName(), Name: name, Kind: kind, Detail: detail, Err: err}
 }
 

@@ -409,6 +409,33 @@ func TestThinSnapshotCreate(t *testing.T) {
 	}
 }
 
+// On a node whose kernel has no dm_snapshot and whose agent cannot load it,
+// every snapshot fails, thin ones included (vm-36, recorded by the VM tier).
+// That is the node's fault: FailedPrecondition, with lvm2's words and what to
+// do about it, and no second look for an existing snapshot.
+func TestThinSnapshotWithoutDMSnapshotModule(t *testing.T) {
+	p := newThin(t,
+		step{argv: lvsArgv, capture: "26-lvs-json-thin.txt", rename: map[string]string{"thin-b": "rvr-b"}},
+		// The VM's origin was rvr-t; 26's is rvr-b (owner tag from 25b).
+		step{argv: cmd("lvcreate", "-y", "-s", "-n", "snap-t", "--addtag", "meshvol.io/snapshot=snap-t", "--addtag", "meshvol.io/origin=rvr-b", "vg0/rvr-b"),
+			capture: "vm-36-lvcreate-thin-snapshot-no-dm-snapshot.txt", rename: map[string]string{"rvr-t": "rvr-b"}},
+	)
+	_, err := p.CreateSnapshot(ctx, storage.SnapshotRequest{Name: "snap-t", Replica: "rvr-b"})
+	wantKind(t, err, storage.ErrFailedPrecondition)
+	msg := err.Error()
+	for _, want := range []string{
+		`snapshot "snap-t" in vg0/tp`,
+		"Module dm-snapshot not found",
+		"snapshot: Required device-mapper target(s) not detected in your kernel.",
+		"load dm_snapshot (snapshots, thin ones included) and dm_thin_pool (thin volumes) on the node",
+		"/etc/modules-load.d",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not say %q", msg, want)
+		}
+	}
+}
+
 func TestThinSnapshotOfForeignVolumeRefused(t *testing.T) {
 	p := newThin(t, step{argv: lvsArgv, capture: "26-lvs-json-thin.txt"})
 	_, err := p.CreateSnapshot(ctx, storage.SnapshotRequest{Name: "snap-a", Replica: "thin-a"})

@@ -1,3 +1,5 @@
+//go:build vmtest
+
 // Package lvm_test runs pkg/storage/lvm's Thick and Thin providers against
 // real lvm2 and a real device-mapper, inside the VM that hack/vm-test-lvm.sh
 // boots (test/vm/README.md). The unit tests in pkg/storage/lvm replay recorded
@@ -5,9 +7,14 @@
 // between the recording and today's lvm2, kernel or /dev handling shows up
 // here and not on a node.
 //
+// The files carry the build tag vmtest, so `go test ./...`, `go vet ./...`
+// and `make test` do not see this package at all; hack/vm-test-lvm.sh builds
+// it with `-tags vmtest`. (Without the tag it used to compile everywhere and
+// add a skipped test per function to every `make test`.)
+//
 // They are destructive: TestMain turns the whole disk named by MESHVOL_VM_PV
-// into volume group vg0. Without that variable every test skips, which is what
-// happens under `go test ./...` on a development machine.
+// into volume group vg0. That variable, which only the VM's init sets, is the
+// second guard: built with the tag but run without it, every test skips.
 package lvm_test
 
 import (
