@@ -22,7 +22,7 @@ TEST_TIMEOUT  ?= 20m
 TEST_PKGS     ?= ./...
 # Fuzz: each target runs for FUZZTIME. Empty FUZZ_TARGETS means every
 # `func FuzzX` in a _test.go file; otherwise a list of PKG:FuzzName, e.g.
-# FUZZ_TARGETS="./pkg/drbd:FuzzEvents2 ./pkg/drbd:FuzzShow".
+# FUZZ_TARGETS="./pkg/drbd:FuzzParseEvent ./pkg/drbd:FuzzParseShowJSON".
 FUZZTIME      ?= 30s
 FUZZ_TARGETS  ?=
 BENCH_COUNT   ?= 5

@@ -2,8 +2,8 @@
 # Runs Go fuzz targets, each for FUZZTIME (default 30s), one after another
 # (go test -fuzz takes one target at a time).
 #
-#   hack/fuzz.sh                          every func FuzzX in a _test.go file
-#   hack/fuzz.sh ./pkg/drbd:FuzzEvents2   only the named PKG:FuzzName targets
+#   hack/fuzz.sh                            every func FuzzX in a _test.go file
+#   hack/fuzz.sh ./pkg/drbd:FuzzParseEvent  only the named PKG:FuzzName targets
 #
 # Discovery reads the source instead of `go test -list`, which would build
 # every test binary and run every TestMain (some start a control plane).
@@ -33,7 +33,7 @@ failed=()
 for t in "${targets[@]}"; do
 	pkg=${t%%:*} name=${t#*:}
 	if [[ "$pkg" == "$t" || -z "$name" ]]; then
-		echo "fuzz: target '$t' must be PKG:FuzzName, e.g. ./pkg/drbd:FuzzEvents2" >&2
+		echo "fuzz: target '$t' must be PKG:FuzzName, e.g. ./pkg/drbd:FuzzParseEvent" >&2
 		exit 2
 	fi
 	echo "=== fuzz $pkg $name"

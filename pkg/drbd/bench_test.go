@@ -3,6 +3,8 @@ package drbd
 import (
 	"strings"
 	"testing"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
 func BenchmarkParseEvent(b *testing.B) {
@@ -29,7 +31,7 @@ func BenchmarkRender(b *testing.B) {
 }
 
 func BenchmarkObserverStream(b *testing.B) {
-	stream := readCaptureB(b, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt")
+	stream := string(captures.Read(b, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt"))
 	b.SetBytes(int64(len(stream)))
 	for b.Loop() {
 		m := map[string]*ResourceState{}
@@ -47,5 +49,3 @@ func BenchmarkObserverStream(b *testing.B) {
 		}
 	}
 }
-
-func readCaptureB(b *testing.B, rel string) string { return string(capture(b, rel)) }

@@ -4,10 +4,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
 // The human-readable captures (drbdsetup status text, drbdadm status,
@@ -114,7 +115,7 @@ var stateKeys = map[string]bool{"role": true, "suspended": true, "minor": true, 
 func compareText(t *testing.T, file string, s *ResourceState) int {
 	t.Helper()
 	want := stateTokens(s)
-	objs := parseStatusText(t, string(mustRead(t, file)))
+	objs := parseStatusText(t, string(captures.Read(t, file)))
 	if len(objs) == 0 {
 		t.Fatalf("%s: nothing parsed", file)
 	}
@@ -146,14 +147,14 @@ func TestStatusTextCapturesAgreeWithEvents(t *testing.T) {
 	files := 0
 	for _, stage := range []string{"01-up-inconsistent", "03-primary-with-data", "05-quorum-loss"} {
 		for _, node := range []string{"node1", "node2", "node3"} {
-			evFile := filepath.Join("testdata", "captures", stage, node+".events2-now-statistics.txt")
-			if _, err := os.Stat(evFile); err != nil {
+			evFile := stage + "/" + node + ".events2-now-statistics.txt"
+			if !captures.Has(evFile) {
 				continue
 			}
 			s := replayDump(t, evFile)["r0"]
 			for _, txt := range []string{node + ".status-verbose-statistics.txt", node + ".drbdadm-status.txt"} {
-				p := filepath.Join("testdata", "captures", stage, txt)
-				if _, err := os.Stat(p); err != nil {
+				p := stage + "/" + txt
+				if !captures.Has(p) {
 					continue
 				}
 				compared += compareText(t, p, s)
@@ -163,15 +164,15 @@ func TestStatusTextCapturesAgreeWithEvents(t *testing.T) {
 	}
 	// The refused write: its status block is the quorum-less state of the
 	// 05 node1 dump.
-	s := replayDump(t, filepath.Join("testdata", "captures", "05-quorum-loss", "node1.events2-now-statistics.txt"))["r0"]
-	compared += compareText(t, filepath.Join("testdata", "captures", "05-quorum-loss", "node1-no-quorum-write-attempt.txt"), s)
+	s := replayDump(t, "05-quorum-loss/node1.events2-now-statistics.txt")["r0"]
+	compared += compareText(t, "05-quorum-loss/node1-no-quorum-write-attempt.txt", s)
 	files++
-	if !strings.Contains(string(capture(t, "05-quorum-loss/node1-no-quorum-write-attempt.txt")), "Input/output error") {
+	if !strings.Contains(string(captures.Read(t, "05-quorum-loss/node1-no-quorum-write-attempt.txt")), "Input/output error") {
 		t.Error("write attempt did not fail with EIO")
 	}
 	// After node3 went down: the node1 stream up to node3's Connecting.
 	m := map[string]*ResourceState{}
-	for _, l := range lines(t, filepath.Join("testdata", "captures", "05-quorum-loss", "node1.events2-timestamps-statistics-stream.txt")) {
+	for _, l := range captures.Lines(t, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt") {
 		ev, err := ParseEvent(l)
 		if err != nil {
 			t.Fatal(err)
@@ -185,7 +186,7 @@ func TestStatusTextCapturesAgreeWithEvents(t *testing.T) {
 			break
 		}
 	}
-	compared += compareText(t, filepath.Join("testdata", "captures", "05-quorum-loss", "node1-after-node3-down.status-verbose.txt"), m["r0"])
+	compared += compareText(t, "05-quorum-loss/node1-after-node3-down.status-verbose.txt", m["r0"])
 	files++
 	if files != 18 { // 01 and 03: 3 nodes × 2; 05: 2 nodes × 2; write attempt; after node3 down
 		t.Errorf("compared %d text captures, want 18", files)
@@ -195,12 +196,12 @@ func TestStatusTextCapturesAgreeWithEvents(t *testing.T) {
 
 // drbdsetup show (text) names the same peers and addresses as show --json.
 func TestShowTextMatchesJSON(t *testing.T) {
-	for _, js := range captureFiles(t, "show-json") {
-		sh, err := ParseShowJSON(mustRead(t, js))
+	for _, js := range captures.Files(t, "show-json") {
+		sh, err := ParseShowJSON(captures.Read(t, js))
 		if err != nil {
 			t.Fatal(err)
 		}
-		text := string(mustRead(t, strings.Replace(js, "show-json.json", "show.txt", 1)))
+		text := string(captures.Read(t, strings.Replace(js, "show-json.json", "show.txt", 1)))
 		for _, c := range sh[0].Connections {
 			for _, want := range []string{
 				fmt.Sprintf("_peer_node_id %d;", c.PeerNodeID),
@@ -222,7 +223,7 @@ func TestDrbdadmDumpMatchesRecordedHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := filepath.Join("testdata", "captures", "r0.res")
+	res := captures.Path(t, "r0.res")
 	cmd := exec.Command(bin, "-c", res, "dump", "r0")
 	cmd.Env = append(os.Environ(), "__DRBD_NODE__=node1")
 	out, err := cmd.Output()
@@ -238,18 +239,18 @@ func TestDrbdadmDumpMatchesRecordedHost(t *testing.T) {
 		}
 		return strings.TrimSpace(strings.Join(keep, "\n"))
 	}
-	if got, want := body(string(out)), body(string(capture(t, "drbdadm-dump-r0.txt"))); got != want {
+	if got, want := body(string(out)), body(string(captures.Read(t, "drbdadm-dump-r0.txt"))); got != want {
 		t.Fatalf("dump differs from node1's:\n%s\n---\n%s", got, want)
 	}
 }
 
 func TestModinfoAndProcAgree(t *testing.T) {
 	var v VersionInfo
-	if err := ParseProcDRBD(capture(t, "proc-drbd.txt"), &v); err != nil {
+	if err := ParseProcDRBD(captures.Read(t, "proc-drbd.txt"), &v); err != nil {
 		t.Fatal(err)
 	}
 	var modVersion string
-	for _, l := range strings.Split(string(capture(t, "modinfo-drbd.txt")), "\n") {
+	for _, l := range strings.Split(string(captures.Read(t, "modinfo-drbd.txt")), "\n") {
 		if k, val, ok := strings.Cut(l, ":"); ok && k == "version" {
 			modVersion = strings.TrimSpace(val)
 		}
@@ -262,7 +263,7 @@ func TestModinfoAndProcAgree(t *testing.T) {
 // A drbdadm usage error (recorded: sh-status does not exist in 9.22) is a
 // plain command failure, not mistaken for a DRBD state.
 func TestClassifyRecordedUsageError(t *testing.T) {
-	code, kind := classify(string(capture(t, "node1.drbdadm-sh-status.txt")))
+	code, kind := classify(string(captures.Read(t, "node1.drbdadm-sh-status.txt")))
 	if kind != ErrCommandFailed || code != 0 {
 		t.Fatalf("got %v %d", kind, code)
 	}

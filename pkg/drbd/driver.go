@@ -14,7 +14,8 @@ type ForceReason string
 const NoForce ForceReason = ""
 
 // Driver is everything the node agent does to DRBD. Two implementations:
-// ExecDriver (drbd-utils on a real kernel) and drbdsim.Driver.
+// ExecDriver (drbd-utils on a real kernel) and drbdsim.Node (one node of
+// a simulated cluster).
 //
 // Every method takes a context; implementations must return when it is
 // done. Errors are *CommandError (or wrap one of the Err* sentinels), so

@@ -91,12 +91,33 @@ const (
 	errResNotKnown = 158 // "Unknown resource"
 )
 
-var (
-	// drbdsetup: "r0: State change failed: (-25) No quorum"
-	reStateFailed = regexp.MustCompile(`State change failed: \((-?\d+)\)`)
-	// drbdsetup: "r0: Failure: (158) Unknown resource"
-	reFailure = regexp.MustCompile(`Failure: \((\d+)\)`)
-)
+// codedFormats are the two ways drbdsetup prints a numeric code. A code
+// listed in kinds decides the kind; another code leaves it to the message
+// (knownMessages), and failing that to the format's own kind.
+var codedFormats = []struct {
+	re    *regexp.Regexp
+	kinds map[int]error
+	other error
+}{
+	{ // drbdsetup: "r0: State change failed: (-25) No quorum"
+		re: regexp.MustCompile(`State change failed: \((-?\d+)\)`),
+		kinds: map[int]error{
+			ssNoQuorum:       ErrNoQuorum,
+			ssNoUpToDateDisk: ErrNoUpToDateData,
+			ssTwoPrimaries:   ErrTwoPrimaries,
+			ssDeviceInUse:    ErrDeviceInUse,
+		},
+		other: ErrStateChangeRefused,
+	},
+	{ // drbdsetup: "r0: Failure: (158) Unknown resource"
+		re: regexp.MustCompile(`Failure: \((\d+)\)`),
+		kinds: map[int]error{
+			errResNotKnown: ErrUnknownResource,
+			errMDInvalid:   ErrNoMetadata,
+		},
+		other: ErrCommandFailed,
+	},
+}
 
 // knownMessages classify output that carries no numeric code (drbdadm's own
 // checks, drbdmeta, kernel detail lines). Checked in order, case-insensitive.
@@ -121,39 +142,23 @@ var knownMessages = []struct {
 
 // classify derives DRBD's numeric code (0 if none was printed) and the
 // error kind from a failed command's stderr. The exit code adds nothing:
-// drbdsetup maps several state errors to the same exit code.
+// drbdsetup maps several state errors to the same exit code. A generic code
+// can still carry a kernel detail line that says more (a quorum reason
+// attached to a refused state change), hence the messages after the codes.
 func classify(stderr string) (code int, kind error) {
-	if m := reStateFailed.FindStringSubmatch(stderr); m != nil {
-		code, _ = strconv.Atoi(m[1])
-		switch code {
-		case ssNoQuorum:
-			return code, ErrNoQuorum
-		case ssNoUpToDateDisk:
-			return code, ErrNoUpToDateData
-		case ssTwoPrimaries:
-			return code, ErrTwoPrimaries
-		case ssDeviceInUse:
-			return code, ErrDeviceInUse
+	for _, f := range codedFormats {
+		m := f.re.FindStringSubmatch(stderr)
+		if m == nil {
+			continue
 		}
-		// The kernel's detail line can still say more (e.g. a quorum reason
-		// attached to a generic code).
-		if k := byMessage(stderr); k != nil {
+		code, _ = strconv.Atoi(m[1])
+		if k, ok := f.kinds[code]; ok {
 			return code, k
-		}
-		return code, ErrStateChangeRefused
-	}
-	if m := reFailure.FindStringSubmatch(stderr); m != nil {
-		code, _ = strconv.Atoi(m[1])
-		switch code {
-		case errResNotKnown:
-			return code, ErrUnknownResource
-		case errMDInvalid:
-			return code, ErrNoMetadata
 		}
 		if k := byMessage(stderr); k != nil {
 			return code, k
 		}
-		return code, ErrCommandFailed
+		return code, f.other
 	}
 	if k := byMessage(stderr); k != nil {
 		return 0, k

@@ -1,61 +1,20 @@
 package drbd
 
 import (
-	"bufio"
-	"bytes"
-	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
-
-func captureFiles(t testing.TB, pattern string) []string {
-	t.Helper()
-	var out []string
-	err := filepath.WalkDir(filepath.Join("testdata", "captures"), func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if !d.IsDir() && strings.Contains(filepath.Base(p), pattern) {
-			out = append(out, p)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(out)
-	if len(out) == 0 {
-		t.Fatalf("no capture files matching %q", pattern)
-	}
-	return out
-}
-
-func lines(t testing.TB, path string) []string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if sc.Text() != "" {
-			out = append(out, sc.Text())
-		}
-	}
-	return out
-}
 
 // Every events2 line recorded from real DRBD parses, with no unknown kinds
 // or objects; together the captures cover the kinds and objects listed.
 func TestParseEventsCaptures(t *testing.T) {
 	kinds := map[string]int{}
-	files := captureFiles(t, "events2")
+	files := captures.Files(t, "events2")
 	for _, f := range files {
-		ls := lines(t, f)
+		ls := captures.Lines(t, f)
 		timestamps := strings.Contains(f, "timestamps")
 		sawEnd := false
 		for i, l := range ls {
@@ -151,14 +110,14 @@ func TestParseEventKinds(t *testing.T) {
 // the events2 "now" dump equals the state from status --json.
 func TestEventsDumpMatchesStatus(t *testing.T) {
 	pairs := 0
-	for _, ev := range captureFiles(t, "events2-now-statistics") {
+	for _, ev := range captures.Files(t, "events2-now-statistics") {
 		js := strings.Replace(ev, "events2-now-statistics.txt", "status-json-verbose-statistics.json", 1)
-		if _, err := os.Stat(js); err != nil {
+		if !captures.Has(js) {
 			continue // 02 has node1's events and node2's status: not a pair
 		}
 		pairs++
 		fromEvents := replayDump(t, ev)
-		st, err := ParseStatusJSON(capture(t, strings.TrimPrefix(js, filepath.Join("testdata", "captures")+"/")))
+		st, err := ParseStatusJSON(captures.Read(t, js))
 		if err != nil || len(st) != 1 {
 			t.Fatalf("%s: %v", js, err)
 		}
@@ -172,7 +131,7 @@ func TestEventsDumpMatchesStatus(t *testing.T) {
 		}
 	}
 	// The comparison is not vacuous: a single changed field shows.
-	a := commonView(replayDump(t, filepath.Join("testdata", "captures", "05-quorum-loss", "node1.events2-now-statistics.txt"))["r0"])
+	a := commonView(replayDump(t, "05-quorum-loss/node1.events2-now-statistics.txt")["r0"])
 	b := a.Clone()
 	b.Connections[1].PeerDevices[0].PeerDisk = "Outdated"
 	if a.Diff(b) == "" || a.Equal(b) {
@@ -197,13 +156,13 @@ func commonView(s *ResourceState) *ResourceState {
 	return c
 }
 
-func replayDump(t *testing.T, path string) map[string]*ResourceState {
+func replayDump(t *testing.T, name string) map[string]*ResourceState {
 	t.Helper()
 	m := map[string]*ResourceState{}
-	for _, l := range lines(t, path) {
+	for _, l := range captures.Lines(t, name) {
 		ev, err := ParseEvent(l)
 		if err != nil {
-			t.Fatalf("%s: %v", path, err)
+			t.Fatalf("%s: %v", name, err)
 		}
 		if ev.EndOfDump {
 			break
@@ -219,16 +178,16 @@ func replayDump(t *testing.T, path string) map[string]*ResourceState {
 // hold the recorded values.
 func TestParseJSONCaptures(t *testing.T) {
 	n := 0
-	for _, f := range captureFiles(t, "status-json") {
-		b, _ := os.ReadFile(f)
+	for _, f := range captures.Files(t, "status-json") {
+		b := captures.Read(t, f)
 		st, err := ParseStatusJSON(b)
 		if err != nil || len(st) != 1 || st[0].Name != "r0" || len(st[0].Devices) != 1 || len(st[0].Connections) == 0 {
 			t.Fatalf("%s: %+v %v", f, st, err)
 		}
 		n++
 	}
-	for _, f := range captureFiles(t, "show-json") {
-		b, _ := os.ReadFile(f)
+	for _, f := range captures.Files(t, "show-json") {
+		b := captures.Read(t, f)
 		sh, err := ParseShowJSON(b)
 		if err != nil || len(sh) != 1 || sh[0].Resource != "r0" || len(sh[0].Connections) != 2 {
 			t.Fatalf("%s: %+v %v", f, sh, err)
@@ -236,7 +195,7 @@ func TestParseJSONCaptures(t *testing.T) {
 		n++
 	}
 	// Spot checks against the recorded values.
-	st, _ := ParseStatusJSON(capture(t, "02-initial-sync-node2.status-json-verbose-statistics.json"))
+	st, _ := ParseStatusJSON(captures.Read(t, "02-initial-sync-node2.status-json-verbose-statistics.json"))
 	pd := st[0].Connections[0].PeerDevices[0]
 	if pd.ReplicationState != "SyncTarget" || pd.OutOfSync != 15316 || pd.RSTotal != 262056 ||
 		pd.PercentResyncDone == nil || *pd.PercentResyncDone != 88.31 || pd.DbDtMiBs == nil || *pd.DbDtMiBs != 79.80 ||
@@ -247,11 +206,11 @@ func TestParseJSONCaptures(t *testing.T) {
 		percentInSync(131028, 15316) != 88.31 {
 		t.Fatalf("percent in sync: computed %v", percentInSync(131028, 15316))
 	}
-	sh, _ := ParseShowJSON(capture(t, "01-up-inconsistent/node3.show-json.json"))
+	sh, _ := ParseShowJSON(captures.Read(t, "01-up-inconsistent/node3.show-json.json"))
 	if v := sh[0].ThisHost.Volumes[0]; !v.Disk.None || v.DeviceMinor != 0 || sh[0].Options["quorum"] != "majority" {
 		t.Fatalf("node3 show: %+v", sh[0])
 	}
-	sh, _ = ParseShowJSON(capture(t, "05-quorum-loss/node1.show-json.json"))
+	sh, _ = ParseShowJSON(captures.Read(t, "05-quorum-loss/node1.show-json.json"))
 	c := sh[0].Connections[1]
 	if c.Name() != "node3" || c.PeerNodeID != 2 || c.Volumes[0].Disk["bitmap"] != "no" ||
 		c.AllPaths()[0].RemoteHost != "ipv4 10.99.0.3:7000" || sh[0].ThisHost.Volumes[0].BackingDisk != "/dev/vda" {

@@ -121,9 +121,18 @@ func (d *ExecDriver) run(ctx context.Context, timeout time.Duration, argv ...str
 	return res, nil
 }
 
-func (d *ExecDriver) adm(ctx context.Context, timeout time.Duration, name string, args ...string) error {
+// checkName refuses a resource name before it reaches a command line, where
+// "-x" would read as an option and "all" as every resource.
+func checkName(name string) error {
 	if err := ValidateName(name); err != nil {
 		return fmt.Errorf("resource name %q: %w", name, err)
+	}
+	return nil
+}
+
+func (d *ExecDriver) adm(ctx context.Context, timeout time.Duration, name string, args ...string) error {
+	if err := checkName(name); err != nil {
+		return err
 	}
 	argv := append([]string{d.cfg.Drbdadm, "-c", d.ConfPath(name)}, args...)
 	_, err := d.run(ctx, timeout, argv...)
@@ -205,8 +214,8 @@ func syncDir(dir string) error {
 }
 
 func (d *ExecDriver) RemoveConfig(ctx context.Context, name string) error {
-	if err := ValidateName(name); err != nil {
-		return fmt.Errorf("resource name %q: %w", name, err)
+	if err := checkName(name); err != nil {
+		return err
 	}
 	if err := os.Remove(d.ConfPath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove config %q: %w", name, err)
@@ -351,8 +360,8 @@ func (d *ExecDriver) setup(ctx context.Context, args ...string) (Result, error) 
 }
 
 func checkPeer(name string, peerNodeID int) error {
-	if err := ValidateName(name); err != nil {
-		return fmt.Errorf("resource name %q: %w", name, err)
+	if err := checkName(name); err != nil {
+		return err
 	}
 	if peerNodeID < 0 || peerNodeID > MaxNodeID {
 		return fmt.Errorf("peer node-id %d: must be in 0..%d", peerNodeID, MaxNodeID)
@@ -383,8 +392,8 @@ func objName(name string) (string, error) {
 	if name == "" || name == "all" {
 		return "all", nil
 	}
-	if err := ValidateName(name); err != nil {
-		return "", fmt.Errorf("resource name %q: %w", name, err)
+	if err := checkName(name); err != nil {
+		return "", err
 	}
 	return name, nil
 }

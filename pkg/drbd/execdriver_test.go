@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
 const nodeEnv = "__DRBD_NODE__=node-b"
@@ -17,7 +19,7 @@ func newTestDriver(t *testing.T, steps ...fakeStep) (*ExecDriver, string) {
 	dir := t.TempDir()
 	d := NewExecDriver(ExecConfig{
 		NodeName: "node-b", ConfDir: dir, Timeout: 5 * time.Second,
-		ProcDRBD: filepath.Join("testdata", "captures", "proc-drbd.txt"),
+		ProcDRBD: captures.Path(t, "proc-drbd.txt"),
 		Exec:     newFakeExec(t, steps...),
 	})
 	return d, dir
@@ -237,7 +239,7 @@ func TestExecDriverHasMetadata(t *testing.T) {
 		fakeStep{argv: statusArgv, env: env, res: Result{ExitCode: 10, Stderr: []byte("pvc-3d: No such resource\n")}},
 		fakeStep{argv: dstate, env: env, res: Result{Stdout: []byte("Inconsistent\n")}},
 		// Up and attached: the kernel holds the device, no drbdmeta call.
-		fakeStep{argv: statusArgv, env: env, res: Result{Stdout: capture(t, "01-up-inconsistent/node1.status-json-verbose-statistics.json")}},
+		fakeStep{argv: statusArgv, env: env, res: Result{Stdout: captures.Read(t, "01-up-inconsistent/node1.status-json-verbose-statistics.json")}},
 	)
 	d := NewExecDriver(ExecConfig{NodeName: "node-b", ConfDir: dir, Exec: f})
 	ctx := context.Background()
@@ -259,14 +261,14 @@ func TestExecDriverStatusShowEvents(t *testing.T) {
 	env := []string{nodeEnv}
 	d, _ := newTestDriver(t,
 		fakeStep{argv: []string{"drbdsetup", "status", "--json", "--verbose", "--statistics", "all"}, env: env,
-			res: Result{Stdout: capture(t, "03-primary-with-data/node1.status-json-verbose-statistics.json")}},
+			res: Result{Stdout: captures.Read(t, "03-primary-with-data/node1.status-json-verbose-statistics.json")}},
 		fakeStep{argv: []string{"drbdsetup", "show", "--json", "r0"}, env: env,
-			res: Result{Stdout: capture(t, "03-primary-with-data/node1.show-json.json")}},
+			res: Result{Stdout: captures.Read(t, "03-primary-with-data/node1.show-json.json")}},
 		fakeStep{argv: []string{"drbdsetup", "status", "--json", "--verbose", "--statistics", "r9"}, env: env,
 			res: Result{ExitCode: 10, Stderr: []byte("r9: No such resource\n")}},
 		fakeStep{argv: []string{"drbdsetup", "events2", "--timestamps", "--statistics", "--full", "all"}, env: env,
-			stream: string(capture(t, "04-failover-event-stream/node1.events2-timestamps-statistics-stream.txt"))},
-		fakeStep{argv: []string{"drbdadm", "--version"}, env: env, res: Result{Stdout: capture(t, "drbdadm--version.txt")}},
+			stream: string(captures.Read(t, "04-failover-event-stream/node1.events2-timestamps-statistics-stream.txt"))},
+		fakeStep{argv: []string{"drbdadm", "--version"}, env: env, res: Result{Stdout: captures.Read(t, "drbdadm--version.txt")}},
 		fakeStep{argv: []string{"drbdsetup", "help", "disk-options"}, env: env, res: Result{Stdout: mustRead(t, "testdata/exec/drbdsetup-help-disk-options.txt")}},
 	)
 	ctx := context.Background()

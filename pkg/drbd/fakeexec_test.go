@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -95,15 +94,6 @@ func (f *fakeExec) Stream(ctx context.Context, argv, env []string) (io.ReadClose
 		return nil, err
 	}
 	return io.NopCloser(strings.NewReader(s.stream)), nil
-}
-
-func capture(t testing.TB, name string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "captures", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // realDrbdadmDump matches WriteConfig's check of its temp file and runs the

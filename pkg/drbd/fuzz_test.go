@@ -2,32 +2,24 @@ package drbd
 
 import (
 	"context"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
 // Seeds: every recorded line and JSON document.
-func addCaptureSeeds(f *testing.F, pattern string, perLine bool) {
-	_ = filepath.WalkDir(filepath.Join("testdata", "captures"), func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.Contains(filepath.Base(p), pattern) {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
+func addCaptureSeeds(f *testing.F, substr string, perLine bool) {
+	for _, name := range captures.Files(f, substr) {
+		b := captures.Read(f, name)
 		if !perLine {
 			f.Add(b)
-			return nil
+			continue
 		}
 		for _, l := range strings.Split(string(b), "\n") {
 			f.Add([]byte(l))
 		}
-		return nil
-	})
+	}
 }
 
 // FuzzParseEvent: never panics; whatever parses applies to a state without
@@ -55,15 +47,7 @@ func FuzzObserverStream(f *testing.F) {
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		n := 0
-		o := NewObserver(func(ctx context.Context) (io.ReadCloser, error) {
-			n++
-			if n > 1 {
-				cancel()
-				return nil, ctx.Err()
-			}
-			return io.NopCloser(strings.NewReader(string(stream))), nil
-		}, ObserverOptions{Clock: &fakeClock{}})
+		o := NewObserver(scriptedSource(cancel, string(stream)), ObserverOptions{Clock: &fakeClock{}})
 		go func() {
 			for range o.Changes() {
 			}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
 func TestMain(m *testing.M) {
@@ -11,6 +13,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	summary, ok := checker.finish()
 	fmt.Println(summary)
+	fmt.Println(captures.Report("drbd"))
 	if !ok && code == 0 {
 		code = 1
 	}

@@ -14,7 +14,7 @@ const VolumeNumber = 0
 // Resource never carries "inherit" markers.
 type Resource struct {
 	// Name is the DRBD resource name (derived from the RV name). DRBD's rules
-	// apply; see ValidateResourceName.
+	// apply; see ValidateName.
 	Name string
 	// Self is this node: its "on" host name, node-id and listen address.
 	Self Host

@@ -30,22 +30,15 @@ func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) 
 // of a stream that ended.
 type Backoff func(attempt int) time.Duration
 
-// ExponentialBackoff doubles from min up to max.
-func ExponentialBackoff(min, max time.Duration) Backoff {
+// ExponentialBackoff doubles from first up to limit.
+func ExponentialBackoff(first, limit time.Duration) Backoff {
 	return func(attempt int) time.Duration {
-		d := min
-		for i := 1; i < attempt && d < max; i++ {
+		d := first
+		for i := 1; i < attempt && d < limit; i++ {
 			d *= 2
 		}
-		return min2(d, max)
+		return min(d, limit)
 	}
-}
-
-func min2(a, b time.Duration) time.Duration {
-	if a < b {
-		return a
-	}
-	return b
 }
 
 // Change is one thing the Observer reports.
@@ -310,19 +303,7 @@ func (b *batch) add(ctx context.Context, ev *Event) error {
 		b.before[name] = prev
 		b.order = append(b.order, name)
 	}
-	if ev.Object == ObjResource && ev.Kind == EventDestroy {
-		delete(o.state, name)
-		return nil
-	}
-	s := o.state[name]
-	if s == nil {
-		s = newResourceState(name)
-		o.state[name] = s
-	}
-	if err := s.apply(ev); err != nil {
-		return fmt.Errorf("resource %s: %w", name, err)
-	}
-	return nil
+	return applyTo(o.state, ev)
 }
 
 // flush reports every resource the batch changed. Lines that only moved IO
@@ -354,6 +335,9 @@ func (b *batch) flush(ctx context.Context) error {
 	return nil
 }
 
+// applyTo applies one event to the resource it names in m, creating the
+// resource on its first event and deleting it on "destroy resource".
+// Helper events carry no state.
 func applyTo(m map[string]*ResourceState, ev *Event) error {
 	if ev.Object == ObjHelper {
 		return nil

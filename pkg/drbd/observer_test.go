@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
 // fakeClock fires every After at once and records the requested waits:
@@ -29,8 +31,9 @@ func (c *fakeClock) After(d time.Duration) <-chan time.Time {
 	return ch
 }
 
-// scriptedSource returns the given streams in turn (an error entry makes
-// that start fail), then cancels the run.
+// scriptedSource returns the given streams in turn, then cancels the run.
+// An entry is a stream's text, an error (that start fails) or an
+// EventSource (that start is the source's, such as a real process).
 func scriptedSource(cancel context.CancelFunc, streams ...any) EventSource {
 	var mu sync.Mutex
 	i := 0
@@ -48,18 +51,11 @@ func scriptedSource(cancel context.CancelFunc, streams ...any) EventSource {
 			return nil, s
 		case string:
 			return io.NopCloser(strings.NewReader(s)), nil
+		case EventSource:
+			return s(ctx)
 		}
 		panic(fmt.Sprintf("bad script entry %T", s))
 	}
-}
-
-func readCapture(t *testing.T, rel string) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "captures", rel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // runObserver runs an observer over the script to completion and returns
@@ -100,7 +96,7 @@ func parseErrors(errs []error) []error {
 // 05-quorum-loss, node1: Primary loses node3 (down), then node2 (link cut):
 // quorum goes, quorum-lost runs; the link heals and everything returns.
 func TestObserverQuorumLossStream(t *testing.T) {
-	_, changes, errs := runObserver(t, &fakeClock{}, readCapture(t, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt"))
+	_, changes, errs := runObserver(t, &fakeClock{}, string(captures.Read(t, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt")))
 	if pe := parseErrors(errs); len(pe) != 0 {
 		t.Fatalf("unparsed lines: %v", pe)
 	}
@@ -181,7 +177,7 @@ func TestObserverFailoverStreams(t *testing.T) {
 		},
 	} {
 		t.Run(node, func(t *testing.T) {
-			_, changes, errs := runObserver(t, &fakeClock{}, readCapture(t, "04-failover-event-stream/"+node+".events2-timestamps-statistics-stream.txt"))
+			_, changes, errs := runObserver(t, &fakeClock{}, string(captures.Read(t, "04-failover-event-stream/"+node+".events2-timestamps-statistics-stream.txt")))
 			if pe := parseErrors(errs); len(pe) != 0 {
 				t.Fatalf("unparsed lines: %v", pe)
 			}
@@ -207,7 +203,7 @@ func anyState(cs []Change, f func(*ResourceState) bool) bool {
 // the new dump replaces the old picture (a resource gone meanwhile is
 // reported removed, an unchanged one is not re-reported).
 func TestObserverRestart(t *testing.T) {
-	r0 := readCapture(t, "node1.events2-now-nostats.txt")
+	r0 := string(captures.Read(t, "node1.events2-now-nostats.txt"))
 	r1 := strings.ReplaceAll(r0, "name:r0", "name:r1")
 	r1 = strings.Replace(r1, "exists -\n", "", 1) // r1's dump lines, no end marker
 	both := strings.Replace(r0, "exists -\n", r1+"exists -\n", 1)
@@ -346,10 +342,7 @@ func TestObserverFlushesWhenIdle(t *testing.T) {
 // the reported error carries its stderr.
 func TestObserverOverRealProcess(t *testing.T) {
 	dir := t.TempDir()
-	stream, err := filepath.Abs(filepath.Join("testdata", "captures", "05-quorum-loss", "node1.events2-timestamps-statistics-stream.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := captures.Path(t, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt")
 	script := filepath.Join(dir, "drbdsetup")
 	body := "#!/bin/sh\n" +
 		`[ "$*" = "events2 --timestamps --statistics --full all" ] || { echo "bad args: $*" >&2; exit 2; }` + "\n" +
@@ -362,15 +355,7 @@ func TestObserverOverRealProcess(t *testing.T) {
 	defer cancel()
 	var mu sync.Mutex
 	var errs []error
-	starts := 0
-	o := NewObserver(func(ctx context.Context) (io.ReadCloser, error) {
-		starts++
-		if starts > 1 {
-			cancel()
-			return nil, ctx.Err()
-		}
-		return d.Events(ctx)
-	}, ObserverOptions{Clock: &fakeClock{}, OnError: func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }})
+	o := NewObserver(scriptedSource(cancel, EventSource(d.Events)), ObserverOptions{Clock: &fakeClock{}, OnError: func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }})
 	go o.Run(ctx)
 	var last *ResourceState
 	for c := range o.Changes() {

@@ -202,23 +202,23 @@ type DiskOptionSet struct {
 func DefaultOptions() OptionSet {
 	return OptionSet{
 		Resource: ResourceOptionSet{
-			Quorum:                  ptr(QuorumMajority),
-			QuorumMinimumRedundancy: ptr(QuorumOff),
-			OnNoQuorum:              ptr(OnNoQuorumSuspendIO),
-			OnNoDataAccessible:      ptr(OnNoDataAccessibleIOError),
-			AutoPromote:             ptr(false),
+			Quorum:                  Ptr(QuorumMajority),
+			QuorumMinimumRedundancy: Ptr(QuorumOff),
+			OnNoQuorum:              Ptr(OnNoQuorumSuspendIO),
+			OnNoDataAccessible:      Ptr(OnNoDataAccessibleIOError),
+			AutoPromote:             Ptr(false),
 		},
 		Net: NetOptionSet{
-			Protocol:          ptr(ProtocolC),
-			AllowTwoPrimaries: ptr(false),
-			CramHMACAlg:       ptr(""),
-			SharedSecret:      ptr(""),
-			AllowRemoteRead:   ptr(true),
+			Protocol:          Ptr(ProtocolC),
+			AllowTwoPrimaries: Ptr(false),
+			CramHMACAlg:       Ptr(""),
+			SharedSecret:      Ptr(""),
+			AllowRemoteRead:   Ptr(true),
 		},
 		Disk: DiskOptionSet{
-			DiscardZeroesIfAligned: ptr(true),
-			RsDiscardGranularity:   ptr(int32(0)),
-			NonVoting:              ptr(false),
+			DiscardZeroesIfAligned: Ptr(true),
+			RsDiscardGranularity:   Ptr(int32(0)),
+			NonVoting:              Ptr(false),
 		},
 	}
 }
@@ -287,8 +287,6 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // Ptr returns a pointer to v; handy for building OptionSets.
 func Ptr[T any](v T) *T { return &v }

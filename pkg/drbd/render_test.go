@@ -17,17 +17,17 @@ func addr(s string, port int) Address { return Address{IP: netip.MustParseAddr(s
 
 func diskful(dev string) *Disk { return &Disk{BackingDevice: dev, MetaDisk: MetaDiskInternal} }
 
-// goldenModels are the layouts meshvol renders, from the point of view of
-// one node each.
-func goldenModels() map[string]struct {
+// model is one golden case: a resource and the DRBD features it is
+// rendered for.
+type model struct {
 	r *Resource
 	f Features
-} {
+}
+
+// goldenModels are the layouts meshvol renders, from the point of view of
+// one node each.
+func goldenModels() map[string]model {
 	def := Resolve(DefaultOptions())
-	type model = struct {
-		r *Resource
-		f Features
-	}
 	m := map[string]model{}
 
 	m["1d"] = model{r: &Resource{

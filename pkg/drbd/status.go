@@ -8,7 +8,7 @@ import (
 
 // StatusResource is one element of `drbdsetup status --json --verbose
 // --statistics` (drbd-utils 9.22). Field names follow the JSON keys; see
-// testdata/captures/*status-json*.json.
+// internal/captures/testdata/*status-json*.json.
 type StatusResource struct {
 	Name             string `json:"name"`
 	NodeID           int    `json:"node-id"`

@@ -23,13 +23,13 @@ type VersionInfo struct {
 	KernelVersionCode int    // DRBD_KERNEL_VERSION_CODE, 0 when no module is loaded
 
 	// From /proc/drbd (empty when the module is not loaded):
-	ProcVersion     string   // "9.2.18"
-	ProcAPI         int      // api:2
-	ProtoMin        int      // proto:118-124
-	ProtoMax        int      //
-	ProcGitHash     string   //
-	Transports      []string // "tcp", "rdma", ...
-	TransportAPIVer int      // Transports (api:21)
+	ProcVersion     string   // "version: 9.2.18 (api:2/proto:118-124)": 9.2.18
+	ProcAPI         int      // … 2
+	ProtoMin        int      // … 118
+	ProtoMax        int      // … 124
+	ProcGitHash     string   // "GIT-hash: a7afc67e…"
+	Transports      []string // "Transports (api:21): tcp (9.2.18)": tcp, rdma, ...
+	TransportAPIVer int      // … 21
 }
 
 // KernelLoaded reports whether a DRBD kernel module answered.

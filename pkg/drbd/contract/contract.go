@@ -2,8 +2,8 @@
 // against the interface only, so that it runs on drbdsim now and on real
 // DRBD 9 (three machines, the ExecDriver) later.
 //
-// It replays the scenarios of /work/shared/drbd-captures (copied into
-// testdata/captures): 01 up with Inconsistent disks, 02 forced primary and
+// It replays the scenarios of the real DRBD captures (package
+// pkg/drbd/internal/captures, copied from /work/shared/drbd-captures): 01 up with Inconsistent disks, 02 forced primary and
 // initial sync, 03 Primary with data, 04 failover to the diskless node, 05
 // quorum loss and return. At each stage it compares what the driver
 // reports (status, parsed by pkg/drbd) with what real DRBD reported in the
@@ -15,7 +15,6 @@ package contract
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"slices"
@@ -26,10 +25,8 @@ import (
 	"time"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
-
-//go:embed testdata/captures
-var captures embed.FS
 
 // Resource is the resource name every scenario uses (as in the captures).
 const Resource = "r0"
@@ -41,9 +38,9 @@ var Nodes = []string{"node1", "node2", "node3"}
 type Harness interface {
 	// Driver is the drbd.Driver of a node.
 	Driver(node string) drbd.Driver
-	// Resource is r0 as seen from node: node-ids 0, 1, 2, node3 diskless,
-	// quorum majority, on-no-quorum io-error, protocol C, backing devices
-	// of 128 MiB so that sizes match the captures.
+	// Resource is r0 as seen from node: CapturedResource with the node's
+	// backing device, which must be BackingSize so that sizes match the
+	// captures.
 	Resource(node string) *drbd.Resource
 	// Write and Read do IO through the DRBD device of node (O_DIRECT on
 	// real DRBD). A write refused for lack of quorum must wrap syscall.EIO.
@@ -146,11 +143,7 @@ func summary(r drbd.StatusResource) []string {
 
 func captureStatus(t *testing.T, path string) drbd.StatusResource {
 	t.Helper()
-	b, err := captures.ReadFile("testdata/captures/" + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := drbd.ParseStatusJSON(b)
+	st, err := drbd.ParseStatusJSON(captures.Read(t, path))
 	if err != nil || len(st) != 1 {
 		t.Fatalf("capture %s: %v (%d resources)", path, err, len(st))
 	}
@@ -161,14 +154,10 @@ func captureStatus(t *testing.T, path string) drbd.StatusResource {
 // as a status (for stages captured only that way).
 func captureEventsNow(t *testing.T, path string) []string {
 	t.Helper()
-	b, err := captures.ReadFile("testdata/captures/" + path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var r drbd.StatusResource
 	peerDevs := map[string]*drbd.StatusPeerDevice{}
 	conns := map[string]*drbd.StatusConnection{}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for _, line := range captures.Lines(t, path) {
 		ev, err := drbd.ParseEvent(line)
 		if err != nil {
 			t.Fatalf("capture %s: %v", path, err)

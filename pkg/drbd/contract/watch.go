@@ -4,12 +4,12 @@ import (
 	"bufio"
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
 // tracked are the state fields whose changes the suite compares; counters
@@ -85,13 +85,9 @@ func (n *normalizer) feed(ev *drbd.Event) (entries []string, conn string, oos in
 // dump.
 func captureStream(t *testing.T, path string) []string {
 	t.Helper()
-	b, err := captures.ReadFile("testdata/captures/" + path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := newNormalizer()
 	var out []string
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for _, line := range captures.Lines(t, path) {
 		ev, err := drbd.ParseEvent(line)
 		if err != nil {
 			t.Fatalf("capture %s: %v", path, err)

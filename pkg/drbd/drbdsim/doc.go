@@ -20,7 +20,7 @@
 // sandbox that wants wall-clock behaviour calls RunClock, which advances
 // the virtual clock in real time from a goroutine.
 //
-// # What is modelled (see the captures in /work/shared/drbd-captures)
+// # What is modelled (see the captures in pkg/drbd/internal/captures)
 //
 //   - Per node and resource: role, disk state (Diskless, Attaching,
 //     Inconsistent, Outdated, Consistent, UpToDate, Failed), connection
@@ -108,6 +108,8 @@
 // quorum-lost and disconnected notifications, congestion, the activity log
 // beyond crash recovery, two-phase-commit failures and timeouts, and the
 // exact statistics counters (read/written/sent/received are counted in
-// KiB of simulated IO, not the kernel's exact numbers). Metadata is held
-// in memory per node (it survives a simulated crash, not the process).
+// KiB of simulated IO, not the kernel's exact numbers), IPv6 in the
+// addresses of events2 path lines and show output (always printed with the
+// ipv4 prefix; the captures have IPv4 only). Metadata is held in memory per
+// node (it survives a simulated crash, not the process).
 package drbdsim

@@ -24,8 +24,8 @@ type kv struct{ k, v string }
 //	tail:  printed whenever the line is (resource: may_promote
 //	       promotion_score);
 //	stats: --statistics counters, printed on every device/peer-device line;
-//	extra: only in exists/create lines and with --full (device:
-//	       al-suspended blocked).
+//	extra: only in exists/create lines and with --full (connection:
+//	       ap-in-flight rs-in-flight; device: al-suspended blocked).
 type object struct {
 	kind                           string
 	ids, state, group, tail, stats []kv
@@ -35,9 +35,7 @@ type object struct {
 func (o *object) key() string {
 	var b strings.Builder
 	b.WriteString(o.kind)
-	for _, f := range o.ids {
-		b.WriteString(" " + f.k + ":" + f.v)
-	}
+	fields(&b, o.ids)
 	return b.String()
 }
 
@@ -48,19 +46,6 @@ func fields(b *strings.Builder, fs []kv) {
 		b.WriteString(":")
 		b.WriteString(f.v)
 	}
-}
-
-// full is the complete line body (exists, create, --full change).
-func (o *object) full() string {
-	var b strings.Builder
-	b.WriteString(o.kind)
-	fields(&b, o.ids)
-	fields(&b, o.state)
-	fields(&b, o.group)
-	fields(&b, o.tail)
-	fields(&b, o.stats)
-	fields(&b, o.extra)
-	return b.String()
 }
 
 func diff(a, b []kv) []kv {
@@ -171,18 +156,20 @@ func (r *resource) objects() []*object {
 	return out
 }
 
-// fullOrder puts the peer-device's resync-suspended where drbdsetup prints
-// it: after the group, before the statistics.
+// fullLine is the complete line body (exists, create, change with --full).
+// A peer-device's one state field, resync-suspended, stands after its
+// group, where drbdsetup prints it; every other object prints its state
+// first.
 func (o *object) fullLine() string {
-	if o.kind != "peer-device" {
-		return o.full()
+	parts := [][]kv{o.ids, o.state, o.group, o.tail, o.stats, o.extra}
+	if o.kind == "peer-device" {
+		parts[1], parts[2] = o.group, o.state
 	}
 	var b strings.Builder
 	b.WriteString(o.kind)
-	fields(&b, o.ids)
-	fields(&b, o.group)
-	fields(&b, o.state)
-	fields(&b, o.stats)
+	for _, p := range parts {
+		fields(&b, p)
+	}
 	return b.String()
 }
 
@@ -289,7 +276,7 @@ func (r *resource) publishOnly(kinds map[string]bool) {
 		prev := r.published[key]
 		r.published[key] = o
 		if prev == nil {
-			continue // created objects are announced by publishCreate*
+			continue // created objects are announced by publishCreate
 		}
 		body := o.change(prev)
 		if body == "" {
@@ -299,14 +286,9 @@ func (r *resource) publishOnly(kinds map[string]bool) {
 	}
 }
 
+// publishCreate announces every object not published yet: all of them for
+// a new resource, a connection's own for a new connection.
 func (r *resource) publishCreate() {
-	for _, o := range r.objects() {
-		r.published[o.key()] = o
-		r.n.emit("create "+o.fullLine(), "create "+o.fullLine())
-	}
-}
-
-func (r *resource) publishCreateConn(k *conn) {
 	for _, o := range r.objects() {
 		if _, ok := r.published[o.key()]; ok {
 			continue

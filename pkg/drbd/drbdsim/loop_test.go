@@ -34,25 +34,35 @@ func run(t *testing.T, name string, args ...string) {
 	}
 }
 
+// mountedPrimary forms r0 with loop devices, promotes node1, makes ext4 on
+// its device and mounts it on rg.dir/mnt.
+func mountedPrimary(t *testing.T) (rg *rig, n1 *Node, mnt string) {
+	t.Helper()
+	needLoop(t)
+	rg = newRig(t, nil)
+	rg.c.opts.LoopDevices = true
+	rg.upAll()
+	n1 = rg.c.Node("node1")
+	rg.must(n1.NewCurrentUUIDClearBitmap(rg.ctx, "r0"))
+	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	dev := n1.DevicePath("r0")
+	run(t, "mkfs.ext4", "-q", dev)
+	mnt = filepath.Join(rg.dir, "mnt")
+	rg.must(os.MkdirAll(mnt, 0o755))
+	run(t, "mount", dev, mnt)
+	return rg, n1, mnt
+}
+
 // mkfs and mount work on the Primary's device; the files written through
 // it reach the peer at demotion; the diskless node3 then mounts the same
 // filesystem through a scratch copy and its writes reach both replicas.
 func TestLoopDeviceMkfsMountReplicates(t *testing.T) {
-	needLoop(t)
-	rg := newRig(t, nil)
-	rg.c.opts.LoopDevices = true
-	rg.upAll()
-	rg.must(rg.c.Node("node1").NewCurrentUUIDClearBitmap(rg.ctx, "r0"))
-	n1, n3 := rg.c.Node("node1"), rg.c.Node("node3")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
-	dev := n1.DevicePath("r0")
-	run(t, "mkfs.ext4", "-q", dev)
-	mnt := filepath.Join(rg.dir, "mnt")
-	rg.must(os.MkdirAll(mnt, 0o755))
-	run(t, "mount", dev, mnt)
+	rg, n1, mnt := mountedPrimary(t)
+	n3 := rg.c.Node("node3")
 	payload := bytes.Repeat([]byte("meshvol "), 100000)
 	rg.must(os.WriteFile(filepath.Join(mnt, "data"), payload, 0o644))
-	// Demotion is refused while mounted, like DRBD (-12).
+	// Unmount first: demotion of a mounted device is refused, like DRBD
+	// (-12; TestLoopDeviceInUseRefusesDemote).
 	run(t, "umount", mnt)
 	rg.must(n1.Secondary(rg.ctx, "r0"))
 	rg.noLostWrites()
@@ -81,22 +91,9 @@ func TestLoopDeviceMkfsMountReplicates(t *testing.T) {
 
 // Demotion while the device is mounted is refused with -12.
 func TestLoopDeviceInUseRefusesDemote(t *testing.T) {
-	needLoop(t)
-	rg := newRig(t, nil)
-	rg.c.opts.LoopDevices = true
-	rg.upAll()
-	rg.must(rg.c.Node("node1").NewCurrentUUIDClearBitmap(rg.ctx, "r0"))
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
-	dev := n1.DevicePath("r0")
-	run(t, "mkfs.ext4", "-q", dev)
-	mnt := filepath.Join(rg.dir, "mnt")
-	rg.must(os.MkdirAll(mnt, 0o755))
-	run(t, "mount", dev, mnt)
+	rg, n1, mnt := mountedPrimary(t)
 	defer func() { _ = exec.Command("umount", mnt).Run(); _ = n1.Secondary(rg.ctx, "r0") }()
-	if err := n1.Secondary(rg.ctx, "r0"); err == nil || !errorsIs(err, drbd.ErrDeviceInUse) {
+	if err := n1.Secondary(rg.ctx, "r0"); !errors.Is(err, drbd.ErrDeviceInUse) {
 		t.Fatalf("demote while mounted: %v", err)
 	}
 }
-
-func errorsIs(err, target error) bool { return errors.Is(err, target) }

@@ -337,7 +337,7 @@ func (r *resource) detach(to DiskState) {
 func (r *resource) addConn(p drbd.Peer) {
 	k := &conn{peer: p, cstate: connStandAlone, peerRole: roleUnknown, repl: replOff, peerDisk: DiskUnknown}
 	r.conns[p.NodeID] = k
-	r.publishCreateConn(k)
+	r.publishCreate()
 	k.cstate = connUnconnected
 	r.publish()
 	k.cstate = connConnecting

@@ -375,8 +375,12 @@ func TestDiskFailureDetaches(t *testing.T) {
 // Connections come up only when both ends agree on authentication.
 func TestSharedSecretMismatch(t *testing.T) {
 	rg := newRig(t, func(node string, o *drbd.OptionSet) {
+		secret := "s3cret-b"
+		if node == "node2" {
+			secret = "s3cret-a"
+		}
 		o.Net.CramHMACAlg = drbd.Ptr("sha256")
-		o.Net.SharedSecret = drbd.Ptr("s3cret-" + map[bool]string{true: "a", false: "b"}[node == "node2"])
+		o.Net.SharedSecret = drbd.Ptr(secret)
 	})
 	rg.upAll()
 	if cs := rg.state("node1").Connections[0].ConnectionState; cs != "Connecting" {

@@ -3,8 +3,6 @@ package drbdsim
 import (
 	"context"
 	"io"
-	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -12,37 +10,19 @@ import (
 	"time"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/drbd/contract"
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
 )
 
-const capturesDir = "../contract/testdata/captures"
-
-// r0 is the captures' resource as node name sees it: node1 and node2
-// diskful (128 MiB), node3 diskless, quorum majority, on-no-quorum io-error.
+// r0 is the captures' resource as node name sees it (node1 and node2
+// diskful, node3 diskless, quorum majority, on-no-quorum io-error), with
+// the backing files of dir and the options changed by mutate.
 func r0(dir, name string, mutate func(node string, o *drbd.OptionSet)) *drbd.Resource {
-	hosts := []drbd.Host{
-		{Name: "node1", NodeID: 0, Address: drbd.Address{IP: netip.MustParseAddr("10.99.0.1"), Port: 7000}},
-		{Name: "node2", NodeID: 1, Address: drbd.Address{IP: netip.MustParseAddr("10.99.0.2"), Port: 7000}},
-		{Name: "node3", NodeID: 2, Address: drbd.Address{IP: netip.MustParseAddr("10.99.0.3"), Port: 7000}},
-	}
-	set := drbd.OptionSet{Resource: drbd.ResourceOptionSet{
-		Quorum:     drbd.Ptr(drbd.QuorumMajority),
-		OnNoQuorum: drbd.Ptr(drbd.OnNoQuorumIOError),
-	}}
+	var tune func(*drbd.OptionSet)
 	if mutate != nil {
-		mutate(name, &set)
+		tune = func(o *drbd.OptionSet) { mutate(name, o) }
 	}
-	r := &drbd.Resource{Name: "r0", Minor: 0, Options: drbd.Resolve(drbd.DefaultOptions(), set)}
-	for _, h := range hosts {
-		if h.Name == name {
-			r.Self = h
-			continue
-		}
-		r.Peers = append(r.Peers, drbd.Peer{Name: h.Name, NodeID: h.NodeID, Address: h.Address, Diskless: h.Name == "node3"})
-	}
-	if name != "node3" {
-		r.Disk = &drbd.Disk{BackingDevice: filepath.Join(dir, name+".img"), MetaDisk: drbd.MetaDiskInternal}
-	}
-	return r
+	return contract.CapturedResource(name, filepath.Join(dir, name+".img"), tune)
 }
 
 type rig struct {
@@ -56,16 +36,7 @@ func newRig(t testing.TB, mutate func(node string, o *drbd.OptionSet)) *rig {
 	t.Helper()
 	dir := t.TempDir()
 	rg := &rig{t: t, c: NewCluster(Options{Dir: dir, Seed: 1}), dir: dir, ctx: context.Background()}
-	for _, n := range []string{"node1", "node2"} {
-		f, err := os.Create(filepath.Join(dir, n+".img"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Truncate(128 << 20); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-	}
+	contract.SparseBackingFiles(t, dir)
 	for _, n := range []string{"node1", "node2", "node3"} {
 		node := rg.c.Node(n)
 		rg.must(node.WriteConfig(rg.ctx, r0(dir, n, mutate)))
@@ -89,15 +60,6 @@ func (rg *rig) upAll() {
 	}
 }
 
-func readCapture(t *testing.T, rel string) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(capturesDir, rel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // The exists dump of every node after up equals capture 01 byte for byte,
 // except the backing device path.
 func TestCapture01ExistsDump(t *testing.T) {
@@ -107,7 +69,7 @@ func TestCapture01ExistsDump(t *testing.T) {
 		got, err := rg.c.Node(n).EventsNow(rg.ctx)
 		rg.must(err)
 		got = strings.ReplaceAll(got, filepath.Join(rg.dir, n+".img"), "/dev/vda")
-		want := readCapture(t, "01-up-inconsistent/"+n+".events2-now-statistics.txt")
+		want := string(captures.Read(t, "01-up-inconsistent/"+n+".events2-now-statistics.txt"))
 		if got != want {
 			t.Errorf("%s events2 --now differs\n got:\n%s\nwant:\n%s", n, got, want)
 		}
@@ -122,13 +84,13 @@ func TestCapture01JSONBytes(t *testing.T) {
 	for _, n := range []string{"node1", "node2", "node3"} {
 		got, err := rg.c.Node(n).StatusJSON(rg.ctx, "r0")
 		rg.must(err)
-		if want := readCapture(t, "01-up-inconsistent/"+n+".status-json-verbose-statistics.json"); string(got) != want {
+		if want := string(captures.Read(t, "01-up-inconsistent/"+n+".status-json-verbose-statistics.json")); string(got) != want {
 			t.Errorf("%s status --json differs\n got:\n%s\nwant:\n%s", n, got, want)
 		}
 		show, err := rg.c.Node(n).ShowJSON(rg.ctx, "r0")
 		rg.must(err)
 		gotShow := strings.ReplaceAll(string(show), filepath.Join(rg.dir, n+".img"), "/dev/vda")
-		if want := readCapture(t, "01-up-inconsistent/"+n+".show-json.json"); gotShow != want {
+		if want := string(captures.Read(t, "01-up-inconsistent/"+n+".show-json.json")); gotShow != want {
 			t.Errorf("%s show --json differs\n got:\n%s\nwant:\n%s", n, gotShow, want)
 		}
 		// And pkg/drbd's parsers read them.
@@ -181,7 +143,7 @@ func TestCapture02SyncTargetStatusKeys(t *testing.T) {
 	rg.c.Advance(500 * time.Millisecond)
 	got, err := rg.c.Node("node2").StatusJSON(rg.ctx, "r0")
 	rg.must(err)
-	want := readCapture(t, "02-initial-sync-node2.status-json-verbose-statistics.json")
+	want := string(captures.Read(t, "02-initial-sync-node2.status-json-verbose-statistics.json"))
 	keys := func(s string) []string {
 		var out []string
 		for _, m := range regexp.MustCompile(`"([^"]+)":`).FindAllStringSubmatch(s, -1) {

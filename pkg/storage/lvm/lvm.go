@@ -193,11 +193,19 @@ func (c *core) validateSize(op, replica string, size int64) error {
 	return nil
 }
 
-// create runs lvcreate with args and resolves the outcome. On a name clash it
-// looks at the existing LV: ours and large enough is success (idempotent
-// create after an agent restart); anything else is refused untouched.
+// create checks req, then runs lvcreate with args (built by the caller from
+// req; nothing runs for a request that fails the checks) and resolves the
+// outcome. On a name clash it looks at the existing LV: ours and large
+// enough is success (idempotent create after an agent restart); anything
+// else is refused untouched.
 func (c *core) create(ctx context.Context, req storage.CreateRequest, args []string) (storage.Volume, error) {
 	const op = "create"
+	if err := c.validateReplica(op, req.Replica); err != nil {
+		return storage.Volume{}, err
+	}
+	if err := c.validateSize(op, req.Replica, req.SizeBytes); err != nil {
+		return storage.Volume{}, err
+	}
 	_, _, err := c.lvm(ctx, "lvcreate", args...)
 	if err != nil {
 		serr := c.fail(op, req.Replica, err)

@@ -30,13 +30,6 @@ func NewThick(vg string, opts Options) (*Thick, error) {
 // (07). -y answers lvm2's "wipe signature?" prompt: a new LV may land on
 // extents that held an old filesystem, and stdin is not a terminal.
 func (t *Thick) Create(ctx context.Context, req storage.CreateRequest) (storage.Volume, error) {
-	const op = "create"
-	if err := t.validateReplica(op, req.Replica); err != nil {
-		return storage.Volume{}, err
-	}
-	if err := t.validateSize(op, req.Replica, req.SizeBytes); err != nil {
-		return storage.Volume{}, err
-	}
 	return t.create(ctx, req, []string{"-y", "-n", req.Replica, "-L", sizeArg(req.SizeBytes), "--addtag", ownerTag(req.Replica), t.vg})
 }
 

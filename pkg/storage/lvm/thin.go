@@ -51,13 +51,6 @@ func NewThin(vg, pool string, opts Options) (*Thin, error) {
 // (25b). lvm2 warns on stderr when the pool is overcommitted (25); that is a
 // warning, not a failure, and capacity planning is the controller's job.
 func (t *Thin) Create(ctx context.Context, req storage.CreateRequest) (storage.Volume, error) {
-	const op = "create"
-	if err := t.validateReplica(op, req.Replica); err != nil {
-		return storage.Volume{}, err
-	}
-	if err := t.validateSize(op, req.Replica, req.SizeBytes); err != nil {
-		return storage.Volume{}, err
-	}
 	return t.create(ctx, req, []string{"-y", "-V", sizeArg(req.SizeBytes), "-T", t.vg + "/" + t.pool, "-n", req.Replica, "--addtag", ownerTag(req.Replica)})
 }
 

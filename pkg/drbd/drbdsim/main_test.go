@@ -1,0 +1,12 @@
+package drbdsim
+
+import (
+	"os"
+	"testing"
+
+	"github.com/meshvol/meshvol/pkg/drbd/internal/captures"
+)
+
+// TestMain says how much of the capture tree the simulator was compared
+// against.
+func TestMain(m *testing.M) { os.Exit(captures.Main(m, "drbdsim")) }
