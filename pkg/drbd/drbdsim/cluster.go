@@ -3,7 +3,9 @@ package drbdsim
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -230,24 +232,33 @@ func (c *Cluster) StaleUpToDate(res string) []string {
 	return c.lacking(res, false)
 }
 
+// lacking names, per replica in node-name order, the lowest acknowledged
+// block it lacks. The blocks are checked in offset order, not map order,
+// so that the same state always gives the same message (a test failure
+// quotes it, and a rerun must show the same block).
 func (c *Cluster) lacking(res string, quorateOnly bool) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	acked := c.acked[res]
+	blocks := slices.Sorted(maps.Keys(acked))
 	var out []string
 	for _, name := range c.nodeNames() {
 		r := c.nodes[name].res[res]
 		if r == nil || !r.attached() || r.disk != DiskUpToDate || (quorateOnly && !r.quorate) {
 			continue
 		}
-		for blk, h := range c.acked[res] {
+		for _, blk := range blocks {
 			got, err := r.blockHash(blk)
-			if err != nil || got != h {
+			if err != nil {
+				out = append(out, fmt.Sprintf("%s: block %d (offset %d) cannot be read to check an acknowledged write: %v", name, blk, blk*blockSize, err))
+				break
+			}
+			if got != acked[blk] {
 				out = append(out, fmt.Sprintf("%s: block %d (offset %d) lacks an acknowledged write", name, blk, blk*blockSize))
 				break
 			}
 		}
 	}
-	sort.Strings(out)
 	return out
 }
 

@@ -71,7 +71,11 @@
 //     drbd.ErrTimeout) or fails, a slower resync.
 //   - Output: events2 lines in the real text format (exists/create/change/
 //     destroy, --timestamps, --statistics), status and show JSON in the
-//     real shape, parsed back by pkg/drbd's parsers.
+//     real shape, parsed back by pkg/drbd's parsers. Addresses print as
+//     drbdsetup's address_str() does: "ipv4:10.99.0.1:7000" and
+//     "ipv6:[fd00::1]:7000" in events2, "ipv4 10.99.0.1:7000" and
+//     "ipv6 [fd00::1]:7000" in show (the IPv6 form is taken from
+//     drbd-utils' source, not captured).
 //
 // # Block device
 //
@@ -108,8 +112,6 @@
 // quorum-lost and disconnected notifications, congestion, the activity log
 // beyond crash recovery, two-phase-commit failures and timeouts, and the
 // exact statistics counters (read/written/sent/received are counted in
-// KiB of simulated IO, not the kernel's exact numbers), IPv6 in the
-// addresses of events2 path lines and show output (always printed with the
-// ipv4 prefix; the captures have IPv4 only). Metadata is held in memory per
-// node (it survives a simulated crash, not the process).
+// KiB of simulated IO, not the kernel's exact numbers). Metadata is held
+// in memory per node (it survives a simulated crash, not the process).
 package drbdsim

@@ -304,7 +304,7 @@ func showResource(r *resource) ordered {
 		if !k.peer.EffectiveAllowRemoteRead(o) {
 			net = append(net, kvAny{"allow-remote-read", false})
 		}
-		co := ordered{{"path", ordered{{"_this_host", "ipv4 " + addr(r.cfg.Self.Address)}, {"_remote_host", "ipv4 " + addr(k.peer.Address)}}},
+		co := ordered{{"path", ordered{{"_this_host", showEndpoint(r.cfg.Self.Address)}, {"_remote_host", showEndpoint(k.peer.Address)}}},
 			{"net", net}}
 		if k.peer.Diskless {
 			co = append(co, kvAny{"volumes", []any{ordered{{"volume_nr", 0}, {"disk", ordered{{"bitmap", false}}}}}})
