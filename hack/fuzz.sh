@@ -7,7 +7,9 @@
 #
 # Discovery reads the source instead of `go test -list`, which would build
 # every test binary and run every TestMain (some start a control plane).
-# New crashers land in the package's testdata/fuzz/, as go test does.
+# New crashers land in the package's testdata/fuzz/, as go test does. Minimising a
+# new input is capped at FUZZMINIMIZETIME (default 5s): uncapped, a slow target
+# (the engine's FuzzProcess) spends its whole budget minimising and looks stalled.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,7 +39,7 @@ for t in "${targets[@]}"; do
 		exit 2
 	fi
 	echo "=== fuzz $pkg $name"
-	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg"; then
+	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "${FUZZMINIMIZETIME:-5s}" "$pkg"; then
 		failed+=("$t")
 	fi
 done
