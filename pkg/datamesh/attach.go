@@ -45,17 +45,17 @@ func (e *Engine) memberOnNode(node string) int {
 		return -1
 	}
 	if !s.nodeTab.valid {
-		s.nodeTab.build(len(ms), func(i int) string { return ms[i].NodeName })
+		s.nodeTab.build(ms, true)
 	}
-	return s.nodeTab.find(node)
+	return s.nodeTab.find(ms, true, node)
 }
 
 func (e *Engine) attachTransition(name string) int {
 	ts := e.s.st.DatameshTransitions
 	for i := range ts {
-		if ts[i].ReplicaName == name {
-			switch ts[i].Type {
-			case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
+		switch ts[i].Type {
+		case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
+			if ts[i].ReplicaName == name {
 				return i
 			}
 		}
@@ -92,12 +92,14 @@ func (e *Engine) served(i int) bool {
 	return false
 }
 
-func (e *Engine) attachment() {
+// serveRVAs maps every RVA to the member on its node (s.rvaMember), marks the members
+// some live RVA asks for (s.liveMembers), and picks the served RVAs into s.rvaOrd: the
+// first maxAttachments live ones, attached first, then oldest. A selection of one or
+// two, not a sort: most volumes have one RVA.
+func (e *Engine) serveRVAs() {
 	s := &e.s
 	rvas := s.in.RVAs
 	ms := s.st.Datamesh.Members
-	// Which RVAs are served: the first maxAttachments live ones, attached first, then
-	// oldest. A selection of one or two, not a sort: most volumes have one RVA.
 	limit := e.maxAttachments()
 	ord := s.rvaOrd[:0]
 	s.liveMembers = 0
@@ -132,6 +134,14 @@ func (e *Engine) attachment() {
 		ord[pos] = i
 	}
 	s.rvaOrd = ord
+}
+
+func (e *Engine) attachment() {
+	s := &e.s
+	rvas := s.in.RVAs
+	ms := s.st.Datamesh.Members
+	e.serveRVAs()
+	ord := s.rvaOrd
 	wantNode := func(node string) bool {
 		for _, j := range ord {
 			if rvas[j].Spec.NodeName == node {

@@ -1,6 +1,7 @@
 package datamesh
 
 import (
+	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,14 +45,33 @@ func steadyWorld(tb testing.TB, ftt, gmdr, access int) *world {
 		w.rvas = append(w.rvas, a)
 	}
 	w.settleAll(tb)
-	// Separate allocations for every name, as a real cache would have them.
-	for _, r := range w.rvrs {
-		r.Name = strings.Clone(r.Name)
+	// The objects as a controller's cache hands them over: decoded from JSON, so no two
+	// strings share storage (a string comparison cannot succeed on equal pointers, as
+	// it would between a member's name and the RVR it was copied from).
+	w.rv = roundTrip(tb, w.rv)
+	for i := range w.rvrs {
+		w.rvrs[i] = roundTrip(tb, w.rvrs[i])
+	}
+	for i := range w.rvas {
+		w.rvas[i] = roundTrip(tb, w.rvas[i])
 	}
 	if res, _ := w.process(tb); res.Changed || len(w.rv.Status.DatameshTransitions) != 0 {
 		tb.Fatalf("not steady: changed=%v transitions=%d\n%s", res.Changed, len(w.rv.Status.DatameshTransitions), w.status(true))
 	}
 	return w
+}
+
+// roundTrip returns a copy of x decoded from its JSON encoding.
+func roundTrip[T any](tb testing.TB, x *T) *T {
+	b, err := json.Marshal(x)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var y T
+	if err := json.Unmarshal(b, &y); err != nil {
+		tb.Fatal(err)
+	}
+	return &y
 }
 
 func (w *world) settleAll(tb testing.TB) {
@@ -110,22 +130,59 @@ func BenchmarkProcessSteady3D(b *testing.B) {
 	benchSteady(b, steadyWorld(b, 1, 1, 0))
 }
 
-// BenchmarkProcessSteady32: 32 members (5D + 27 Access; 27 RVAs, one attached, the
-// others waiting for maxAttachments), RVRs passed sorted by name as the reconciler does.
+// BenchmarkProcessSteady32: a steady volume with 32 members, DRBD's limit. The largest
+// layout is 5D (FTT=2, GMDR=2); the other 27 members can only be Access replicas, and
+// the engine keeps an Access member only while a live attachment (RVA) asks for its
+// node — without one it wants the replica deleted, and the volume would not be steady.
+// So: 5D + 27 A and 27 RVAs; maxAttachments=1, so one RVA is served (its member is
+// attached) and 26 wait for the slot, which is steady too: nothing changes until an
+// RVA goes away (Result.Waiting is true, Changed false, no transition, nothing
+// wanted). Every Diskful is UpToDate, every replica confirmed, every request done.
+// steady32 checks all of that before timing. RVRs are passed sorted by name (r1, r10,
+// r11, …), the order a lister returns.
 func BenchmarkProcessSteady32(b *testing.B) {
-	w := steadyWorld(b, 2, 2, 27)
-	if n := len(w.rv.Status.Datamesh.Members); n != 32 {
-		b.Fatalf("%d members", n)
-	}
+	w := steady32(b)
 	slices.SortFunc(w.rvrs, func(x, y *v1.ReplicatedVolumeReplica) int { return strings.Compare(x.Name, y.Name) })
 	benchSteady(b, w)
 }
 
 // BenchmarkProcessSteady32Unsorted: the same with RVRs in creation order (r1, r2, …,
-// r32, not name order): the engine sorts a permutation itself.
+// r32), not name order.
 func BenchmarkProcessSteady32Unsorted(b *testing.B) {
+	benchSteady(b, steady32(b))
+}
+
+func steady32(b *testing.B) *world {
 	w := steadyWorld(b, 2, 2, 27)
-	benchSteady(b, w)
+	st := &w.rv.Status
+	if n := len(st.Datamesh.Members); n != 32 {
+		b.Fatalf("%d members", n)
+	}
+	res, err := NewEngine(w.reg, w.features).Process(&Input{RV: w.rv.DeepCopy(), RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now})
+	attached, waiting := 0, 0
+	for _, a := range res.Attachments {
+		switch {
+		case a.Phase == v1.AttachmentAttached && a.Attached:
+			attached++
+		case a.Phase == v1.AttachmentPending && a.Message == msgWaitMax1:
+			waiting++
+		}
+	}
+	if err != nil || res.Changed || len(res.Wanted) != 0 || len(st.DatameshTransitions) != 0 || attached != 1 || waiting != 26 {
+		b.Fatalf("not the steady 32-member volume: err=%v changed=%v wanted=%v attached=%d waiting=%d\n%s",
+			err, res.Changed, res.Wanted, attached, waiting, w.status(true))
+	}
+	for _, r := range st.DatameshReplicaRequests {
+		if !strings.HasSuffix(r.Message, "successfully") && !strings.HasSuffix(r.Message, "during formation") {
+			b.Fatalf("request %s not done: %q", r.Name, r.Message)
+		}
+	}
+	for _, r := range w.rvrs {
+		if r.Status.DatameshRevision != st.DatameshRevision || (r.Spec.Type == v1.ReplicaTypeDiskful && r.Status.DiskState != v1.DiskStateUpToDate) {
+			b.Fatalf("replica %s not settled", r.Name)
+		}
+	}
+	return w
 }
 
 // statusSnapshot restores a status cheaply (reusing the slices' storage), so a benchmark

@@ -2,6 +2,7 @@ package datamesh
 
 import (
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,13 +132,51 @@ func (w *world) rvr(name string) *v1.ReplicatedVolumeReplica {
 func (w *world) process(t testing.TB) (Result, error) {
 	if w.eng == nil {
 		w.eng = NewEngine(w.reg, w.features)
+		w.eng.checkIndex = true
 	}
 	w.now = w.now.Add(time.Second)
-	res, err := w.eng.Process(&Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
-		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq})
+	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
+		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
+	full := *in
+	full.RV = w.rv.DeepCopy()
+	res, err := w.eng.Process(in)
+	// Every step also runs the full path (no steady-state shortcut) on a copy of the
+	// volume: both must agree on the status and on the result.
+	checkFullPath(t, w.reg, w.features, &full, w.rv, res, err)
 	w.force, w.fdetach, w.cq = nil, nil, nil
 	w.last = res
 	return res, err
+}
+
+// checkFullPath runs in (a copy of the volume the engine under test saw) through an
+// engine with the steady-state fast path off, and fails t if its status or result
+// differ from got.
+func checkFullPath(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
+	t.Helper()
+	e := NewEngine(reg, f)
+	e.noQuiet = true
+	want, err := e.Process(in)
+	if (err == nil) != (gotErr == nil) {
+		t.Fatalf("full path: error %v, engine under test: %v", err, gotErr)
+	}
+	if !reflect.DeepEqual(in.RV.Status, gotRV.Status) {
+		t.Fatalf("full path and fast path disagree on the status:\nfull: %+v\ngot:  %+v", in.RV.Status, gotRV.Status)
+	}
+	norm := func(r Result) Result {
+		if len(r.Wanted) == 0 {
+			r.Wanted = nil
+		}
+		if len(r.Attachments) == 0 {
+			r.Attachments = nil
+		}
+		if len(r.Events) == 0 {
+			r.Events = nil
+		}
+		return r
+	}
+	if !reflect.DeepEqual(norm(want), norm(got)) {
+		t.Fatalf("full path and fast path disagree on the result:\nfull: %+v\ngot:  %+v", want, got)
+	}
 }
 
 func (w *world) addRVR(name, node string, typ v1.ReplicaType) {

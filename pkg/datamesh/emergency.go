@@ -17,10 +17,14 @@ import (
 //     final voter count. The dead member is excluded from the wait set.
 //
 // Guards: NotAttached (no attachment and no Attach/Detach in flight) and
-// MemberUnreachable (no replica whose agent is ready reports a Connected connection to it).
+// MemberUnreachable (no replica whose agent is ready reports a Connected connection to it,
+// and every other configured replica's agent is ready: decision D2, see staleAgent).
 
 func (e *Engine) emergency() {
 	s := &e.s
+	if len(s.in.ForceDetach) == 0 && !s.anyForce {
+		return // no lost node named: nothing below has anything to do
+	}
 	for _, name := range s.in.ForceDetach {
 		e.forceDetach(name)
 	}
@@ -59,6 +63,10 @@ func (e *Engine) emergency() {
 			e.setRequestMessageString(r.Name, "Force-removal blocked: member is reachable (connected from "+strconv.Itoa(n)+" replica(s))")
 			continue
 		}
+		if stale := e.staleAgent(r.Name); stale != "" {
+			e.setRequestMessageString(r.Name, "Force-removal blocked: cannot confirm the member is unreachable: the agent of "+stale+" is not reporting")
+			continue
+		}
 		batch = append(batch, i)
 	}
 	if len(batch) == 0 {
@@ -88,6 +96,7 @@ func (e *Engine) emergency() {
 			continue
 		}
 		ti := e.appendTransition(p, name)
+		e.recordNodeID(ti)
 		st := s.st
 		st.Datamesh.Members = append(st.Datamesh.Members[:mi], st.Datamesh.Members[mi+1:]...)
 		e.index()
@@ -96,7 +105,13 @@ func (e *Engine) emergency() {
 	if len(started) == 0 {
 		return
 	}
+	qBefore := s.st.Datamesh.Quorum
 	e.afterMembershipChange()
+	if e.otherHoldActive(-1) {
+		// A voter transition in flight holds q raised: keep it (a higher q is never less
+		// safe, seed 000's own argument for emergency preemption; finding F6).
+		s.st.Datamesh.Quorum = max(s.st.Datamesh.Quorum, qBefore)
+	}
 	rev := e.bump()
 	for _, ti := range started {
 		ts := &s.st.DatameshTransitions[ti].Steps[0]
@@ -126,12 +141,11 @@ func (e *Engine) appendTransition(p *Plan, replica string) int {
 func (e *Engine) attachmentInFlight(name string) bool {
 	ts := e.s.st.DatameshTransitions
 	for i := range ts {
-		if ts[i].ReplicaName != name {
-			continue
-		}
 		switch ts[i].Type {
 		case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
-			return true
+			if ts[i].ReplicaName == name {
+				return true
+			}
 		}
 	}
 	return false
@@ -139,7 +153,7 @@ func (e *Engine) attachmentInFlight(name string) bool {
 
 // connectedFrom counts replicas with a ready agent that report a Connected DRBD
 // connection to name. A replica whose DRBDConfigured reason is AgentNotReady is not
-// trusted: its peers list may be stale.
+// counted here (its peers list may be stale): staleAgent blocks on it instead.
 func (e *Engine) connectedFrom(name string) int {
 	n := 0
 	for _, r := range e.s.in.RVRs {
@@ -154,6 +168,45 @@ func (e *Engine) connectedFrom(name string) int {
 		}
 	}
 	return n
+}
+
+// staleAgent returns the first replica (in name order) that could still hold a DRBD
+// connection to the member called name without saying so: one whose agent is not
+// reporting (DRBDConfigured reason AgentNotReady: its peers list is stale), or a member
+// whose replica object is gone (no status at all). Decision D2: such a replica may be the
+// one still connected to name and running the old configuration with it; together they
+// can hold the old quorum while the rest, with name removed, keeps quorum through a
+// TieBreaker (layout finding 2, docs/layouts.md §8.5). So MemberUnreachable blocks on
+// it instead of skipping it.
+//
+// Not counted: replicas that are not configured in the datamesh (neither a member nor in
+// a membership transition: they never joined, or confirmed leaving), and replicas with a
+// ForceLeave request — their node is declared lost like name's, and when both go in
+// the same pass (two failed nodes) they are removed together; waiting for one of them
+// to report would block both for ever.
+func (e *Engine) staleAgent(name string) string {
+	s := &e.s
+	for _, j := range s.rvrOrd {
+		r := s.in.RVRs[j]
+		if r.Name == name || !agentNotReady(r) {
+			continue
+		}
+		if s.rvrMember[j] < 0 && e.transitionOf(r.Name, true) < 0 {
+			continue
+		}
+		if e.forceLeaving(r.Name) {
+			continue
+		}
+		return r.Name
+	}
+	for mi := range s.st.Datamesh.Members {
+		m := &s.st.Datamesh.Members[mi]
+		if s.memberRVR[mi] >= 0 || m.Name == name || e.forceLeaving(m.Name) {
+			continue
+		}
+		return m.Name
+	}
+	return ""
 }
 
 // upToDate: the replica reports an UpToDate disk and its agent is reporting. A replica
@@ -181,7 +234,7 @@ func (e *Engine) forceDetach(name string) {
 		return
 	}
 	for i := range s.st.DatameshTransitions {
-		if t := &s.st.DatameshTransitions[i]; t.ReplicaName == name && t.Type == v1.TransitionForceDetach {
+		if t := &s.st.DatameshTransitions[i]; t.Type == v1.TransitionForceDetach && t.ReplicaName == name {
 			return
 		}
 	}
@@ -189,7 +242,7 @@ func (e *Engine) forceDetach(name string) {
 	inFlight := false
 	for ti := 0; ti < len(s.st.DatameshTransitions); {
 		t := &s.st.DatameshTransitions[ti]
-		if t.ReplicaName == name && (t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach) {
+		if (t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach) && t.ReplicaName == name {
 			inFlight = true
 			e.cancel(ti)
 			continue

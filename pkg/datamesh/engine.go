@@ -154,6 +154,10 @@ type Engine struct {
 	reg      *Registry
 	features Features
 	s        scratch
+	// noQuiet turns the steady-state fast path off (tests compare it with the full path).
+	noQuiet    bool
+	quietHits  int  // how many calls the fast path answered (for tests)
+	checkIndex bool // tests: verify incremental index updates against a full rebuild
 }
 
 // NewEngine returns an engine that runs the plans of reg. A nil reg means DefaultRegistry().

@@ -224,3 +224,40 @@ func TestHeldQuorum(t *testing.T) {
 		}
 	}
 }
+
+// TestLeavingReplicaLabel: a leaving replica is "#id" in progress messages (D3), and a
+// transition persisted before replicaNodeID existed (nil) falls back to the name.
+func TestLeavingReplicaLabel(t *testing.T) {
+	w := newWorld()
+	w.rv.Spec.ManualConfiguration.FailuresToTolerate = 1
+	w.rv.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = 1
+	for i := 0; i < 5; i++ {
+		if _, err := w.process(t); err != nil {
+			t.Fatal(err)
+		}
+		if w.place() == "" {
+			break
+		}
+	}
+	w.settleAll(t)
+	w.addRVR("r4", "n4", v1.ReplicaTypeAccess)
+	w.settleAll(t)
+	w.rvr("r4").DeletionTimestamp = &w.rv.CreationTimestamp
+	if _, err := w.process(t); err != nil {
+		t.Fatal(err)
+	}
+	ts := w.rv.Status.DatameshTransitions
+	if len(ts) != 1 || ts[0].ReplicaNodeID == nil || *ts[0].ReplicaNodeID != 3 {
+		t.Fatalf("want one RemoveReplica with replicaNodeID 3, got %+v", ts)
+	}
+	if msg := ts[0].Steps[0].Message; !strings.Contains(msg, "Waiting: [#0, #1, #2, #3].") {
+		t.Fatalf("leaving replica not named #3: %q", msg)
+	}
+	ts[0].ReplicaNodeID = nil // as written by a controller before D3
+	if _, err := w.process(t); err != nil {
+		t.Fatal(err)
+	}
+	if msg := w.rv.Status.DatameshTransitions[0].Steps[0].Message; !strings.Contains(msg, "Waiting: [#0, #1, #2, r4].") {
+		t.Fatalf("fallback to the name expected: %q", msg)
+	}
+}

@@ -47,6 +47,28 @@ func (e *Engine) membership() {
 			e.setRequestMessageString(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (a TieBreaker change waits for voter changes)")
 			continue
 		}
+		if changesDiskless(p) {
+			if other, g := e.disklessChangeInFlight(); other != "" {
+				// Changes of the diskless member set run one at a time (model checker
+				// finding F6): DRBD's tiebreaker asks for a majority of the diskless
+				// members a node knows, so while two such changes are half applied, the
+				// nodes that know only the old member and those that know only the new
+				// one could each hold "their" majority on either side of a cut.
+				e.setRequestMessageString(req.Name, "Waiting for the "+string(g)+" transition of replica "+other+" to complete (changes of the diskless member set run one at a time)")
+				continue
+			}
+		}
+		if p.From == StateTB || p.To == StateTB {
+			if other := e.tieBreakerTransition(); other != "" {
+				// TieBreaker changes run one at a time (model checker finding F5): DRBD's
+				// tiebreaker needs a majority of the diskless members a node knows, so
+				// while one TB change is half applied, members disagree on which TB
+				// counts. A replacement TB counts for TBRequired only once every member
+				// runs it: its AddReplica must complete before the old TB may leave.
+				e.setRequestMessageString(req.Name, "Waiting for the "+string(v1.GroupNonVotingMembership)+" transition of TieBreaker "+other+" to complete (TieBreaker changes run one at a time)")
+				continue
+			}
+		}
 		if msg := e.guards(p, &req); msg != "" {
 			e.setRequestMessageString(req.Name, msg)
 			continue
@@ -194,7 +216,7 @@ func (e *Engine) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
 func (e *Engine) detachInFlight(name string) bool {
 	ts := e.s.st.DatameshTransitions
 	for i := range ts {
-		if ts[i].ReplicaName == name && (ts[i].Type == v1.TransitionDetach || ts[i].Type == v1.TransitionForceDetach) {
+		if (ts[i].Type == v1.TransitionDetach || ts[i].Type == v1.TransitionForceDetach) && ts[i].ReplicaName == name {
 			return true
 		}
 	}
@@ -309,14 +331,52 @@ func (e *Engine) zoneCounts() []layout.ZoneCount {
 	return z
 }
 
-// tieBreakerChanging: a TieBreaker is joining, leaving or changing type, so some members
-// may still count it: a voter change must hold q as if it were there.
-func (e *Engine) tieBreakerChanging() bool {
-	ts := e.s.st.DatameshTransitions
-	for i := range ts {
-		if isMembership(ts[i].Type) && (ts[i].FromType == v1.MemberTypeTieBreaker || ts[i].ToType == v1.MemberTypeTieBreaker) {
+// isDiskless: the member is configured without a disk, so DRBD counts it among the
+// diskless nodes whose majority its tiebreaker needs: A, TB, and (decision D1) D∅, sD∅.
+func isDiskless(s State) bool {
+	return s == StateA || s == StateTB || s == StateDL || s == StateSDL
+}
+
+// changesDiskless: some step of p adds a member to the diskless set or takes one out of
+// it (a diskless member joining or leaving, a disk attached or detached).
+func changesDiskless(p *Plan) bool {
+	for i := range p.Steps {
+		if st := &p.Steps[i]; st.Kind == StepMember && isDiskless(st.From) != isDiskless(st.To) {
 			return true
 		}
 	}
 	return false
 }
+
+// disklessChangeInFlight names the replica (and group) of a membership transition in
+// flight that changes the diskless set, or "". A transition whose plan this controller
+// does not know counts as one.
+func (e *Engine) disklessChangeInFlight() (string, v1.TransitionGroup) {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		t := &ts[i]
+		if !isMembership(t.Type) {
+			continue
+		}
+		if p, ok := e.planOf(t); !ok || changesDiskless(p) {
+			return t.ReplicaName, t.Group
+		}
+	}
+	return "", ""
+}
+
+// tieBreakerTransition names the replica of a membership transition in flight that adds,
+// removes or retypes a TieBreaker, or "".
+func (e *Engine) tieBreakerTransition() string {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if isMembership(ts[i].Type) && (ts[i].FromType == v1.MemberTypeTieBreaker || ts[i].ToType == v1.MemberTypeTieBreaker) {
+			return ts[i].ReplicaName
+		}
+	}
+	return ""
+}
+
+// tieBreakerChanging: a TieBreaker is joining, leaving or changing type, so some members
+// may still count it: a voter change must hold q as if it were there.
+func (e *Engine) tieBreakerChanging() bool { return e.tieBreakerTransition() != "" }

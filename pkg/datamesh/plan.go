@@ -155,6 +155,12 @@ type PathParams struct {
 	// step therefore publishes a q one above both configurations' q, and a final "q↓"
 	// step, once every member runs the new voter set, brings q back to the formula. The
 	// seed's paths are those with TBHold false.
+	//
+	// F4's split needs DRBD to count a D∅ as a present voter. Under decision D1 (D∅ and
+	// sD∅ rendered `disk none`) it does not, and a member starts voting only at its own
+	// D∅ → D step; the hold is kept because it is never less safe (a higher q over the
+	// same voters grants no quorum the formula's q would not), until the model checker,
+	// modelling D1, shows it can go (docs/datamesh.md "TieBreaker hold").
 	TBHold bool
 }
 

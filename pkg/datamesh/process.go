@@ -32,7 +32,10 @@ type scratch struct {
 	zones  []layout.ZoneCount
 	rvaOrd []int
 
-	buf []byte
+	buf         []byte
+	cnt         counts // counts(), valid while countsValid
+	countsValid bool
+	arena       *callArena // this call's timestamps and node-ids (allocated on first use)
 
 	// Name lookups. Members and requests are kept sorted by name (the engine inserts them
 	// in place), rvrOrd is the RVRs' order by name (the identity when the caller passes
@@ -41,7 +44,8 @@ type scratch struct {
 	// and in the steady state every "guess" (same position) hits.
 	rvrOrd        []int
 	membersSorted bool
-	nodeTab       nameIndex
+	nodeTab       memberIndex // members by node name
+	nameTab       memberIndex // members by name, for quiet() when RVRs are not in member order
 
 	changed      bool
 	waiting      bool
@@ -86,16 +90,15 @@ func (e *Engine) Process(in *Input) (Result, error) {
 			return Result{}, errors.New("input.changeQuorum.quorumMinimumRedundancy: must be 0 (keep) or 1..32, got " + itoa(int(cq.QuorumMinimumRedundancy)))
 		}
 	}
-	// Reset the per-call state field by field: the buffers keep their storage (that is
-	// the point of the scratch), and copying a whole zeroed struct costs more than this.
 	s := &e.s
-	s.in, s.st, s.now = in, &in.RV.Status, metav1.Time{Time: in.Now}
-	s.cfg, s.hasCfg = layout.Layout{}, false
-	s.wanted, s.atts, s.events = s.wanted[:0], s.atts[:0], s.events[:0]
-	s.zones, s.rvaOrd, s.buf, s.rvrOrd = s.zones[:0], s.rvaOrd[:0], s.buf[:0], s.rvrOrd[:0]
-	s.nodeTab.valid, s.membersSorted = false, false
-	s.changed, s.waiting, s.quorumBusy, s.anyForce, s.openRequests = false, false, false, false, false
-	s.liveMembers = 0
+	e.reset(in)
+	if !e.noQuiet {
+		if res, ok := e.quiet(); ok {
+			e.quietHits++
+			return res, nil
+		}
+		e.reset(in)
+	}
 	if err := e.resolveConfiguration(); err != nil {
 		return Result{}, err
 	}
@@ -127,6 +130,21 @@ func (e *Engine) Process(in *Input) (Result, error) {
 		Events:      s.events,
 	}
 	return res, nil
+}
+
+// reset clears the per-call state field by field: the buffers keep their storage (that
+// is the point of the scratch), and copying a whole zeroed struct costs more than this.
+func (e *Engine) reset(in *Input) {
+	s := &e.s
+	s.in, s.st, s.now = in, &in.RV.Status, metav1.Time{Time: in.Now}
+	s.cfg, s.hasCfg = layout.Layout{}, false
+	s.wanted, s.atts, s.events = s.wanted[:0], s.atts[:0], s.events[:0]
+	s.zones, s.rvaOrd, s.buf, s.rvrOrd = s.zones[:0], s.rvaOrd[:0], s.buf[:0], s.rvrOrd[:0]
+	s.nodeTab.valid, s.nameTab.valid, s.membersSorted = false, false, false
+	s.changed, s.waiting, s.quorumBusy, s.anyForce, s.openRequests = false, false, false, false, false
+	s.liveMembers = 0
+	s.arena = nil // the previous call's block now belongs to the status it was written to
+	s.countsValid = false
 }
 
 func (e *Engine) markChanged() { e.s.changed = true }
@@ -179,7 +197,7 @@ func (e *Engine) index() {
 	s := &e.s
 	ms := s.st.Datamesh.Members
 	rvrs := s.in.RVRs
-	s.nodeTab.valid = false
+	s.nodeTab.valid, s.countsValid = false, false
 	s.memberRVR = resizeInts(s.memberRVR, len(ms))
 	s.rvrMember = resizeInts(s.rvrMember, len(rvrs))
 	for i := range s.rvrMember {
@@ -335,7 +353,16 @@ type counts struct {
 	voters, d, upToDateD, tb int
 }
 
+// counts returns the membership counts, computed once per member change (index and
+// applyMember invalidate them): the guards, q/qmr and the layout diff all ask.
 func (e *Engine) counts() counts {
+	if !e.s.countsValid {
+		e.s.cnt, e.s.countsValid = e.countMembers(), true
+	}
+	return e.s.cnt
+}
+
+func (e *Engine) countMembers() counts {
 	var c counts
 	for i := range e.s.st.Datamesh.Members {
 		switch e.mstate(i) {
@@ -393,9 +420,38 @@ func (e *Engine) setQMR(qmr int) {
 	e.s.st.Datamesh.Quorum = int32(layout.Quorum(c.voters, eff))
 }
 
+// now returns the call's timestamp for startedAt/completedAt. Every stamp of one call is
+// the same instant, so they share one value, allocated once per call together with the
+// node-ids the call records (nodeID): one allocation however many steps move. The
+// engine never writes through these pointers, it only replaces them.
 func (e *Engine) now() *metav1.Time {
-	t := e.s.now
-	return &t
+	return &e.arena().now
+}
+
+// nodeID returns a pointer to a call-owned copy of id (DatameshTransition.replicaNodeID).
+func (e *Engine) nodeID(id int32) *int32 {
+	a := e.arena()
+	if a.n == len(a.ids) {
+		e.s.arena = nil // full: the next one gets a fresh block
+		a = e.arena()
+	}
+	a.ids[a.n] = id
+	a.n++
+	return &a.ids[a.n-1]
+}
+
+// callArena is the storage behind the pointers one Process call writes into the status.
+type callArena struct {
+	now metav1.Time
+	ids [4]int32
+	n   int
+}
+
+func (e *Engine) arena() *callArena {
+	if e.s.arena == nil {
+		e.s.arena = &callArena{now: e.s.now}
+	}
+	return e.s.arena
 }
 
 // sortWanted orders Result.Wanted add-before-remove: creates, then retypes, then deletes

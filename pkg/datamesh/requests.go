@@ -35,7 +35,7 @@ func isMembership(t v1.TransitionType) bool {
 func (e *Engine) transitionOf(name string, membershipOnly bool) int {
 	ts := e.s.st.DatameshTransitions
 	for i := range ts {
-		if ts[i].ReplicaName == name && (!membershipOnly || isMembership(ts[i].Type)) {
+		if (!membershipOnly || isMembership(ts[i].Type)) && ts[i].ReplicaName == name {
 			return i
 		}
 	}
@@ -75,15 +75,16 @@ func (e *Engine) setRequest(name string, op v1.ReplicaOperation, t v1.ReplicaTyp
 		}
 		return i
 	}
-	i, _ := slices.BinarySearchFunc(st.DatameshReplicaRequests, name, func(r v1.DatameshReplicaRequest, n string) int {
-		switch {
-		case r.Name < n:
-			return -1
-		case r.Name > n:
-			return 1
+	rs := st.DatameshReplicaRequests
+	i, hi := 0, len(rs) // the first request named after name: the list stays sorted
+	for i < hi {
+		m := int(uint(i+hi) >> 1)
+		if rs[m].Name < name {
+			i = m + 1
+		} else {
+			hi = m
 		}
-		return 0
-	})
+	}
 	st.DatameshReplicaRequests = slices.Insert(st.DatameshReplicaRequests, i, v1.DatameshReplicaRequest{Name: name, Operation: op, Type: t})
 	e.markChanged()
 	return i
@@ -95,16 +96,19 @@ func (e *Engine) removeRequest(i int) {
 	e.markChanged()
 }
 
-// setRequestMessage sets the message of name's request from e.s.buf, allocating only when
-// it changed.
-func (e *Engine) setRequestMessage(name string, msg []byte) {
-	if i := e.findRequest(name, -1); i >= 0 {
-		r := &e.s.st.DatameshReplicaRequests[i]
-		if r.Message != string(msg) {
-			r.Message = string(msg)
-			e.markChanged()
-		}
+// setRequestMessage sets the message of name's request from msg, allocating only when it
+// changed, and returns the request's message ("" when there is no request).
+func (e *Engine) setRequestMessage(name string, msg []byte) string {
+	i := e.findRequest(name, -1)
+	if i < 0 {
+		return ""
 	}
+	r := &e.s.st.DatameshReplicaRequests[i]
+	if r.Message != string(msg) {
+		r.Message = string(msg)
+		e.markChanged()
+	}
+	return r.Message
 }
 
 func (e *Engine) setRequestMessageString(name, msg string) {
@@ -192,8 +196,9 @@ func (e *Engine) syncRequests() {
 		e.setRequest(name, v1.ReplicaOperationLeave, "", -1)
 	}
 	// Requests of replicas that are gone entirely are history nobody can read. When
-	// every request was matched to an RVR above (the steady state), there are none.
-	if matched == nReq && len(s.st.DatameshReplicaRequests) == nReq {
+	// every request there was before the loop above matched an RVR, there are none: the
+	// loop only added requests of RVRs and members (and removed matched ones).
+	if matched == nReq {
 		for i := range s.st.DatameshReplicaRequests {
 			if s.st.DatameshReplicaRequests[i].Operation == v1.ReplicaOperationForceLeave {
 				s.anyForce, s.openRequests = true, true
@@ -221,7 +226,7 @@ func (e *Engine) syncRequests() {
 func (e *Engine) forceInFlight(name string) bool {
 	ts := e.s.st.DatameshTransitions
 	for i := range ts {
-		if ts[i].ReplicaName == name && ts[i].Type == v1.TransitionForceRemoveReplica {
+		if ts[i].Type == v1.TransitionForceRemoveReplica && ts[i].ReplicaName == name {
 			return true
 		}
 	}

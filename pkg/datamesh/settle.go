@@ -200,16 +200,7 @@ func (e *Engine) pickTBVictim() int {
 // members allow, through a ChangeQuorum when q or qmr must change.
 func (e *Engine) settleQuorum(c counts) {
 	s := &e.s
-	eff := e.effective()
-	qmr := int(s.st.Datamesh.QuorumMinimumRedundancy)
-	var next layout.Layout
-	if s.cfg.GMDR != eff.GMDR || qmr != layout.QMR(eff) {
-		qmr = eff.NextQMR(s.cfg, c.upToDateD)
-		next = eff.AfterQMRChange(s.cfg, qmr, c.voters, c.tb)
-	} else {
-		next = eff.AfterMembershipChange(s.cfg, c.voters, c.tb)
-	}
-	q := layout.Quorum(c.voters, next)
+	q, qmr, next, eff := e.quorumTarget(c)
 	if q != int(s.st.Datamesh.Quorum) || qmr != int(s.st.Datamesh.QuorumMinimumRedundancy) {
 		e.startQuorum(q, qmr, &next)
 		return
@@ -217,6 +208,21 @@ func (e *Engine) settleQuorum(c counts) {
 	if next != eff {
 		e.setEffective(next)
 	}
+}
+
+// quorumTarget is what settleQuorum moves to: q, qmr and the effective layout the
+// configuration and the members allow, and the effective layout now.
+func (e *Engine) quorumTarget(c counts) (q, qmr int, next, eff layout.Layout) {
+	s := &e.s
+	eff = e.effective()
+	qmr = int(s.st.Datamesh.QuorumMinimumRedundancy)
+	if s.cfg.GMDR != eff.GMDR || qmr != layout.QMR(eff) {
+		qmr = eff.NextQMR(s.cfg, c.upToDateD)
+		next = eff.AfterQMRChange(s.cfg, qmr, c.voters, c.tb)
+	} else {
+		next = eff.AfterMembershipChange(s.cfg, c.voters, c.tb)
+	}
+	return layout.Quorum(c.voters, next), qmr, next, eff
 }
 
 // changeQuorum starts an explicit ChangeQuorum (Input.ChangeQuorum). It is exclusive: it

@@ -1,10 +1,12 @@
 package datamesh
 
 import (
+	"math/bits"
 	"slices"
 	"strconv"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
 // activeStep is the first step not completed, -1 when all are.
@@ -36,10 +38,37 @@ func (e *Engine) start(p *Plan, replica string) int {
 	})
 	e.markChanged()
 	ti := len(st.DatameshTransitions) - 1
+	track := replica != "" && isMembership(p.Type)
+	if track && p.From != StateNew {
+		// Before the first step, which may remove the member (A → ✕)...
+		e.recordNodeID(ti)
+	}
 	if p.Type != v1.TransitionFormation {
 		e.publish(ti, p, 0)
 	}
+	if track && st.DatameshTransitions[ti].ReplicaNodeID == nil {
+		// ...or after it: a joining replica has its node-id only from ✦ → X on.
+		e.recordNodeID(ti)
+	}
 	return ti
+}
+
+// recordNodeID stores the affected member's node-id in transition ti
+// (DatameshTransition.replicaNodeID, decision D3). It outlives the member during a
+// removal: freeNodeID does not hand the id to a newcomer while the transition runs, and
+// the progress message names the replica "#id" like every other member even after it
+// left the member list.
+func (e *Engine) recordNodeID(ti int) {
+	t := &e.s.st.DatameshTransitions[ti]
+	mi := e.memberIndex(t.ReplicaName)
+	if mi < 0 {
+		return
+	}
+	id := e.s.st.Datamesh.Members[mi].NodeID
+	if t.ReplicaNodeID == nil || *t.ReplicaNodeID != id {
+		t.ReplicaNodeID = e.nodeID(id)
+		e.markChanged()
+	}
 }
 
 // publish applies step si of transition ti to the datamesh and bumps the revision: one
@@ -58,7 +87,11 @@ func (e *Engine) publish(ti int, p *Plan, si int) {
 		switch {
 		case step.HoldQ:
 			st.Datamesh.Quorum = max(st.Datamesh.Quorum, int32(heldQuorum(before.voters, e.counts().voters, int(qBefore), tb)))
-		case holdActive(p, si):
+		case holdActive(p, si) || e.otherHoldActive(ti):
+			// q stays held while this transition's hold lasts, and while another
+			// transition's does: a step of an unrelated member recomputes q by the
+			// formula, which must not drop a hold a voter transition in flight raised
+			// (model checker finding F6).
 			st.Datamesh.Quorum = max(st.Datamesh.Quorum, qBefore)
 		}
 		rev = e.bump()
@@ -134,23 +167,59 @@ func holdActive(p *Plan, si int) bool {
 	return held
 }
 
+// otherHoldActive: a transition other than ti holds q raised (its HoldQ step is
+// published and its closing q↓ is not).
+func (e *Engine) otherHoldActive(ti int) bool {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if i != ti && ts[i].Group == v1.GroupVotingMembership && e.holdPublished(&ts[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// holdPublished: transition t's hold is in force — its HoldQ step was published and its
+// closing StepQ was not (a transition whose plan is unknown counts as holding).
+func (e *Engine) holdPublished(t *v1.DatameshTransition) bool {
+	p, ok := e.planOf(t)
+	if !ok || len(p.Steps) != len(t.Steps) {
+		return true
+	}
+	held := false
+	for j := range p.Steps {
+		if t.Steps[j].Status == v1.StepPending {
+			break
+		}
+		switch {
+		case p.Steps[j].HoldQ:
+			held = true
+		case p.Steps[j].Kind == StepQ:
+			held = false
+		}
+	}
+	return held
+}
+
 // applyMember moves member name from → to (✦ adds it, ✕ removes it), then ratchets the
 // effective layout and recomputes q.
 func (e *Engine) applyMember(name string, from, to State) {
 	st := e.s.st
 	switch {
 	case from == StateNew:
-		r := e.rvrByName(name)
+		j := e.findRVR(name, -1)
 		m := v1.DatameshMember{Name: name, Type: to.MemberType(), NodeID: int32(e.freeNodeID())}
-		if r != nil {
+		if j >= 0 {
+			r := e.s.in.RVRs[j]
 			m.NodeName = r.Spec.NodeName
 			m.Addresses = slices.Clone(r.Status.Addresses)
 			if n := e.s.in.Pool.FindNode(r.Spec.NodeName); n != nil {
 				m.Zone = n.Zone
 			}
 		}
-		st.Datamesh.Members = slices.Insert(st.Datamesh.Members, e.memberInsertAt(name), m)
-		e.index()
+		p := e.memberInsertAt(name)
+		st.Datamesh.Members = slices.Insert(st.Datamesh.Members, p, m)
+		e.indexInserted(p, j)
 	case to == StateGone:
 		if mi := e.memberIndex(name); mi >= 0 {
 			st.Datamesh.Members = slices.Delete(st.Datamesh.Members, mi, mi+1)
@@ -162,9 +231,46 @@ func (e *Engine) applyMember(name string, from, to State) {
 			if mi < len(e.s.memState) {
 				e.s.memState[mi] = to
 			}
+			e.s.countsValid = false
 		}
 	}
 	e.afterMembershipChange()
+}
+
+// indexInserted updates the member ↔ RVR index after member p was inserted (its RVR is
+// j, -1 when none): what index() would compute, without matching every name again. With
+// members out of order (a status written by someone else) it falls back to index().
+func (e *Engine) indexInserted(p, j int) {
+	s := &e.s
+	ms := s.st.Datamesh.Members
+	if !s.membersSorted || len(s.memberRVR) != len(ms)-1 || len(s.memState) != len(ms)-1 {
+		e.index()
+		return
+	}
+	s.memState = slices.Insert(s.memState, p, StateOfMember(ms[p].Type))
+	s.memberRVR = slices.Insert(s.memberRVR, p, j)
+	for k, mi := range s.rvrMember {
+		if mi >= p {
+			s.rvrMember[k] = mi + 1
+		}
+	}
+	if j >= 0 {
+		s.rvrMember[j] = p
+	}
+	s.nodeTab.valid, s.countsValid = false, false
+	if e.checkIndex {
+		e.verifyIndex()
+	}
+}
+
+// verifyIndex panics when the incremental index differs from index()'s (tests only).
+func (e *Engine) verifyIndex() {
+	s := &e.s
+	mr, rm, st := slices.Clone(s.memberRVR), slices.Clone(s.rvrMember), slices.Clone(s.memState)
+	e.index()
+	if !slices.Equal(mr, s.memberRVR) || !slices.Equal(rm, s.rvrMember) || !slices.Equal(st, s.memState) {
+		panic("datamesh: incremental member index differs from index()")
+	}
 }
 
 // freeNodeID is the lowest DRBD node-id (0..31) no member holds and no replica still has
@@ -175,6 +281,13 @@ func (e *Engine) freeNodeID() int {
 	var used uint32
 	for i := range e.s.st.Datamesh.Members {
 		used |= 1 << uint(e.s.st.Datamesh.Members[i].NodeID&31)
+	}
+	// A replica in a transition keeps its node-id until the transition is done (D3):
+	// a leaving member's peers drop it only as they confirm its removal.
+	for i := range e.s.st.DatameshTransitions {
+		if id := e.s.st.DatameshTransitions[i].ReplicaNodeID; id != nil && *id >= 0 && *id < 32 {
+			used |= 1 << uint(*id)
+		}
 	}
 	for _, r := range e.s.in.RVRs {
 		for k := range r.Status.Peers {
@@ -208,6 +321,9 @@ func (e *Engine) backward() {
 			ti++
 			continue
 		}
+		if t.ReplicaNodeID == nil && t.ReplicaName != "" && isMembership(t.Type) {
+			e.recordNodeID(ti) // a transition written before replicaNodeID existed (D3)
+		}
 		si := activeStep(t)
 		if si < 0 {
 			e.complete(ti, p)
@@ -216,6 +332,17 @@ func (e *Engine) backward() {
 		if t.Steps[si].Status == v1.StepPending {
 			if t.Type == v1.TransitionFormation && si == 0 {
 				ti++ // formation() publishes when the replicas are ready
+				continue
+			}
+			if msg := e.detachUnsafe(t, &p.Steps[si]); msg != "" {
+				// The disk this transition would detach has become the copy GMDR needs
+				// (another copy was lost since the guards passed): give the transition up
+				// before it detaches; the request is planned again and waits at the guard.
+				name, typ := t.ReplicaName, t.Type
+				e.cancel(ti)
+				e.setRequestMessageString(name, msg)
+				e.event(EventWarning, "TransitionCancelled", "The "+string(typ)+" of replica "+name+" was cancelled before detaching its disk: "+msg)
+				e.s.waiting = true
 				continue
 			}
 			if msg := e.notReady(t, &p.Steps[si]); msg != "" {
@@ -242,6 +369,27 @@ func (e *Engine) backward() {
 		}
 		e.complete(ti, p)
 	}
+}
+
+// detachUnsafe returns the GMDR guard's message when step would detach the disk of a
+// Diskful member (D → D∅) that is now needed as a copy, or "". The leaving-D guards ran
+// when the transition started; a copy lost since then (a node died and its replica is
+// no longer counted) must not be followed by detaching another: that is the last live
+// UpToDate disk going away (found by the model checker, 2D → 1D with the other D lost
+// mid-removal). D → D∅ is the first member step of every plan that takes a D away, so
+// only qmr↓ can have been published before it, and cancelling leaves a consistent state.
+func (e *Engine) detachUnsafe(t *v1.DatameshTransition, step *Step) string {
+	if step.Kind != StepMember || step.From != StateD || step.To != StateDL {
+		return ""
+	}
+	mi := e.memberIndex(t.ReplicaName)
+	if mi < 0 {
+		return ""
+	}
+	if ok, msg := layout.GuardGMDR(e.counts().upToDateD, upToDate(e.rvrOfMember(mi)), e.s.cfg.GMDR); !ok {
+		return msg
+	}
+	return ""
 }
 
 // notReady returns why a pending step may not be published yet, or "". The qmr↑ at the
@@ -323,14 +471,16 @@ func (e *Engine) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSe
 	var w WaitSet
 	ms := e.s.st.Datamesh.Members
 	affected := t.ReplicaName
-	affectedMember := false
+	am := -1 // the affected member, found once instead of comparing every name
+	if affected != "" {
+		am = e.memberIndex(affected)
+	}
+	affectedMember := am >= 0
+	late := e.joinedAfterSet(rev)
 	for i := range ms {
 		m := &ms[i]
 		s := e.mstate(i)
-		isAffected := affected != "" && m.Name == affected
-		if isAffected {
-			affectedMember = true
-		}
+		isAffected := i == am
 		in := false
 		switch step.Confirm {
 		case ConfirmAffected:
@@ -350,7 +500,7 @@ func (e *Engine) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSe
 		if step.Force && isAffected {
 			in = false
 		}
-		if !in || (!isAffected && e.joinedAfter(m.Name, rev)) {
+		if !in || (!isAffected && i < 64 && late&(1<<uint(i)) != 0) {
 			continue
 		}
 		bit := uint32(1) << uint(m.NodeID&31)
@@ -372,16 +522,19 @@ func (e *Engine) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSe
 	return w
 }
 
-// joinedAfter: member name is still joining through a transition published after rev.
-func (e *Engine) joinedAfter(name string, rev int64) bool {
+// joinedAfterSet marks (by member index) the members still joining through a transition
+// published after rev: their first configuration is already newer than rev.
+func (e *Engine) joinedAfterSet(rev int64) uint64 {
+	var set uint64
 	ts := e.s.st.DatameshTransitions
 	for i := range ts {
-		if ts[i].ReplicaName == name && ts[i].Type == v1.TransitionAddReplica &&
-			len(ts[i].Steps) > 0 && ts[i].Steps[0].DatameshRevision > rev {
-			return true
+		if ts[i].Type == v1.TransitionAddReplica && len(ts[i].Steps) > 0 && ts[i].Steps[0].DatameshRevision > rev {
+			if mi := e.memberIndex(ts[i].ReplicaName); mi >= 0 && mi < 64 {
+				set |= 1 << uint(mi)
+			}
 		}
 	}
-	return false
+	return set
 }
 
 // confirm evaluates the active step of transition ti and writes its progress message
@@ -396,26 +549,38 @@ func (e *Engine) confirm(ti int, p *Plan, si int) bool {
 	if !done {
 		e.s.waiting = true
 	}
-	b := e.progress(e.s.buf[:0], t, step, rev, w)
-	e.s.buf = b
 	ts := &t.Steps[si]
-	if ts.Message != string(b) {
-		ts.Message = string(b)
-		e.markChanged()
-	}
-	if isMembership(t.Type) && !done {
-		n := len(b)
-		b = append(b, requestPrefix(t.Type)...)
-		b = append(b, ", step "...)
-		b = strconv.AppendInt(b, int64(si+1), 10)
-		b = append(b, '/')
-		b = strconv.AppendInt(b, int64(len(t.Steps)), 10)
-		b = append(b, " ("...)
-		b = append(b, step.Name...)
-		b = append(b, "): "...)
-		b = append(b, b[:n]...)
+	b := e.s.buf[:0]
+	if !isMembership(t.Type) || done {
+		b = e.progress(b, t, step, rev, w)
 		e.s.buf = b
-		e.setRequestMessage(t.ReplicaName, b[n:])
+		if ts.Message != string(b) {
+			ts.Message = string(b)
+			e.markChanged()
+		}
+		return done
+	}
+	// The request's message is the step's with a prefix: build it whole, and let the
+	// step's message be its tail (one string, one allocation when it changes).
+	b = append(b, requestPrefix(t.Type)...)
+	b = append(b, ", step "...)
+	b = strconv.AppendInt(b, int64(si+1), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(len(t.Steps)), 10)
+	b = append(b, " ("...)
+	b = append(b, step.Name...)
+	b = append(b, "): "...)
+	n := len(b)
+	b = e.progress(b, t, step, rev, w)
+	e.s.buf = b
+	req := e.setRequestMessage(t.ReplicaName, b)
+	if ts.Message != string(b[n:]) {
+		if req != "" && len(req) == len(b) {
+			ts.Message = req[n:]
+		} else {
+			ts.Message = string(b[n:])
+		}
+		e.markChanged()
 	}
 	return done
 }
@@ -465,12 +630,22 @@ func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev in
 	if waiting == 0 && !selfWaiting {
 		return b
 	}
+	// A replica that already left the member list is named by the node-id its
+	// transition kept (D3), in node-id order with the others; a transition written
+	// before replicaNodeID existed has only the name.
+	selfID, selfByName := -1, false
+	if selfWaiting {
+		if id := t.ReplicaNodeID; id != nil && *id >= 0 && *id < 32 && waiting&(1<<uint(*id)) == 0 {
+			selfID = int(*id)
+			waiting |= 1 << uint(selfID)
+		} else {
+			selfByName = true
+		}
+	}
 	b = append(b, " Waiting: ["...)
 	first := true
-	for id := 0; id < 32; id++ {
-		if waiting&(1<<uint(id)) == 0 {
-			continue
-		}
+	for rest := waiting; rest != 0; rest &= rest - 1 {
+		id := bits.TrailingZeros32(rest)
 		if !first {
 			b = append(b, ", "...)
 		}
@@ -478,7 +653,7 @@ func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev in
 		b = append(b, '#')
 		b = strconv.AppendInt(b, int64(id), 10)
 	}
-	if selfWaiting {
+	if selfByName {
 		if !first {
 			b = append(b, ", "...)
 		}
@@ -486,21 +661,24 @@ func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev in
 	}
 	b = append(b, "]."...)
 	errStart := len(b)
-	for id := 0; id < 32; id++ {
-		if waiting&(1<<uint(id)) == 0 {
-			continue
+	for rest := waiting; rest != 0; rest &= rest - 1 {
+		id := bits.TrailingZeros32(rest)
+		var r *v1.ReplicatedVolumeReplica
+		if id == selfID {
+			r = e.rvrByName(t.ReplicaName)
+		} else {
+			r = e.rvrOfMember(e.memberByNodeID(int32(id)))
 		}
-		mi := e.memberByNodeID(int32(id))
-		r := e.rvrOfMember(mi)
-		b = e.appendError(b, r, "#"+strconv.Itoa(id), t, step, errStart)
+		b = e.appendError(b, r, id, "", t, step, errStart)
 	}
-	if selfWaiting {
-		b = e.appendError(b, e.rvrByName(t.ReplicaName), t.ReplicaName, t, step, errStart)
+	if selfByName {
+		b = e.appendError(b, e.rvrByName(t.ReplicaName), -1, t.ReplicaName, t, step, errStart)
 	}
 	return b
 }
 
-func (e *Engine) appendError(b []byte, r *v1.ReplicatedVolumeReplica, label string, t *v1.DatameshTransition, step *Step, errStart int) []byte {
+// appendError appends r's DRBDConfigured error, labelled "#id" (or name when id < 0).
+func (e *Engine) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int, name string, t *v1.DatameshTransition, step *Step, errStart int) []byte {
 	if r == nil {
 		return b
 	}
@@ -520,7 +698,12 @@ func (e *Engine) appendError(b []byte, r *v1.ReplicatedVolumeReplica, label stri
 		} else {
 			b = append(b, ", "...)
 		}
-		b = append(b, label...)
+		if id >= 0 {
+			b = append(b, '#')
+			b = strconv.AppendInt(b, int64(id), 10)
+		} else {
+			b = append(b, name...)
+		}
 		b = append(b, " DRBDConfigured/"...)
 		b = append(b, c.Reason...)
 		if c.Message != "" {
@@ -542,14 +725,7 @@ func (e *Engine) memberByNodeID(id int32) int {
 	return -1
 }
 
-func popcount(x uint32) int {
-	n := 0
-	for x != 0 {
-		x &= x - 1
-		n++
-	}
-	return n
-}
+func popcount(x uint32) int { return bits.OnesCount32(x) }
 
 // WaitSetOf returns the wait set of the active step of transition ti of rv, as Process
 // would compute it from rvrs (for the model checker and for tests). It does not change
