@@ -26,18 +26,8 @@ func (e *Engine) planOf(t *v1.DatameshTransition) (*Plan, bool) {
 // start appends a transition running plan p for replica (empty for volume-wide ones) and
 // publishes its first step. It returns the transition's index.
 func (e *Engine) start(p *Plan, replica string) int {
-	steps := make([]v1.DatameshTransitionStep, len(p.Steps))
-	for i := range p.Steps {
-		steps[i] = v1.DatameshTransitionStep{Name: p.Steps[i].Name, Status: v1.StepPending}
-	}
+	ti := e.appendTransition(p, replica)
 	st := e.s.st
-	st.DatameshTransitions = append(st.DatameshTransitions, v1.DatameshTransition{
-		Type: p.Type, Group: p.Group, ReplicaName: replica,
-		FromType: p.From.MemberType(), ToType: p.To.MemberType(),
-		PlanID: p.ID, PlanVersion: p.Version, Steps: steps,
-	})
-	e.markChanged()
-	ti := len(st.DatameshTransitions) - 1
 	track := replica != "" && isMembership(p.Type)
 	if track && p.From != StateNew {
 		// Before the first step, which may remove the member (A → ✕)...
