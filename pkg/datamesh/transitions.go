@@ -176,19 +176,11 @@ func (e *Engine) holdPublished(t *v1.DatameshTransition) bool {
 	if !ok || len(p.Steps) != len(t.Steps) {
 		return true
 	}
-	held := false
-	for j := range p.Steps {
-		if t.Steps[j].Status == v1.StepPending {
-			break
-		}
-		switch {
-		case p.Steps[j].HoldQ:
-			held = true
-		case p.Steps[j].Kind == StepQ:
-			held = false
-		}
+	published := 0
+	for published < len(t.Steps) && t.Steps[published].Status != v1.StepPending {
+		published++
 	}
-	return held
+	return holdActive(p, published)
 }
 
 // applyMember moves member name from → to (✦ adds it, ✕ removes it), then ratchets the
