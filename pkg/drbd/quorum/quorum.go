@@ -1,7 +1,7 @@
 // Package quorum is DRBD 9.2's quorum rule for one volume, as one node
 // computes it from its own view of the cluster.
 //
-// The rule is the one written down in /work/shared/DRBD-QUORUM.md (read from
+// The rule is the one written down in docs/drbd-quorum.md (read from
 // the 9.2.18 kernel module and checked on real machines); this package is the
 // only place in meshvol that encodes it. drbdsim uses it to decide what a
 // simulated node shows as quorum:yes/no and whether it may promote; the
