@@ -79,7 +79,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:Fuzz
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh $(FUZZ_TARGETS)
 
 .PHONY: modelcheck
-modelcheck: ## Deep model check of the datamesh engine (up to 2h)
+modelcheck: ## Deep model check of the datamesh engine (about 17 min; timeout 2h)
 	$(GO) test $(MODELCHECK_PKG) -run TestModelCheck -modelcheck.depth=deep -timeout 2h -v
 
 .PHONY: bench
