@@ -139,16 +139,7 @@ func (e *Engine) appendTransition(p *Plan, replica string) int {
 }
 
 func (e *Engine) attachmentInFlight(name string) bool {
-	ts := e.s.st.DatameshTransitions
-	for i := range ts {
-		switch ts[i].Type {
-		case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
-			if ts[i].ReplicaName == name {
-				return true
-			}
-		}
-	}
-	return false
+	return e.attachTransition(name) >= 0
 }
 
 // connectedFrom counts replicas with a ready agent that report a Connected DRBD

@@ -328,21 +328,13 @@ func (w *World) String(s *Scenario) string {
 }
 
 func shortType(t v1alpha1.MemberType) string {
-	switch t {
-	case v1alpha1.MemberTypeDiskful:
-		return "D"
-	case v1alpha1.MemberTypeLiminalDiskful:
-		return "D∅"
-	case v1alpha1.MemberTypeShadowDiskful:
-		return "sD"
-	case v1alpha1.MemberTypeLiminalShadowDiskful:
-		return "sD∅"
-	case v1alpha1.MemberTypeAccess:
-		return "A"
-	case v1alpha1.MemberTypeTieBreaker:
-		return "TB"
-	case "":
-		return "✦"
+	// The engine's notation; an empty type is a replica not yet in the datamesh (✦), and
+	// an unknown one is printed as it is, so a trace never hides a bad value.
+	if t == "" {
+		return datamesh.StateNew.String()
+	}
+	if st := datamesh.StateOfMember(t); st != datamesh.StateGone {
+		return st.String()
 	}
 	return string(t)
 }
