@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
@@ -464,7 +463,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 
 // destroy removes a running resource (after Down, or on crash).
 func (n *Node) destroy(r *resource) {
-	r.teardownLoop()
+	r.teardownDevice()
 	if r.file != nil {
 		_ = r.file.Close()
 	}
@@ -526,10 +525,10 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	r.role = rolePrimary
 	r.publish()
 	if c.opts.LoopDevices {
-		if err := r.setupLoop(); err != nil {
+		if err := r.setupDevice(); err != nil {
 			r.role = roleSecondary
 			r.publish()
-			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "loop", name}, 0, 20, err.Error()+"\n")
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	c.pending = append(c.pending, r)
@@ -537,8 +536,8 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	return nil
 }
 
-// Secondary demotes. Writes made through the loop device are propagated
-// first; a loop device still in use (mounted) refuses like DRBD (-12).
+// Secondary demotes. A block device still in use (mounted, or held by
+// another block device) refuses like DRBD (-12).
 func (n *Node) Secondary(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "secondary", name); err != nil {
 		return err
@@ -560,15 +559,10 @@ func (n *Node) Secondary(ctx context.Context, name string) error {
 }
 
 func (r *resource) demote() error {
-	if r.loop != "" {
-		if inUse(r.loop) {
-			return stateErr(drbd.ErrDeviceInUse, "secondary", r.name, -12, "Device is held open by someone", "")
-		}
-		if err := r.syncLoop(); err != nil {
-			return err
-		}
+	if r.dev != nil && inUse(r.dev.loop) {
+		return stateErr(drbd.ErrDeviceInUse, "secondary", r.name, -12, "Device is held open by someone", "")
 	}
-	r.teardownLoop()
+	r.teardownDevice()
 	r.role = roleSecondary
 	r.suspendedQuorum = false
 	r.publish()
@@ -703,8 +697,10 @@ func (n *Node) Verify(ctx context.Context, name string, peerNodeID int) error {
 	return nil
 }
 
-// DevicePath is a stable path for the resource's block device: a symlink
-// (under Options.Dir) to the loop device while Primary with LoopDevices.
+// DevicePath is the resource's block device, what the agent formats and
+// mounts: <Options.Dir>/dev/<node>/drbd<minor> (the minor of the
+// configuration, as in drbdsetup status), a symlink to the replicated loop
+// device that exists while the node is Primary with Options.LoopDevices.
 func (n *Node) DevicePath(name string) string {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
@@ -718,9 +714,10 @@ func (n *Node) DevicePath(name string) string {
 }
 
 // Crash stops the node hard: resources vanish without a goodbye (peers see
-// NetworkFailure), event streams end, configuration and metadata stay. Writes
-// made through a loop device and not yet synced are marked out of sync
-// towards every peer (DRBD's activity log) but were never acknowledged.
+// NetworkFailure), event streams end, configuration and metadata stay. A
+// Primary's block device fails every later request with EIO, like a dead
+// machine's disk; a filesystem mounted on it stays mounted (unmount it, or
+// Close) and its loop device goes with the last holder.
 func (n *Node) Crash() {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
@@ -729,10 +726,7 @@ func (n *Node) Crash() {
 	}
 	for _, name := range sortedKeys(n.res) {
 		r := n.res[name]
-		if r.loop != "" && r.attached() {
-			r.alRecovery()
-		}
-		r.teardownLoop()
+		r.teardownDevice()
 		if r.file != nil {
 			_ = r.file.Close()
 		}
@@ -776,15 +770,11 @@ func (n *Node) FailDisk(name string) error {
 	return nil
 }
 
-// inUse reports whether a loop device is mounted or held by another device.
+// inUse reports whether a block device is mounted (bind mounts too) or
+// held by another block device (device-mapper, md).
 func inUse(dev string) bool {
-	resolved := dev
-	if b, err := os.ReadFile("/proc/mounts"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && f[0] == resolved {
-				return true
-			}
-		}
+	if len(mountsOf(dev)) > 0 {
+		return true
 	}
 	holders, _ := os.ReadDir(filepath.Join("/sys/block", filepath.Base(dev), "holders"))
 	return len(holders) > 0

@@ -190,13 +190,8 @@ type resource struct {
 	// Statistics in KiB, as drbdsetup prints them.
 	read, written, alWrites, bmWrites int64
 
-	// loop device state of a Primary (see doc.go, "Block device").
-	loop       string
-	loopFile   string
-	loopHashes []uint64
-	// loopScratch: loopFile is a scratch copy (diskless Primary), not the
-	// replica itself; it is deleted with the loop device.
-	loopScratch bool
+	// dev is a Primary's block device with Options.LoopDevices (device.go).
+	dev *device
 
 	// published is the last state published per events2 object.
 	published map[string]*object
