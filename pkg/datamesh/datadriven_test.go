@@ -3,6 +3,7 @@ package datamesh
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -526,7 +527,29 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 			if r == nil {
 				t.Fatalf("no replica %q", n)
 			}
-			r.Status.Conditions = []metav1.Condition{{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg}}
+			setCondition(r, metav1.Condition{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg})
+		}
+		return "ok"
+	case "agent":
+		// agent r2 ready=false [reason=LeaseExpired] [message="..."]: the controller's
+		// AgentReady verdict on the replicas (docs/contract.md). ready=none removes it.
+		ready := argStr(t, d, "ready", "true")
+		c := metav1.Condition{Type: v1.ConditionAgentReady, Status: metav1.ConditionTrue,
+			Reason: argStr(t, d, "reason", v1.ReasonAgentLeaseValid), Message: argStr(t, d, "message", "")}
+		if ready == "false" {
+			c.Status = metav1.ConditionFalse
+			c.Reason = argStr(t, d, "reason", v1.ReasonAgentLeaseExpired)
+		}
+		for _, n := range w.names(d) {
+			r := w.rvr(n)
+			if r == nil {
+				t.Fatalf("no replica %q", n)
+			}
+			if ready == "none" {
+				r.Status.Conditions = slices.DeleteFunc(r.Status.Conditions, func(c metav1.Condition) bool { return c.Type == v1.ConditionAgentReady })
+				continue
+			}
+			setCondition(r, c)
 		}
 		return "ok"
 	case "pool":
@@ -647,4 +670,16 @@ func (w *world) place() string {
 		}
 	}
 	return b.String()
+}
+
+// setCondition replaces the condition of c's type on r, or appends it: the agent's and
+// the controller's conditions live side by side in one list keyed by type.
+func setCondition(r *v1.ReplicatedVolumeReplica, c metav1.Condition) {
+	for i := range r.Status.Conditions {
+		if r.Status.Conditions[i].Type == c.Type {
+			r.Status.Conditions[i] = c
+			return
+		}
+	}
+	r.Status.Conditions = append(r.Status.Conditions, c)
 }
