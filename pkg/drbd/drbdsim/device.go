@@ -209,14 +209,8 @@ func (r *resource) teardownDevice() {
 		return
 	}
 	r.dev = nil
-	c := r.n.c
-	if d := c.devs; d != nil {
-		d.mu.Lock()
-		delete(d.byIno, dev.ino)
-		if d.byName[dev.name] == dev {
-			delete(d.byName, dev.name)
-		}
-		d.mu.Unlock()
+	if r.heldDev != dev {
+		r.n.c.forget(dev)
 	}
 	if dev.link != "" {
 		_ = os.Remove(dev.link)
@@ -225,6 +219,30 @@ func (r *resource) teardownDevice() {
 		if out, err := exec.Command("losetup", "-d", dev.loop).CombinedOutput(); err != nil {
 			log.Printf("drbdsim: %s %s: losetup -d %s: %v: %s", r.n.name, r.name, dev.loop, err, strings.TrimSpace(string(out)))
 		}
+	}
+}
+
+// releaseHeld forgets the device a demotion left to a reader, once the
+// reader closed it (or the node crashed or went down): its requests fail
+// with EIO from now on.
+func (r *resource) releaseHeld() {
+	if r.heldDev != nil {
+		r.n.c.forget(r.heldDev)
+		r.heldDev = nil
+	}
+}
+
+// forget removes dev from the FUSE directory: requests for it fail with EIO.
+func (c *Cluster) forget(dev *device) {
+	d := c.devs
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.byIno, dev.ino)
+	if d.byName[dev.name] == dev {
+		delete(d.byName, dev.name)
 	}
 }
 
@@ -271,6 +289,11 @@ func (c *Cluster) Close() error {
 	for _, dev := range devs {
 		if r := dev.n.res[dev.res]; r != nil && r.dev == dev {
 			r.teardownDevice()
+		}
+	}
+	for _, n := range c.nodes {
+		for _, r := range n.res {
+			r.releaseHeld()
 		}
 	}
 	c.mu.Unlock()

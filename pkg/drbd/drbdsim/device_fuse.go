@@ -143,7 +143,7 @@ func (fs *deviceFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (f
 			return ioErr("read", dev.res, int64(in.Offset), "node crashed")
 		}
 		r := n.res[dev.res]
-		if r == nil || r.dev != dev {
+		if r == nil || (r.dev != dev && r.heldDev != dev) {
 			return ioErr("read", dev.res, int64(in.Offset), "the device is gone (demoted, down or crashed)")
 		}
 		var err error

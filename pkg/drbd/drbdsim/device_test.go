@@ -73,6 +73,15 @@ func deviceRig(t *testing.T, opts func(*Options), mutate func(node string, o *dr
 	return rg
 }
 
+// formedWithDevices is formed with LoopDevices and deviceRig's cleanup.
+func formedWithDevices(t *testing.T) *rig {
+	t.Helper()
+	rg := deviceRig(t, nil, nil)
+	rg.upAll()
+	rg.must(rg.c.Node("node1").NewCurrentUUIDClearBitmap(rg.ctx, "r0"))
+	return rg
+}
+
 // leftovers lists the mounts under dir and the loop devices over a file
 // under dir.
 func leftovers(dir string) []string {
