@@ -64,7 +64,14 @@
 //     itself UpToDate; only quorum stops it from serving). Diverged reports
 //     a split brain.
 //   - Graceful down outdates a leaving UpToDate replica while an UpToDate
-//     peer stays, so the survivor is the last man standing.
+//     peer stays, so the survivor is the last man standing. Like DRBD
+//     9.2.18 it is not atomic: a device held open read-only (a process, a
+//     mount; see drbd.DeviceOpeners) lets down demote and disconnect, then
+//     fail to detach (-2 with the kernel's "opened by" line); held for
+//     writing it refuses at once (-12).
+//   - Online verify (needs a verify-alg, -14 otherwise): VerifyS/VerifyT
+//     while it compares the blocks at the resync rate, differing blocks
+//     marked out of sync and resynced at the next handshake.
 //   - Faults: partition (any set of links) and heal, crash and restart
 //     (disks and metadata kept, resources down until Up/Adjust), disk
 //     failure (detach), a command that hangs until its context ends (then
@@ -106,8 +113,7 @@
 // # What is not modelled
 //
 // Protocols A and B (everything behaves as C), multiple volumes, online
-// verify (Verify compares the data and reports but is instantaneous),
-// the soft-transition refusal of a graceful peer departure that would
+// verify's status details (ov-left and friends), the soft-transition refusal of a graceful peer departure that would
 // drop a Primary's quorum, fencing policies and handlers other than the
 // quorum-lost and disconnected notifications, congestion, the activity log
 // beyond crash recovery, two-phase-commit failures and timeouts, and the

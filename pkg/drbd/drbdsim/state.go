@@ -38,6 +38,8 @@ const (
 	replWFBitMapT   = "WFBitMapT"
 	replSyncSource  = "SyncSource"
 	replSyncTarget  = "SyncTarget"
+	replVerifyS     = "VerifyS"
+	replVerifyT     = "VerifyT"
 
 	rolePrimary   = "Primary"
 	roleSecondary = "Secondary"
@@ -194,6 +196,10 @@ type resource struct {
 	loop       string
 	loopFile   string
 	loopHashes []uint64
+	// heldLoop: a loop device this Primary had when it was demoted while
+	// a reader held it open; it stays that reader's (autoclear) and keeps
+	// the resource from detaching until closed (see demote).
+	heldLoop string
 	// loopScratch: loopFile is a scratch copy (diskless Primary), not the
 	// replica itself; it is deleted with the loop device.
 	loopScratch bool
@@ -225,6 +231,8 @@ type conn struct {
 	// rsTotal is the number of blocks the running resync started with.
 	rsTotal   int64
 	rsStarted time.Time
+	// ovNext: while VerifyS, the next block online verify compares.
+	ovNext int64
 
 	received, sent int64 // KiB
 }
