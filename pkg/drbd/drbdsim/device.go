@@ -45,10 +45,12 @@ type device struct {
 	res   string
 	ino   uint64 // inode number of the FUSE file
 	name  string // file name in the FUSE mount
-	size  int64  // bytes: DRBD's usable size at promotion
 	loop  string // /dev/loopN
 	link  string // the DevicePath symlink
 	minor int
+	// size in bytes: DRBD's usable size (grows with Resize). Read by the
+	// lock-free GETATTR handler.
+	size atomic.Int64
 	// settingUp is set while Primary runs losetup with the cluster lock
 	// held. The kernel flushes the file when it switches the loop device
 	// to direct IO (an FSYNC inside LOOP_CONFIGURE) and losetup waits for
@@ -162,8 +164,9 @@ func (r *resource) setupDevice() error {
 		return err
 	}
 	d.mu.Lock()
-	dev := &device{n: r.n, res: r.name, ino: d.nextIno, size: src.md.sizeBytes, minor: r.cfg.Minor,
+	dev := &device{n: r.n, res: r.name, ino: d.nextIno, minor: r.cfg.Minor,
 		name: "drbd" + strconv.Itoa(r.cfg.Minor) + "@" + r.n.name}
+	dev.size.Store(src.md.sizeBytes)
 	d.nextIno++
 	dev.src = src.file
 	dev.settingUp.Store(true)
@@ -172,8 +175,9 @@ func (r *resource) setupDevice() error {
 	d.mu.Unlock()
 	r.dev = dev // the handlers serve it from here on
 	file := filepath.Join(d.mnt, dev.name)
-	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on",
-		"--sizelimit", strconv.FormatInt(dev.size, 10), file).CombinedOutput()
+	// No --sizelimit: the file has the device's size, and a resize only
+	// has to make the loop device re-read it (growDevice).
+	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", file).CombinedOutput()
 	if err != nil {
 		r.teardownDevice()
 		return fmt.Errorf("losetup %s: %v: %s", file, err, strings.TrimSpace(string(out)))
@@ -194,6 +198,25 @@ func (r *resource) setupDevice() error {
 	if err := os.Symlink(dev.loop, dev.link); err != nil {
 		r.teardownDevice()
 		return err
+	}
+	return nil
+}
+
+// growDevice makes a Primary's device as large as its replica after a
+// resize: the FUSE file reports the new size, a stat makes the kernel
+// fetch it (attributes are never cached), and losetup -c makes the loop
+// device take it — no IO on the device, so the cluster lock may be held.
+func (r *resource) growDevice() error {
+	dev := r.dev
+	if dev == nil || r.md == nil || r.md.sizeBytes <= dev.size.Load() {
+		return nil
+	}
+	dev.size.Store(r.md.sizeBytes)
+	if _, err := os.Stat(filepath.Join(r.n.c.devs.mnt, dev.name)); err != nil {
+		return err
+	}
+	if out, err := exec.Command("losetup", "-c", dev.loop).CombinedOutput(); err != nil {
+		return fmt.Errorf("losetup -c %s: %v: %s", dev.loop, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

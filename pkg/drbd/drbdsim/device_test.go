@@ -416,6 +416,66 @@ func TestDeviceInUseRefusesDemote(t *testing.T) {
 	}
 }
 
+// A read-only opener does not stop a demotion (DRBD 9.2.18): the device
+// stays the reader's and keeps serving its reads from the now Secondary
+// replica; once the reader closes it, the loop device is gone and Down
+// succeeds.
+func TestDeviceReaderKeepsReadingAfterDemotion(t *testing.T) {
+	rg := deviceRig(t, nil, nil)
+	n1 := rg.formedPrimary("node1")
+	rg.must(n1.Write(rg.ctx, "r0", 0, []byte("before demotion")))
+	loop, err := filepath.EvalSymlinks(n1.DevicePath("r0"))
+	rg.must(err)
+	f, err := os.OpenFile(n1.DevicePath("r0"), os.O_RDONLY|syscall.O_DIRECT, 0)
+	rg.must(err)
+	defer f.Close()
+	rg.must(n1.Secondary(rg.ctx, "r0"))
+	buf := directIO(4096)
+	if _, err := f.ReadAt(buf, 0); err != nil || !bytes.HasPrefix(buf, []byte("before demotion")) {
+		t.Fatalf("read by the reader after demotion: %q (%v)", buf[:15], err)
+	}
+	rg.must(f.Close())
+	rg.must(n1.Down(rg.ctx, "r0"))
+	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(loop), "loop", "backing_file")); err == nil {
+		t.Fatalf("%s still attached to %s after the reader closed it and down", loop, b)
+	}
+}
+
+// Resize of a Primary grows its device; an ext4 on it grows with resize2fs
+// (CSI NodeExpandVolume) and the new space is replicated.
+func TestDeviceGrowsWithResize(t *testing.T) {
+	rg := deviceRig(t, nil, nil)
+	n1 := rg.formedPrimary("node1")
+	dev := n1.DevicePath("r0")
+	mkfs(t, dev)
+	mnt := rg.mount(dev, "mnt")
+	old := rg.c.nodes["node1"].mds[filepath.Join(rg.dir, "node1.img")].sizeBytes
+	for _, node := range []string{"node1", "node2"} {
+		rg.must(os.Truncate(filepath.Join(rg.dir, node+".img"), 256<<20))
+	}
+	rg.must(rg.c.Node("node2").Resize(rg.ctx, "r0"))
+	rg.must(n1.Resize(rg.ctx, "r0"))
+	grown := rg.c.nodes["node1"].mds[filepath.Join(rg.dir, "node1.img")].sizeBytes
+	out, err := exec.Command("blockdev", "--getsize64", dev).Output()
+	rg.must(err)
+	if got := strings.TrimSpace(string(out)); got != fmt.Sprint(grown) || grown <= old {
+		t.Fatalf("device size after resize %s, want %d (was %d)", got, grown, old)
+	}
+	// Offline: online growth needs CAP_SYS_RESOURCE, which containers
+	// (this test's machine among them) often lack.
+	rg.must(unix.Unmount(mnt, 0))
+	run(t, "e2fsck", "-f", "-p", dev)
+	run(t, "resize2fs", dev)
+	run(t, "mount", dev, mnt)
+	var st unix.Statfs_t
+	rg.must(unix.Statfs(mnt, &st))
+	if total := int64(st.Blocks) * st.Bsize; total <= old {
+		t.Fatalf("ext4 after resize2fs: %d bytes, not more than the old device's %d", total, old)
+	}
+	rg.must(writeFsync(filepath.Join(mnt, "big"), bytes.Repeat([]byte("g"), 150<<20)))
+	rg.noLostWrites()
+}
+
 // Close leaves nothing behind even when filesystems are still mounted on
 // the devices — bind-mounted, and on a crashed Primary — as a sandbox
 // shutting down finds them (the cleanup's leftovers check).

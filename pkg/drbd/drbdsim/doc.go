@@ -114,7 +114,10 @@
 //     changes underneath (a resync, a Node.Write) and nothing is cached
 //     twice; the FUSE file is write-through (no writeback cache).
 //
-// Demotion refuses (-12) while the device is mounted or held. A crash
+// Resize of a Primary grows its device (the loop device re-reads the
+// file's size). Demotion refuses (-12) while the device is mounted or
+// open for writing; a read-only opener keeps the device, and its reads,
+// after demotion until it closes it (down fails -2 meanwhile). A crash
 // fails every later request with EIO, like a dead machine's disk; the
 // filesystem on it stays mounted until someone unmounts it. Cluster.Close
 // shuts the devices down in the only order that cannot hang: unmount the

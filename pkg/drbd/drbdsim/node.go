@@ -709,7 +709,8 @@ func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 	return nil
 }
 
-// Resize re-reads the backing device size (grown volumes).
+// Resize re-reads the backing device size (grown volumes); a Primary's
+// block device grows with it.
 func (n *Node) Resize(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "resize", name); err != nil {
 		return err
@@ -735,6 +736,9 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			nb := newBitmap(r.md.blocks())
 			copy(nb, pm.bits)
 			pm.bits = nb
+		}
+		if err := r.growDevice(); err != nil {
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	n.c.settle()
