@@ -89,6 +89,8 @@ type Cluster struct {
 	// Dir is the root of every node's files.
 	Dir   string
 	Nodes []*Node
+	// Writes counts every apiserver write of the controller and the agents.
+	Writes *Writes
 
 	opts    Options
 	ownEnv  bool
@@ -157,7 +159,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
-	c = &Cluster{opts: opts, Namespace: v1.DefaultNamespace, Env: opts.Env, Dir: opts.Dir}
+	c = &Cluster{opts: opts, Namespace: v1.DefaultNamespace, Env: opts.Env, Dir: opts.Dir, Writes: &Writes{}}
 	defer func() {
 		if err != nil {
 			_ = c.Stop()
@@ -289,7 +291,7 @@ func (n *Node) PoolDir(rsp *v1.ReplicatedStoragePool) string {
 
 func (n *Node) startAgent() {
 	cfg := n.AgentConfig()
-	restCfg := rest.CopyConfig(n.c.Env.Config)
+	restCfg := n.c.Writes.counted(n.c.Env.Config, "agent")
 	n.agent = startProc(n.c.ctx, func(ctx context.Context) error {
 		return agent.Run(ctx, restCfg, n.c.Env.Scheme, cfg)
 	})
@@ -312,7 +314,7 @@ func (c *Cluster) StartController() {
 	if c.controller != nil || c.opts.Controller == nil {
 		return
 	}
-	restCfg := rest.CopyConfig(c.Env.Config)
+	restCfg := c.Writes.counted(c.Env.Config, "controller")
 	run := c.opts.Controller
 	c.controller = startProc(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
 }
