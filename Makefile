@@ -45,6 +45,11 @@ help: ## List the targets
 build: ## Build bin/meshvol from ./cmd/meshvol
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol ./cmd/meshvol
 
+.PHONY: sandbox
+sandbox: deps build k8s ## Run a real Kubernetes cluster with meshvol on this machine, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/meshvol-pause ./pkg/kubecluster/pause
+	bin/meshvol sandbox $(SANDBOX_ARGS)
+
 .PHONY: k8s
 k8s: ## Build the real control plane and CSI sidecars into bin/k8s (hack/build-k8s.sh; no-op when up to date)
 	hack/build-k8s.sh

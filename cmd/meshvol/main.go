@@ -21,6 +21,8 @@ func usage(w io.Writer) {
 
 commands:
   node       run the node agent of one node (meshvol node --help)
+  sandbox    a real Kubernetes cluster with meshvol on this machine, a demonstration,
+             up until Ctrl-C (root; meshvol sandbox --help)
   version    print the version of this binary (-o json for JSON)`)
 }
 
@@ -31,6 +33,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "sandbox":
+		return runSandbox(args[1:], stdout, stderr)
 	case "version":
 		fs := flag.NewFlagSet("version", flag.ContinueOnError)
 		fs.SetOutput(stderr)

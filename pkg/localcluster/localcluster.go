@@ -71,6 +71,11 @@ type Options struct {
 	Dir string
 	// LoopDevices makes a Primary's device a real loop device (drbdsim).
 	LoopDevices bool
+	// KubeletNodes says the Node objects belong to real kubelets (the
+	// sandbox): they exist already, named and zoned as this cluster's
+	// nodes, and their status is the kubelets' to write. Without it the
+	// cluster creates each Node and marks it Ready itself.
+	KubeletNodes bool
 	// Agent adjusts every agent's configuration (timeouts, intervals).
 	Agent func(*agent.Config)
 	// Log receives the agents' and controller's logs; default discard.
@@ -206,8 +211,10 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			return nil, err
 		}
 		n.Sim = c.Sim.Node(n.Name)
-		if err := c.createNode(ctx, n); err != nil {
-			return nil, err
+		if !opts.KubeletNodes {
+			if err := c.createNode(ctx, n); err != nil {
+				return nil, err
+			}
 		}
 		c.Nodes = append(c.Nodes, n)
 	}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/meshvol/meshvol/pkg/kubecluster"
+	"github.com/meshvol/meshvol/pkg/sandbox"
+)
+
+// runSandbox is `meshvol sandbox`: a real Kubernetes cluster on this
+// machine with meshvol on it, a demonstration, then up until Ctrl-C.
+func runSandbox(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sandbox", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "/var/tmp/meshvol-sandbox", "directory for the cluster's state and logs (kept after teardown, with the logs)")
+	nodes := fs.Int("nodes", 3, "number of nodes, each in a zone of its own")
+	demo := fs.Bool("demo", true, "run the demonstration (PVC, pod, node crash, pod back elsewhere) once the cluster is up")
+	binDir := fs.String("bin-dir", "", "directory of the Kubernetes binaries and CSI sidecars (default: bin/k8s of the source tree, as `make k8s` builds it)")
+	exe, _ := os.Executable()
+	pause := fs.String("pause-binary", filepath.Join(filepath.Dir(exe), "meshvol-pause"), "the static pause program the pause image is built from (`make sandbox` builds it)")
+	taint := fs.Bool("taint-lost-nodes", true, "let the controller taint lost nodes out-of-service, so their pods move at once")
+	exitAfterDemo := fs.Bool("exit-after-demo", false, "tear down after the demonstration instead of waiting for Ctrl-C")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "meshvol sandbox: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *nodes < 2 {
+		fmt.Fprintln(stderr, "meshvol sandbox: -nodes must be at least 2: the demonstration moves a pod to another node")
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := os.MkdirAll(filepath.Join(*dir, "logs"), 0o755); err != nil {
+		fmt.Fprintln(stderr, "meshvol sandbox:", err)
+		return 1
+	}
+	logPath := filepath.Join(*dir, "logs", "meshvol.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		fmt.Fprintln(stderr, "meshvol sandbox:", err)
+		return 1
+	}
+	defer logFile.Close()
+	log := funcr.New(func(prefix, args string) {
+		fmt.Fprintln(logFile, time.Now().Format("15:04:05.000"), prefix, args)
+	}, funcr.Options{Verbosity: 1})
+
+	began := time.Now()
+	fmt.Fprintf(stdout, "meshvol sandbox: starting %d nodes in %s (meshvol's log: %s)\n", *nodes, *dir, logPath)
+	sb, err := sandbox.Start(ctx, sandbox.Options{
+		Dir:            *dir,
+		Nodes:          *nodes,
+		BinDir:         *binDir,
+		PauseBinary:    *pause,
+		TaintLostNodes: *taint,
+		Progress:       stdout,
+		Log:            log,
+	})
+	if errors.Is(err, kubecluster.ErrBusy) {
+		fmt.Fprintf(stderr, "meshvol sandbox: %v\nOnly one runs at a time; stop the other one (Ctrl-C in its terminal) first.\n", err)
+		return 1
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "meshvol sandbox:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "meshvol sandbox: up in %s\n", time.Since(began).Round(100*time.Millisecond))
+	code := 0
+	if *demo {
+		res, err := sb.Demo(ctx, stdout)
+		if err != nil {
+			fmt.Fprintln(stderr, "meshvol sandbox: the demonstration failed:", err)
+			code = 1
+		} else {
+			fmt.Fprintf(stdout, "\nmeshvol sandbox: crash of %s → pod Running on %s with the same data in %s\n",
+				res.FirstNode, res.SecondNode, res.CrashToReady.Round(100*time.Millisecond))
+		}
+	}
+	if !*exitAfterDemo && ctx.Err() == nil {
+		kubectl := filepath.Join(sb.Kube.BinDir, "kubectl")
+		fmt.Fprintf(stdout, `
+meshvol sandbox: the cluster is up until Ctrl-C. Try:
+
+  export KUBECONFIG=%[1]s
+  %[2]s get nodes -o wide
+  %[2]s get storageclass
+  %[2]s get rv,rvr,rva,pvc,pv,pod -o wide
+  %[2]s describe rv
+
+Pods must use the host network (hostNetwork: true): the nodes have no pod
+network. The image %[3]s is on every node.
+`, sb.Kube.Kubeconfig, kubectl, kubecluster.BusyboxImage)
+		<-ctx.Done()
+	}
+	stop() // a second Ctrl-C during the teardown kills the process
+	fmt.Fprintln(stdout, "\nmeshvol sandbox: tearing down")
+	began = time.Now()
+	if err := sb.Stop(); err != nil {
+		fmt.Fprintln(stderr, "meshvol sandbox: teardown:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "meshvol sandbox: torn down in %s; nothing left on the machine (logs kept in %s)\n",
+		time.Since(began).Round(100*time.Millisecond), filepath.Join(*dir, "logs"))
+	return code
+}
+
+var _ logr.Logger

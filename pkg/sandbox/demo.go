@@ -1,0 +1,222 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/meshvol/meshvol/pkg/kubecluster"
+)
+
+// The demonstration's objects, in the default namespace.
+const (
+	DemoPVC        = "demo"
+	DemoDeployment = "demo"
+)
+
+// DemoWriter is the demonstration pod's script: on the first start it
+// writes a file of random data and its checksum onto the volume; on every
+// start it checks the file against the checksum and says so in its log,
+// then stays up.
+const demoScript = `set -e
+cd /data
+if [ ! -f hello.sha256 ]; then
+  head -c 1048576 /dev/urandom > hello.bin
+  sha256sum hello.bin > hello.sha256
+  sync
+  echo "wrote hello.bin on $NODE: $(cat hello.sha256)"
+fi
+sha256sum -c hello.sha256 && echo "checksum verified on $NODE"
+exec sleep 2147483647
+`
+
+// DemoPodSpec is a host-network busybox pod with the PVC at /data.
+func DemoPodSpec(pvc string, script string) corev1.PodSpec {
+	grace := int64(1)
+	return corev1.PodSpec{
+		// The nodes' network is loopback only: pods share the host's.
+		HostNetwork:                   true,
+		TerminationGracePeriodSeconds: &grace,
+		Containers: []corev1.Container{{
+			Name:    "app",
+			Image:   kubecluster.BusyboxImage,
+			Command: []string{"sh", "-c", script},
+			Env: []corev1.EnvVar{{Name: "NODE", ValueFrom: &corev1.EnvVarSource{
+				FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
+			VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+		}},
+		Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: pvc}}}},
+	}
+}
+
+// PVC returns a ReadWriteOnce claim of size on class.
+func PVC(name, class, size string, mode corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: &class,
+			VolumeMode:       &mode,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+}
+
+// DemoResult is what the demonstration measured.
+type DemoResult struct {
+	Checksum     string
+	FirstNode    string
+	SecondNode   string
+	CrashToReady time.Duration
+}
+
+// Demo runs the demonstration, printing each step and `kubectl get` to w: a
+// PVC, a Deployment of one pod that writes a file and its checksum, the
+// crash of the pod's node, and the pod back on another node with the same
+// checksum.
+func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
+	step := func(format string, args ...any) { fmt.Fprintf(w, "\n== "+format+"\n", args...) }
+	get := func() {
+		out, err := s.Kube.Kubectl(ctx, "get", "rv,rvr,rva,pvc,pv,pod", "-o", "wide")
+		if err != nil {
+			fmt.Fprintf(w, "(kubectl get: %v)\n", err)
+			return
+		}
+		fmt.Fprint(w, out)
+	}
+	res := &DemoResult{}
+
+	step("a PersistentVolumeClaim on %s (WaitForFirstConsumer: it stays Pending until a pod needs it)", DefaultStorageClass)
+	if err := s.Client.Create(ctx, PVC(DemoPVC, DefaultStorageClass, "64Mi", corev1.PersistentVolumeFilesystem)); err != nil {
+		return nil, err
+	}
+	get()
+
+	step("a Deployment of one pod that writes 1 MiB of random data and its checksum onto the volume")
+	one := int32(1)
+	labels := map[string]string{"app": DemoDeployment}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: DemoDeployment, Namespace: "default"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			// Never two pods at once: the volume is ReadWriteOnce.
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       DemoPodSpec(DemoPVC, demoScript),
+			},
+		},
+	}
+	began := time.Now()
+	if err := s.Client.Create(ctx, dep); err != nil {
+		return nil, err
+	}
+	pod, err := s.WaitPodRunning(ctx, labels, "", 3*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	res.FirstNode = pod.Spec.NodeName
+	sum, err := s.podChecksum(ctx, pod.Name)
+	if err != nil {
+		return nil, err
+	}
+	res.Checksum = sum
+	fmt.Fprintf(w, "pod %s Running on %s %s after it was created; sha256 of /data/hello.bin: %s\n",
+		pod.Name, pod.Spec.NodeName, time.Since(began).Round(100*time.Millisecond), sum)
+	get()
+
+	step("crash of %s: its kubelet, containerd, shims and containers, its meshvol agent and its DRBD, all at once", res.FirstNode)
+	crashed := time.Now()
+	if err := s.CrashNode(res.FirstNode); err != nil {
+		return nil, err
+	}
+	pod2, err := s.WaitPodRunning(ctx, labels, res.FirstNode, 5*time.Minute)
+	if err != nil {
+		get()
+		return nil, err
+	}
+	res.SecondNode = pod2.Spec.NodeName
+	sum2, err := s.podChecksum(ctx, pod2.Name)
+	if err != nil {
+		return nil, err
+	}
+	res.CrashToReady = time.Since(crashed)
+	if sum2 != sum {
+		get()
+		return res, fmt.Errorf("sandbox: the data changed: sha256 %s on %s, %s on %s", sum, res.FirstNode, sum2, res.SecondNode)
+	}
+	step("pod %s Running on %s %s after the crash, the same data (sha256 %s)",
+		pod2.Name, res.SecondNode, res.CrashToReady.Round(100*time.Millisecond), sum2)
+	get()
+	return res, nil
+}
+
+// WaitPodRunning waits for a Running, ready pod with those labels on any
+// node but notOn, and returns it.
+func (s *Sandbox) WaitPodRunning(ctx context.Context, labels map[string]string, notOn string, timeout time.Duration) (*corev1.Pod, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		var pods corev1.PodList
+		if err := s.Client.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels(labels)); err == nil {
+			for i := range pods.Items {
+				p := &pods.Items[i]
+				if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Spec.NodeName != notOn && podReady(p) {
+					return p, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			out, _ := s.Kube.Kubectl(ctx, "describe", "pod", "-l", labelSelector(labels))
+			return nil, fmt.Errorf("sandbox: no pod %s Running within %s:\n%s", labelSelector(labels), timeout, out)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func labelSelector(l map[string]string) string {
+	var parts []string
+	for k, v := range l {
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ",")
+}
+
+// podChecksum checks the file against the checksum written with it, in the
+// pod, and returns the checksum.
+func (s *Sandbox) podChecksum(ctx context.Context, pod string) (string, error) {
+	var out string
+	var err error
+	// The file is written right after the pod starts.
+	for try := 0; try < 40; try++ {
+		out, err = s.Kube.Kubectl(ctx, "exec", pod, "--", "sh", "-c", "cd /data && sha256sum -c hello.sha256 >/dev/null && cut -d' ' -f1 hello.sha256")
+		if err == nil {
+			return strings.TrimSpace(out), nil
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return "", fmt.Errorf("sandbox: checking the data in pod %s: %w", pod, err)
+}

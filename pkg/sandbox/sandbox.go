@@ -1,0 +1,366 @@
+// Package sandbox puts meshvol on a real Kubernetes cluster on one machine:
+// pkg/kubecluster's control plane and kubelet nodes, pkg/localcluster's
+// meshvol controller and node agents on drbdsim nodes (the agents named
+// after the kubelet nodes, sharing their Node objects), the CSI controller
+// service behind the real external-provisioner and external-attacher, and a
+// CSI node service per kubelet node registered with that kubelet through
+// its plugin registration socket. `meshvol sandbox` and the e2e suite
+// (test/e2e) run on it.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/csi"
+	"github.com/meshvol/meshvol/pkg/kubecluster"
+	"github.com/meshvol/meshvol/pkg/localcluster"
+	"github.com/meshvol/meshvol/pkg/pluginreg"
+)
+
+// Options shape a sandbox.
+type Options struct {
+	// Dir holds everything (short: unix sockets live beneath it).
+	Dir string
+	// Nodes is the number of nodes, each in its own zone. Default 3.
+	Nodes int
+	// BinDir holds the Kubernetes binaries and sidecars; empty means bin/k8s.
+	BinDir string
+	// PauseBinary is the static pause program (kubecluster.BuildPause).
+	PauseBinary string
+	// WaitForLock waits for another cluster on the machine to end instead
+	// of failing with kubecluster.ErrBusy.
+	WaitForLock bool
+	// TaintLostNodes turns on the controller's out-of-service taint of lost
+	// nodes, which lets Kubernetes move their pods at once.
+	TaintLostNodes bool
+	// Progress receives a line per stage; nil discards.
+	Progress io.Writer
+	// Log receives the meshvol components' logs; the zero Logger discards.
+	Log logr.Logger
+}
+
+// Sandbox is a running sandbox.
+type Sandbox struct {
+	Kube *kubecluster.Cluster
+	Mesh *localcluster.Cluster
+	// Client is an uncached client of the apiserver.
+	Client client.Client
+	// ControllerSocket is the CSI controller service's socket.
+	ControllerSocket string
+
+	opts     Options
+	ctx      context.Context
+	cancel   context.CancelFunc
+	ctrlCSI  *goproc
+	nodes    map[string]*nodeServices
+	sidecars []*sidecar
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// nodeServices are what runs for one kubelet node in the sandbox process
+// beside its agent: the CSI node service and the registration socket.
+type nodeServices struct {
+	Socket string
+	csi    *goproc
+	reg    *goproc
+}
+
+// goproc is a goroutine that runs until its context is cancelled.
+type goproc struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+func startGo(parent context.Context, run func(context.Context) error) *goproc {
+	ctx, cancel := context.WithCancel(parent)
+	p := &goproc{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.err = run(ctx)
+	}()
+	return p
+}
+
+func (p *goproc) stop() error {
+	if p == nil {
+		return nil
+	}
+	p.cancel()
+	<-p.done
+	if errors.Is(p.err, context.Canceled) {
+		return nil
+	}
+	return p.err
+}
+
+func (p *goproc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Sandbox) progress(format string, args ...any) {
+	if s.opts.Progress != nil {
+		fmt.Fprintf(s.opts.Progress, format+"\n", args...)
+	}
+}
+
+// Start brings the sandbox up; on failure it tears down what it started.
+func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
+	if opts.Nodes <= 0 {
+		opts.Nodes = 3
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	s = &Sandbox{opts: opts, nodes: map[string]*nodeServices{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			if stopErr := s.Stop(); stopErr != nil {
+				err = fmt.Errorf("%w (and tearing down: %v)", err, stopErr)
+			}
+			s = nil
+		}
+	}()
+
+	var specs []kubecluster.NodeSpec
+	for i := 1; i <= opts.Nodes; i++ {
+		specs = append(specs, kubecluster.NodeSpec{Name: fmt.Sprintf("node-%d", i), Zone: "zone-" + string(rune('a'+i-1))})
+	}
+	began := time.Now()
+	s.Kube, err = kubecluster.Start(ctx, kubecluster.Options{
+		Dir:         opts.Dir,
+		Nodes:       specs,
+		BinDir:      opts.BinDir,
+		PauseBinary: opts.PauseBinary,
+		WaitForLock: opts.WaitForLock,
+		Log:         opts.Progress,
+	})
+	if err != nil {
+		return s, err
+	}
+	s.Client = s.Kube.Env.Client
+	s.progress("sandbox: Kubernetes up (control plane, kube-controller-manager, kube-scheduler, %d kubelets Ready) in %s",
+		len(specs), time.Since(began).Round(time.Millisecond))
+
+	began = time.Now()
+	taint := opts.TaintLostNodes
+	log := opts.Log
+	s.Mesh, err = localcluster.Start(ctx, localcluster.Options{
+		Nodes:         opts.Nodes,
+		NamePrefix:    "node",
+		Zones:         opts.Nodes,
+		Env:           s.Kube.Env,
+		Dir:           filepath.Join(opts.Dir, "mesh"),
+		KubeletNodes:  true,
+		// A Primary's device is a real block device whose writes reach
+		// its peers before they complete: what the pods mount.
+		LoopDevices: true,
+		Controller: func(ctx context.Context, cfg *rest.Config) error {
+			return controller.Run(ctx, cfg, controller.Options{TaintLostNodes: taint}, log.WithName("controller"))
+		},
+		Log: log,
+	})
+	if err != nil {
+		return s, err
+	}
+	s.progress("sandbox: meshvol controller and %d agents on drbdsim nodes up in %s", opts.Nodes, time.Since(began).Round(time.Millisecond))
+
+	began = time.Now()
+	s.ControllerSocket = filepath.Join(opts.Dir, "csi-controller.sock")
+	cfg := rest.CopyConfig(s.Kube.Env.Config)
+	s.ctrlCSI = startGo(s.ctx, func(ctx context.Context) error {
+		return csi.RunController(ctx, csi.ControllerOptions{
+			Endpoint:  "unix://" + s.ControllerSocket,
+			Config:    cfg,
+			Scheme:    s.Kube.Env.Scheme,
+			Namespace: s.Mesh.Namespace,
+			Log:       log,
+		})
+	})
+	for _, n := range s.Kube.Nodes {
+		if err := s.startNodeServices(n); err != nil {
+			return s, err
+		}
+	}
+	if err := s.waitCSINodes(ctx); err != nil {
+		return s, err
+	}
+	s.progress("sandbox: CSI node services registered with every kubelet in %s", time.Since(began).Round(time.Millisecond))
+
+	if _, err := s.Mesh.CreatePool(ctx, PoolName); err != nil {
+		return s, err
+	}
+	if err := createObjects(ctx, s.Client); err != nil {
+		return s, err
+	}
+	kc, err := s.Kube.WriteKubeconfig("csi-sidecars.kubeconfig", "system:serviceaccount:meshvol-system:csi-sidecars", "system:masters")
+	if err != nil {
+		return s, err
+	}
+	if s.sidecars, err = startSidecars(s.Kube.BinDir, kc, s.ControllerSocket, filepath.Join(opts.Dir, "logs")); err != nil {
+		return s, err
+	}
+	time.Sleep(time.Second)
+	if sc := exitedSidecar(ctx, s.sidecars); sc != nil {
+		return s, fmt.Errorf("sandbox: %s exited at start; see %s", sc.name, filepath.Join(opts.Dir, "logs", sc.name+".log"))
+	}
+	s.progress("sandbox: CSIDriver %s, storage classes %s; external-provisioner and external-attacher running",
+		v1.CSIDriverName, strings.Join(classNames(), ", "))
+	return s, nil
+}
+
+func classNames() []string {
+	var n []string
+	for _, sc := range storageClasses {
+		n = append(n, sc.name)
+	}
+	return n
+}
+
+// startNodeServices starts the CSI node service of kubelet node n on the
+// socket a DaemonSet would use (<kubelet root>/plugins/<driver>/csi.sock),
+// and registers it with that kubelet.
+func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
+	dir := n.PluginDir(v1.CSIDriverName)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	ns := &nodeServices{Socket: filepath.Join(dir, "csi.sock")}
+	cfg := rest.CopyConfig(s.Kube.Env.Config)
+	zone, name := n.Zone, n.Name
+	ns.csi = startGo(s.ctx, func(ctx context.Context) error {
+		return csi.RunNode(ctx, csi.NodeOptions{
+			Endpoint: "unix://" + ns.Socket,
+			Config:   cfg,
+			Scheme:   s.Kube.Env.Scheme,
+			NodeName: name,
+			Zone:     zone,
+			Log:      s.opts.Log.WithValues("node", name),
+		})
+	})
+	reg, err := pluginreg.Listen(pluginreg.Options{Dir: n.PluginsRegistryDir(), DriverName: v1.CSIDriverName, Endpoint: ns.Socket})
+	if err != nil {
+		return err
+	}
+	ns.reg = startGo(s.ctx, reg.Serve)
+	s.nodes[n.Name] = ns
+	return nil
+}
+
+// NodeSocket is the CSI node service socket of a node.
+func (s *Sandbox) NodeSocket(node string) string {
+	if ns := s.nodes[node]; ns != nil {
+		return ns.Socket
+	}
+	return ""
+}
+
+// waitCSINodes waits until every kubelet lists the driver in its CSINode.
+func (s *Sandbox) waitCSINodes(ctx context.Context) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		missing := []string{}
+		for _, n := range s.Kube.Nodes {
+			var cn storagev1.CSINode
+			ok := false
+			if err := s.Client.Get(ctx, client.ObjectKey{Name: n.Name}, &cn); err == nil {
+				for _, d := range cn.Spec.Drivers {
+					ok = ok || d.Name == v1.CSIDriverName
+				}
+			}
+			if !ok {
+				missing = append(missing, n.Name)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		for name, ns := range s.nodes {
+			if ns.csi.exited() {
+				return fmt.Errorf("sandbox: the CSI node service of %s ended: %v", name, ns.csi.err)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sandbox: the kubelets of %v did not register %s within 2 minutes (see their logs under %s)", missing, v1.CSIDriverName, s.opts.Dir)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// CrashNode crashes a node as a power loss would: its kubelet, containerd,
+// shims and containers (kubecluster), its CSI node service and
+// registration socket, its agent and its drbdsim node (localcluster), all
+// at once.
+func (s *Sandbox) CrashNode(name string) error {
+	kn := s.Kube.Node(name)
+	if kn == nil {
+		return fmt.Errorf("sandbox: no node %q", name)
+	}
+	var wg sync.WaitGroup
+	var kubeErr, meshErr error
+	wg.Add(2)
+	go func() { defer wg.Done(); kubeErr = kn.Crash() }()
+	go func() { defer wg.Done(); meshErr = s.Mesh.CrashNode(name) }()
+	if ns := s.nodes[name]; ns != nil {
+		_ = ns.csi.stop()
+		_ = ns.reg.stop()
+	}
+	wg.Wait()
+	return errors.Join(kubeErr, meshErr)
+}
+
+// Stop tears everything down in the order that leaves nothing behind: the
+// kubelets and their containers first (nothing uses a volume any more, and
+// their mounts are undone), then the sidecars and CSI services, then
+// meshvol's controller, agents and simulated devices (loop devices, files),
+// then the control plane and the host clean-up, which checks that nothing
+// is left.
+func (s *Sandbox) Stop() error {
+	s.stopOnce.Do(func() { s.stopErr = s.stop() })
+	return s.stopErr
+}
+
+func (s *Sandbox) stop() error {
+	var errs []error
+	if s.Kube != nil {
+		errs = append(errs, s.Kube.StopNodes())
+	}
+	stopSidecars(s.sidecars)
+	for _, ns := range s.nodes {
+		errs = append(errs, ns.reg.stop(), ns.csi.stop())
+	}
+	errs = append(errs, s.ctrlCSI.stop())
+	if s.Mesh != nil {
+		errs = append(errs, s.Mesh.Stop())
+		if left := s.Mesh.Leftovers(); len(left) > 0 {
+			errs = append(errs, fmt.Errorf("sandbox: left behind: %s", strings.Join(left, "; ")))
+		}
+	}
+	s.cancel()
+	if s.Kube != nil {
+		errs = append(errs, s.Kube.Stop())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,115 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// sidecar is one of the CSI sidecars from bin/k8s, run as a process against
+// the controller's CSI socket.
+type sidecar struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startSidecars starts external-provisioner (topology on, so
+// WaitForFirstConsumer passes the selected node to CreateVolume) and
+// external-attacher, with their logs in logDir.
+func startSidecars(binDir, kubeconfig, csiSocket, logDir string) ([]*sidecar, error) {
+	specs := []struct {
+		name string
+		args []string
+	}{
+		{"csi-provisioner", []string{
+			"--csi-address=" + csiSocket,
+			"--kubeconfig=" + kubeconfig,
+			"--leader-election=false",
+			"--feature-gates=Topology=true",
+			// The node the scheduler picked is the one that must get a
+			// replica (or be reachable from one): the CSI controller
+			// service reads it from the preferred topology.
+			"--strict-topology=true",
+			"--timeout=60s",
+			"--retry-interval-start=1s",
+			"--retry-interval-max=10s",
+			"--worker-threads=10",
+			"--v=2",
+		}},
+		{"csi-attacher", []string{
+			"--csi-address=" + csiSocket,
+			"--kubeconfig=" + kubeconfig,
+			"--leader-election=false",
+			"--timeout=60s",
+			"--retry-interval-start=1s",
+			"--retry-interval-max=10s",
+			"--v=2",
+		}},
+	}
+	var started []*sidecar
+	for _, s := range specs {
+		sc, err := startSidecar(filepath.Join(binDir, s.name), s.name, logDir, s.args)
+		if err != nil {
+			stopSidecars(started)
+			return nil, err
+		}
+		started = append(started, sc)
+	}
+	return started, nil
+}
+
+func startSidecar(bin, name, logDir string, args []string) (*sidecar, error) {
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(filepath.Join(logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("sandbox: starting %s: %w (run `make k8s`)", name, err)
+	}
+	s := &sidecar{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(s.done)
+	}()
+	return s, nil
+}
+
+func stopSidecars(ss []*sidecar) {
+	for _, s := range ss {
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, s := range ss {
+		select {
+		case <-s.done:
+		case <-time.After(5 * time.Second):
+			_ = s.cmd.Process.Kill()
+			<-s.done
+		}
+	}
+}
+
+// exitedSidecar returns the first sidecar that has exited, if any: a
+// sidecar that cannot reach its socket or the apiserver ends at start.
+func exitedSidecar(ctx context.Context, ss []*sidecar) *sidecar {
+	for _, s := range ss {
+		select {
+		case <-s.done:
+			return s
+		default:
+		}
+	}
+	return nil
+}
