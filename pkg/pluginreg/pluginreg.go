@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -49,6 +50,10 @@ type Options struct {
 	// OnStatus, if set, is called with each registration status the kubelet
 	// reports: registered, or not with the kubelet's reason.
 	OnStatus func(registered bool, reason string)
+	// RetryDelay is how long after a refusal the socket is re-created, which
+	// makes the kubelet try again; it doubles up to a minute while the
+	// kubelet keeps refusing. Default 1 s.
+	RetryDelay time.Duration
 }
 
 // SocketPath is where the registration socket of a driver lives in dir: the
@@ -59,12 +64,13 @@ func SocketPath(dir, driverName string) string {
 
 // Server is a running registration server.
 type Server struct {
-	opts   Options
-	path   string
-	lis    net.Listener
-	grpc   *grpc.Server
-	mu     sync.Mutex
-	status *registerapi.RegistrationStatus
+	opts    Options
+	path    string
+	lis     net.Listener
+	grpc    *grpc.Server
+	refused chan struct{}
+	mu      sync.Mutex
+	status  *registerapi.RegistrationStatus
 
 	registerapi.UnimplementedRegistrationServer
 }
@@ -98,13 +104,24 @@ func Listen(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("pluginreg: removing the stale socket: %w", err)
 		}
 	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("pluginreg: %w", err)
+	if opts.RetryDelay <= 0 {
+		opts.RetryDelay = time.Second
 	}
-	s := &Server{opts: opts, path: path, lis: lis, grpc: grpc.NewServer()}
-	registerapi.RegisterRegistrationServer(s.grpc, s)
+	s := &Server{opts: opts, path: path, refused: make(chan struct{}, 1)}
+	if err := s.listen(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+func (s *Server) listen() error {
+	lis, err := net.Listen("unix", s.path)
+	if err != nil {
+		return fmt.Errorf("pluginreg: %w", err)
+	}
+	s.lis, s.grpc = lis, grpc.NewServer()
+	registerapi.RegisterRegistrationServer(s.grpc, s)
+	return nil
 }
 
 // Path is the registration socket's path.
@@ -112,23 +129,66 @@ func (s *Server) Path() string { return s.path }
 
 // Serve answers the kubelet until ctx ends, then stops and removes the
 // socket, which deregisters the driver. It returns nil when ctx ended it.
+//
+// A kubelet that refuses the registration (its NodeGetInfo call failed,
+// say, because the CSI socket was not serving yet) does not try again on
+// its own: it keeps the socket as known and waits for it to change. So
+// after a refusal Serve removes the socket and creates it anew after
+// RetryDelay (doubling while refusals go on), as node-driver-registrar's
+// restart would.
 func (s *Server) Serve(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() { done <- s.grpc.Serve(s.lis) }()
-	var err error
-	select {
-	case <-ctx.Done():
-		s.grpc.Stop()
-		<-done
-	case err = <-done:
-		err = fmt.Errorf("pluginreg: serving %s: %w", s.path, err)
+	delay := s.opts.RetryDelay
+	for {
+		done := make(chan error, 1)
+		go func(g *grpc.Server, l net.Listener) { done <- g.Serve(l) }(s.grpc, s.lis)
+		select {
+		case <-ctx.Done():
+			s.grpc.Stop()
+			<-done
+			return s.remove(nil)
+		case err := <-done:
+			return s.remove(fmt.Errorf("pluginreg: serving %s: %w", s.path, err))
+		case <-s.refused:
+			// Let the kubelet's NotifyRegistrationStatus call return first.
+			stopGracefully(s.grpc, time.Second)
+			<-done
+			if err := s.remove(nil); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, time.Minute)
+			if err := s.listen(); err != nil {
+				return err
+			}
+		}
 	}
+}
+
+// remove deletes the socket, keeping err if there is one.
+func (s *Server) remove(err error) error {
 	// grpc closes the listener, and Go's unix listener unlinks its socket
 	// on Close; remove it anyway in case the close raced a failure.
 	if rmErr := os.Remove(s.path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) && err == nil {
 		err = fmt.Errorf("pluginreg: %w", rmErr)
 	}
 	return err
+}
+
+func stopGracefully(g *grpc.Server, timeout time.Duration) {
+	stopped := make(chan struct{})
+	go func() {
+		g.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(timeout):
+		g.Stop()
+	}
 }
 
 // Status is the last registration status the kubelet reported: registered
@@ -153,15 +213,20 @@ func (s *Server) GetInfo(context.Context, *registerapi.InfoRequest) (*registerap
 	}, nil
 }
 
-// NotifyRegistrationStatus records the kubelet's verdict. A refusal is not
-// fatal here: the kubelet retries when the socket is re-created, and the
-// node plugin decides what to do through OnStatus.
+// NotifyRegistrationStatus records the kubelet's verdict; after a refusal
+// Serve re-creates the socket so the kubelet tries again.
 func (s *Server) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
 	s.mu.Lock()
 	s.status = st
 	s.mu.Unlock()
 	if s.opts.OnStatus != nil {
 		s.opts.OnStatus(st.PluginRegistered, st.Error)
+	}
+	if !st.PluginRegistered {
+		select {
+		case s.refused <- struct{}{}:
+		default:
+		}
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
 }

@@ -37,6 +37,7 @@ func TestRegistrationRoundTrip(t *testing.T) {
 		OnStatus: func(ok bool, reason string) {
 			notified = append(notified, map[bool]string{true: "registered", false: "refused: " + reason}[ok])
 		},
+		RetryDelay: 50 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -63,11 +64,32 @@ func TestRegistrationRoundTrip(t *testing.T) {
 	if _, _, ok := s.Status(); ok {
 		t.Fatal("Status reports a verdict before the kubelet gave one")
 	}
+	before, err := os.Stat(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.NotifyRegistrationStatus(rpcCtx, &registerapi.RegistrationStatus{PluginRegistered: false, Error: "no NodeGetInfo"}); err != nil {
 		t.Fatal(err)
 	}
 	if reg, reason, ok := s.Status(); !ok || reg || reason != "no NodeGetInfo" {
 		t.Fatalf("Status = %v %q %v after a refusal", reg, reason, ok)
+	}
+	// The kubelet does not retry on its own: the socket must go and come
+	// back (a new inode) for it to try again.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		after, err := os.Stat(s.Path())
+		if err == nil && (!os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the socket was not re-created after the refusal")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c = dialAsKubelet(t, s.Path())
+	if _, err := c.GetInfo(rpcCtx, &registerapi.InfoRequest{}); err != nil {
+		t.Fatalf("GetInfo on the re-created socket: %v", err)
 	}
 	if _, err := c.NotifyRegistrationStatus(rpcCtx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
 		t.Fatal(err)
