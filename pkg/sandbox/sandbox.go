@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
@@ -133,6 +135,9 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
+	// The controller and agents log through controller-runtime's logger,
+	// which is process-wide and takes only the first one it is given.
+	ctrllog.SetLogger(opts.Log)
 	s = &Sandbox{opts: opts, nodes: map[string]*nodeServices{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
@@ -168,17 +173,17 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	taint := opts.TaintLostNodes
 	log := opts.Log
 	s.Mesh, err = localcluster.Start(ctx, localcluster.Options{
-		Nodes:         opts.Nodes,
-		NamePrefix:    "node",
-		Zones:         opts.Nodes,
-		Env:           s.Kube.Env,
-		Dir:           filepath.Join(opts.Dir, "mesh"),
-		KubeletNodes:  true,
+		Nodes:        opts.Nodes,
+		NamePrefix:   "node",
+		Zones:        opts.Nodes,
+		Env:          s.Kube.Env,
+		Dir:          filepath.Join(opts.Dir, "mesh"),
+		KubeletNodes: true,
 		// A Primary's device is a real block device whose writes reach
 		// its peers before they complete: what the pods mount.
 		LoopDevices: true,
 		Controller: func(ctx context.Context, cfg *rest.Config) error {
-			return controller.Run(ctx, cfg, controller.Options{TaintLostNodes: taint}, log.WithName("controller"))
+			return controller.Run(ctx, cfg, controller.Options{TaintLostNodes: taint})
 		},
 		Log: log,
 	})
@@ -260,6 +265,11 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 			Log:      s.opts.Log.WithValues("node", name),
 		})
 	})
+	// The kubelet calls NodeGetInfo as soon as the registration socket
+	// appears: register once the CSI socket answers.
+	if err := waitSocket(s.ctx, ns.Socket, ns.csi); err != nil {
+		return fmt.Errorf("sandbox: the CSI node service of %s: %w", name, err)
+	}
 	reg, err := pluginreg.Listen(pluginreg.Options{Dir: n.PluginsRegistryDir(), DriverName: v1.CSIDriverName, Endpoint: ns.Socket})
 	if err != nil {
 		return err
@@ -267,6 +277,29 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 	ns.reg = startGo(s.ctx, reg.Serve)
 	s.nodes[n.Name] = ns
 	return nil
+}
+
+// waitSocket waits until a unix socket accepts connections, or its server
+// ended.
+func waitSocket(ctx context.Context, path string, server *goproc) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+		if server.exited() {
+			return fmt.Errorf("ended before serving %s: %v", path, server.err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s does not accept connections after a minute", path)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // NodeSocket is the CSI node service socket of a node.
