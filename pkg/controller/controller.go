@@ -34,6 +34,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -177,6 +178,9 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		LeaderElectionNamespace: o.Namespace,
 		// Step down cleanly on SIGTERM so the next controller starts at once.
 		LeaderElectionReleaseOnCancel: true,
+		// Tests and the sandbox run a controller again in the same process (a restart);
+		// controller-runtime would refuse the second manager's controller names.
+		Controller: config.Controller{SkipNameValidation: &skipNameValidation},
 	})
 	if err != nil {
 		return nil, err
@@ -199,6 +203,8 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 	}
 	return mgr, nil
 }
+
+var skipNameValidation = true
 
 // Controller is the set of reconcilers Setup registered.
 type Controller struct {

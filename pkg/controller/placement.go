@@ -122,6 +122,7 @@ func Place(in PlacementInput) ([]Placement, error) {
 
 type placer struct {
 	in    PlacementInput
+	in0   PlacementInput // the input as given (messages judge the nodes before this call)
 	size  int64
 	taken map[string]bool // nodes with a replica of this volume (existing or placed now)
 	free  map[string]int64
@@ -130,7 +131,9 @@ type placer struct {
 }
 
 func newPlacer(in PlacementInput) *placer {
-	p := &placer{in: in, size: in.Size.Value(), taken: map[string]bool{}, free: map[string]int64{}, why: map[string][]string{}}
+	orig := in
+	in.Nodes = slices.Clone(in.Nodes) // take() counts placed replicas on its own copy
+	p := &placer{in: in, in0: orig, size: in.Size.Value(), taken: map[string]bool{}, free: map[string]int64{}, why: map[string][]string{}}
 	for _, r := range in.Existing {
 		p.taken[r.Node] = true
 	}
@@ -507,55 +510,51 @@ func (p *placer) sizeString() string {
 	return q.String()
 }
 
-// shortage explains why no node is left for a replica of type t.
+// shortage explains why no node is left for a replica of type t, judged on the nodes as
+// they were before this call placed anything.
 func (p *placer) shortage(t v1.ReplicaType, want int, zone *string) error {
+	p = newPlacer(p.in0)
 	constraint := ConstraintNodes
 	what := strconv.Itoa(want) + " " + string(t) + " replica(s)"
+	usable, room := 0, 0
+	var small []string
+	for i := range p.in.Nodes {
+		n := &p.in.Nodes[i]
+		if !p.usable(n, false) {
+			continue
+		}
+		usable++
+		switch {
+		case p.fits(n):
+			room++
+		case n.HasFree:
+			small = append(small, n.Name+" has "+resource.NewQuantity(p.free[n.Name], resource.BinarySI).String())
+		default:
+			small = append(small, n.Name+" reports no capacity")
+		}
+	}
+	msg := ""
 	if t == v1.ReplicaTypeDiskful {
-		// Did capacity decide it? Count usable nodes without room.
-		short := 0
-		for i := range p.in.Nodes {
-			n := &p.in.Nodes[i]
-			if p.usable(n, false) && !p.fits(n) {
-				short++
-			}
-		}
-		if short > 0 {
-			constraint = ConstraintCapacity
-		}
 		what += " with free capacity ≥ " + p.sizeString()
 	}
-	usable := 0
-	for i := range p.in.Nodes {
-		if p.usable(&p.in.Nodes[i], false) {
-			usable++
-		}
-	}
-	msg := "No node fits: need " + what + " in pool " + strconv.Quote(p.in.Config.StoragePool)
-	if len(p.in.Nodes) == 0 {
+	switch {
+	case len(p.in.Nodes) == 0:
 		constraint = ConstraintNoEligibleNodes
-		msg += ": the pool has no eligible nodes"
-	} else {
-		msg += ": " + strconv.Itoa(usable) + " usable node(s) left"
-		if t == v1.ReplicaTypeDiskful {
-			var small []string
-			for i := range p.in.Nodes {
-				n := &p.in.Nodes[i]
-				if p.usable(n, false) && !p.fits(n) {
-					if n.HasFree {
-						small = append(small, n.Name+" has "+resource.NewQuantity(p.free[n.Name], resource.BinarySI).String())
-					} else {
-						small = append(small, n.Name+" reports no capacity")
-					}
-				}
-			}
-			if len(small) > 0 {
-				sort.Strings(small)
-				msg += " (" + strings.Join(small, ", ") + ")"
-			}
+		msg = ": the pool has no eligible nodes"
+	case t == v1.ReplicaTypeDiskful:
+		if room < usable {
+			constraint = ConstraintCapacity
 		}
+		msg = ": " + strconv.Itoa(room) + " of " + strconv.Itoa(usable) + " usable node(s) have room"
+		if len(small) > 0 {
+			sort.Strings(small)
+			msg += " (" + strings.Join(small, ", ") + ")"
+		}
+	default:
+		msg = ": " + strconv.Itoa(usable) + " usable node(s)"
 	}
-	return &PlacementError{Constraint: constraint, Message: msg + p.excluded()}
+	return &PlacementError{Constraint: constraint, Message: "No node fits: need " + what + " in pool " +
+		strconv.Quote(p.in.Config.StoragePool) + msg + p.excluded()}
 }
 
 // excluded lists the nodes rules took out, "; excluded: a, b (agent not live); …".

@@ -127,7 +127,7 @@ func newCluster(t *testing.T, nodes ...nodeSpec) *cluster {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	name := testenv.Name(t)
-	cl := &cluster{t: t, ctx: ctx, c: env.Client, ns: name, prefix: name[len(name)-10:], pool: name, writes: &writes{},
+	cl := &cluster{t: t, ctx: ctx, c: env.Client, ns: name, prefix: "t" + strings.TrimLeft(name[len(name)-10:], "-"), pool: name, writes: &writes{},
 		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2}
 	t.Cleanup(cancel)
 	must(t, cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cl.ns}}))
@@ -267,8 +267,8 @@ func (cl *cluster) rvrs(rv string) []v1.ReplicatedVolumeReplica {
 }
 
 // eventually polls cond until it holds or 30 s pass.
-func (cl *cluster) eventually(what string, cond func() (bool, string)) {
-	cl.t.Helper()
+func (cl *cluster) eventually(t testing.TB, what string, cond func() (bool, string)) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	last := ""
 	for time.Now().Before(deadline) {
@@ -279,7 +279,7 @@ func (cl *cluster) eventually(what string, cond func() (bool, string)) {
 		last = why
 		time.Sleep(50 * time.Millisecond)
 	}
-	cl.t.Fatalf("timed out waiting for %s; last: %s", what, last)
+	t.Fatalf("timed out waiting for %s; last: %s", what, last)
 }
 
 // agentStatus writes an RVR's status as its agent would: server-side apply with field
@@ -304,7 +304,7 @@ func (cl *cluster) agentConfirm(rv string, rev int64, extra func(r *v1.Replicate
 		if r.Spec.Type == v1.ReplicaTypeDiskful {
 			disk = "UpToDate"
 		}
-		var peers []any
+		peers := []any{}
 		for j := range rvrs {
 			if j != i {
 				peers = append(peers, map[string]any{"name": rvrs[j].Name, "connectionState": "Connected"})

@@ -31,7 +31,7 @@ func TestVolumeLifecycle(t *testing.T) {
 
 	// Placement and allocation.
 	var got *v1.ReplicatedVolume
-	cl.eventually("three Diskful replicas on a, b, c", func() (bool, string) {
+	cl.eventually(t, "three Diskful replicas on a, b, c", func() (bool, string) {
 		rs := cl.rvrs(rv.Name)
 		var nodes []string
 		for _, r := range rs {
@@ -67,7 +67,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	for _, r := range cl.rvrs(rv.Name) {
 		cl.agentStatus(r.Name, map[string]any{"addresses": []any{"10.0.0.9"}})
 	}
-	cl.eventually("members published", func() (bool, string) {
+	cl.eventually(t, "members published", func() (bool, string) {
 		got = cl.rv(rv.Name)
 		return len(got.Status.Datamesh.Members) == 3 && got.Status.DatameshRevision > 0, phaseOf(got)
 	})
@@ -87,7 +87,7 @@ func TestVolumeLifecycle(t *testing.T) {
 
 	// The agents confirm the revision and report UpToDate: formation completes.
 	cl.agentConfirm(rv.Name, rev, nil)
-	cl.eventually("Ready", func() (bool, string) {
+	cl.eventually(t, "Ready", func() (bool, string) {
 		got = cl.rv(rv.Name)
 		return got.Status.Phase == v1.VolumePhaseReady, phaseOf(got)
 	})
@@ -109,7 +109,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rv.Name + "-" + cl.node("a")},
 		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: rv.Name, NodeName: cl.node("a")}}
 	must(t, cl.c.Create(cl.ctx, rva))
-	cl.eventually("attached", func() (bool, string) {
+	cl.eventually(t, "attached", func() (bool, string) {
 		got = cl.rv(rv.Name)
 		cl.agentConfirm(rv.Name, got.Status.DatameshRevision, nil)
 		a := &v1.ReplicatedVolumeAttachment{}
@@ -123,7 +123,7 @@ func TestVolumeLifecycle(t *testing.T) {
 
 	// Delete while attached: it waits, and says so.
 	must(t, cl.c.Delete(cl.ctx, rv))
-	cl.eventually("deletion waits for the attachment", func() (bool, string) {
+	cl.eventually(t, "deletion waits for the attachment", func() (bool, string) {
 		got = cl.rv(rv.Name)
 		c := cond(got.Status.Conditions, controller.ConditionDeleting)
 		return got.Status.Phase == v1.VolumePhaseDeleting && strings.Contains(c, "WaitingForDetach") && strings.Contains(c, rva.Name), c
@@ -132,7 +132,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		t.Fatalf("replicas deleted while the volume is attached: %d left", n)
 	}
 	must(t, cl.c.Delete(cl.ctx, rva))
-	cl.eventually("volume gone", func() (bool, string) {
+	cl.eventually(t, "volume gone", func() (bool, string) {
 		if cur := cl.rv(rv.Name); cur != nil {
 			cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, nil)
 			cl.agentReleaseDeleted(rv.Name)
