@@ -1,6 +1,5 @@
 // Command meshvol is the meshvol binary: one binary with a subcommand per role.
-// Each subcommand lives in a file of its own (controller.go, ...); `node` and `sandbox`
-// arrive with their features.
+// Each subcommand lives in a file of its own.
 package main
 
 import (
@@ -25,6 +24,7 @@ func usage(w io.Writer) {
 
 commands:
   controller run the control plane (meshvol controller --help explains its flags)
+  node       run the node agent of one node (meshvol node --help)
   version    print the version of this binary (-o json for JSON)`)
 }
 
@@ -62,6 +62,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 0
+	case "node":
+		return runNode(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return 0
