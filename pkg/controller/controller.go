@@ -11,10 +11,10 @@
 //
 // In a process of your own (the sandbox, an integration test):
 //
-//	mgr, err := controller.NewManager(cfg, controller.Options{Namespace: ns}, controller.ManagerOptions{})
-//	...
-//	go mgr.Start(ctx)
+//	err := controller.Run(ctx, cfg, controller.Options{Namespace: ns}) // until ctx ends
 //
+// or controller.NewManager(cfg, opts, controller.ManagerOptions{...}) for a manager to
+// start yourself,
 // or, with a manager you built (its cache must restrict Secrets and Leases to the
 // namespace: use CacheOptions), controller.Setup(mgr, opts).
 package controller
@@ -205,6 +205,17 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 }
 
 var skipNameValidation = true
+
+// Run builds a manager for cfg (no metrics or probe endpoints, no leader election) and
+// runs the controller until ctx ends: the one-call form for a process that runs the
+// controller beside other things (pkg/localcluster's ControllerFunc, the sandbox).
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	mgr, err := NewManager(cfg, o, ManagerOptions{})
+	if err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}
 
 // Controller is the set of reconcilers Setup registered.
 type Controller struct {
