@@ -77,7 +77,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(stderr, prefix, args) }, funcr.Options{Verbosity: *verbose})
 
-	restCfg, err := nodeRESTConfig(*kubeconfig)
+	restCfg, err := restConfig(*kubeconfig)
 	if err != nil {
 		fmt.Fprintf(stderr, "meshvol node: %v\n", err)
 		return 1
@@ -129,7 +129,8 @@ func envOr(key, def string) string {
 	return def
 }
 
-func nodeRESTConfig(kubeconfig string) (*rest.Config, error) {
+// restConfig is shared by the subcommands: --kubeconfig, or in-cluster.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
 		return clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}

@@ -26,8 +26,9 @@ func (h *harness) Driver(node string) drbd.Driver { return h.c.nodes[node] }
 
 func (h *harness) Resource(node string) *drbd.Resource {
 	return contract.CapturedResource(node, backing, func(o *drbd.OptionSet) {
-		o.Net.CramHMACAlg = drbd.Ptr(hmacAlg)
+		o.Net.CramHMACAlg = drbd.Ptr(h.c.hmacAlg)
 		o.Net.SharedSecret = drbd.Ptr(secret)
+		o.Net.VerifyAlg = drbd.Ptr(h.c.verifyAlg)
 		if h.tune != nil {
 			h.tune(o)
 		}
