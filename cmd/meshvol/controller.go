@@ -14,7 +14,6 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -187,21 +186,6 @@ func jsonLogger(w io.Writer, verbosity int) logr.Logger {
 	return funcr.NewJSON(func(obj string) { fmt.Fprintln(w, obj) }, funcr.Options{
 		LogTimestamp: true, TimestampFormat: time.RFC3339Nano, Verbosity: verbosity, LogCaller: funcr.Error,
 	})
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
-		}
-		return cfg, nil
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
-	}
-	return cfg, nil
 }
 
 // preflight checks, until timeout, that the apiserver answers and serves meshvol's five
