@@ -110,7 +110,7 @@ func (e *Engine) quietFindMember(name string) int {
 	if !s.nameTab.valid {
 		s.nameTab.build(s.st.Datamesh.Members, false)
 	}
-	return s.nameTab.find(s.st.Datamesh.Members, false, name)
+	return s.nameTab.find(name)
 }
 
 // quietRequests: the requests are sorted, none is a ForceLeave, each is a replica's
@@ -205,34 +205,11 @@ func (e *Engine) quietServe() bool {
 	s.rvaMember = resizeInts(s.rvaMember, len(rvas))
 	s.liveMembers = 0
 	ord := s.rvaOrd[:0]
-	if len(rvas) > 0 && len(ms) >= 4 {
-		s.nodeTab.build(ms, true)
-	}
-	slot, mask := s.nodeTab.slot, s.nodeTab.mask
 	for i, a := range rvas {
 		if a.DeletionTimestamp != nil {
 			return false
 		}
-		mi := -1
-		if node := a.Spec.NodeName; node != "" {
-			if len(ms) < 4 {
-				for k := range ms {
-					if ms[k].NodeName == node {
-						mi = k
-						break
-					}
-				}
-			} else {
-				// memberIndex.find, inlined: this loop runs once per RVA.
-				hs := hashName(node)
-				for h := hs & mask; slot[h] != 0; h = (h + 1) & mask {
-					if v := slot[h]; uint32(v>>32) == hs && ms[uint32(v)-1].NodeName == node {
-						mi = int(uint32(v)) - 1
-						break
-					}
-				}
-			}
-		}
+		mi := e.memberOnNode(a.Spec.NodeName)
 		s.rvaMember[i] = mi
 		att := false
 		if mi >= 0 {
