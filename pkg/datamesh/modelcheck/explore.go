@@ -208,6 +208,7 @@ func (c *Checker) process(w *World) (nw *World, changed bool, vs []Violation) {
 	prev, next := &w.RV.Status, &nw.RV.Status
 	vs = append(vs, CheckStatus(prev, next)...)
 	vs = append(vs, checkGMDR(s, w, prev, next)...)
+	vs = append(vs, checkRules(s, w, w.Floor, prev, next, w.ForceLeave)...)
 	for i := range next.Datamesh.Members {
 		if s.slotOf(next.Datamesh.Members[i].Name) < 0 {
 			vs = append(vs, Violation{InvUnknownMember, "member " + next.Datamesh.Members[i].Name + " is no replica of the volume"})
@@ -551,6 +552,8 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 			nw.RV.Generation++
 			nw.RV.Spec.ManualConfiguration.FailuresToTolerate = int32(a.FTT)
 			nw.RV.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = int32(a.GMDR)
+			nw.Floor.FailuresToTolerate = min(nw.Floor.FailuresToTolerate, int32(a.FTT))
+			nw.Floor.GuaranteedMinimumDataRedundancy = min(nw.Floor.GuaranteedMinimumDataRedundancy, int32(a.GMDR))
 		case ReqMaxAttach:
 			nw.setRV(w.RV.DeepCopy())
 			nw.RV.Generation++

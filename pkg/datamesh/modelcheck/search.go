@@ -101,6 +101,8 @@ func (c *Checker) worldHash(w *World) uint64 {
 	h.i64(int64(cfg.FailuresToTolerate))
 	h.i64(int64(cfg.GuaranteedMinimumDataRedundancy))
 	h.i64(int64(w.RV.Spec.MaxAttachments))
+	h.i64(int64(w.Floor.FailuresToTolerate))
+	h.i64(int64(w.Floor.GuaranteedMinimumDataRedundancy))
 	h.i64(int64(dpHash(&w.DP)))
 	for i := 0; i < w.DP.N; i++ {
 		r := &w.DP.Replicas[i]
@@ -158,7 +160,8 @@ func (c *Checker) visit(h uint64, b budget) bool {
 // (formation skips the initial sync: every disk starts UpToDate).
 func (c *Checker) Initial() (*World, error) {
 	s := c.S
-	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests}
+	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests,
+		Floor: v1alpha1.Layout{FailuresToTolerate: s.Config.FailuresToTolerate, GuaranteedMinimumDataRedundancy: s.Config.GuaranteedMinimumDataRedundancy}}
 	w.DP.N = len(s.Slots)
 	w.DP.Shadow = s.Shadow
 	for i := range s.Slots {

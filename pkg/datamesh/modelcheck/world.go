@@ -61,6 +61,12 @@ type World struct {
 
 	LossesLeft, RestartsLeft, RequestsLeft int8
 
+	// Floor is the protection the configuration history guarantees: the configuration
+	// the volume was formed with, lowered (per value) by every configuration lowered
+	// since, never raised. The checker derives it from the requests alone, apart from
+	// the engine's effective layout (R-floor).
+	Floor v1alpha1.Layout
+
 	// Caches of values derived from RV, which is never mutated once a
 	// world holds it (Process works on a deep copy): reset by setRV.
 	pub      *Snapshot
