@@ -154,9 +154,6 @@ type Engine struct {
 	reg      *Registry
 	features Features
 	s        scratch
-	// noQuiet turns the steady-state fast path off (tests compare it with the full path).
-	noQuiet    bool
-	quietHits  int  // how many calls the fast path answered (for tests)
 	checkIndex bool // tests: verify incremental index updates against a full rebuild
 }
 
