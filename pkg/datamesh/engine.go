@@ -151,9 +151,9 @@ type Result struct {
 // buffers so a steady reconcile allocates nothing; it is not safe for concurrent use:
 // give each worker its own Engine (they may share one Registry).
 type Engine struct {
-	reg      *Registry
-	features Features
-	s        scratch
+	reg        *Registry
+	features   Features
+	s          scratch
 	checkIndex bool // tests: verify incremental index updates against a full rebuild
 }
 

@@ -373,13 +373,20 @@ func (c *Checker) actions(w *World, buf []Action) []Action {
 			buf = append(buf, Action{Kind: ActPlace, Slot: -1, Arg: int8(k)})
 		}
 	}
-	if w.RequestsLeft > 0 {
+	if w.RequestsLeft > 0 || w.AttachLeft > 0 {
 		n := len(buf)
 		buf = c.requests(w, buf)
-		if s.Only != 0 {
+		only := s.Only
+		if w.RequestsLeft == 0 {
+			only = attachKinds
+			if s.Only != 0 {
+				only &= s.Only
+			}
+		}
+		if only != 0 {
 			k := n
 			for _, a := range buf[n:] {
-				if s.Only&(1<<a.Req) != 0 {
+				if only&(1<<a.Req) != 0 {
 					buf[k] = a
 					k++
 				}
@@ -437,6 +444,9 @@ func (c *Checker) placeSlot(w *World, wr WantedReplica) int {
 	}
 	return -1
 }
+
+// attachKinds are the requests Scenario.AttachRequests pays for.
+const attachKinds = 1<<ReqAttach | 1<<ReqDetach
 
 var configLayouts = [][2]int8{{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}, {2, 1}, {2, 2}}
 
@@ -535,7 +545,11 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 		}
 		nw.Wanted = append(nw.Wanted[:a.Arg:a.Arg], w.Wanted[a.Arg+1:]...)
 	case ActRequest:
-		nw.RequestsLeft--
+		if attachKinds&(1<<a.Req) != 0 && nw.AttachLeft > 0 {
+			nw.AttachLeft--
+		} else {
+			nw.RequestsLeft--
+		}
 		switch a.Req {
 		case ReqAttach:
 			nw.RVA |= 1 << i
