@@ -54,8 +54,6 @@ func NewNodeClient(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme
 	}, &v1.ReplicatedVolumeReplica{})
 }
 
-
-
 func newCachedClient(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts cache.Options, objs ...client.Object) (*CachedClient, error) {
 	ca, err := cache.New(cfg, opts)
 	if err != nil {

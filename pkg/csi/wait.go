@@ -21,9 +21,19 @@ const pollInterval = 50 * time.Millisecond
 // waitFor calls cond until it reports done or fails, or ctx (bounded by
 // DefaultMaxWait) ends; then it returns errTimedOut.
 func waitFor(ctx context.Context, cond func() (bool, error)) error {
-	if _, ok := ctx.Deadline(); !ok {
+	if d, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultMaxWait)
+		defer cancel()
+	} else {
+		// Stop a little before the caller's deadline, so that the answer saying what
+		// the volume waits for reaches the CO instead of its own "deadline exceeded".
+		margin := time.Until(d) / 10
+		if margin > time.Second {
+			margin = time.Second
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, d.Add(-margin))
 		defer cancel()
 	}
 	t := time.NewTicker(pollInterval)
