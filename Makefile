@@ -49,8 +49,12 @@ build: ## Build bin/meshvol from ./cmd/meshvol
 k8s: ## Build the real control plane and CSI sidecars into bin/k8s (hack/build-k8s.sh; no-op when up to date)
 	hack/build-k8s.sh
 
+.PHONY: deps
+deps: ## Install the Debian packages the tests need, when missing (hack/install-deps.sh; root, or it prints the apt-get line)
+	hack/install-deps.sh
+
 .PHONY: test
-test: k8s ## Run every test (unit and integration on the real apiserver); full log in _output/test.log
+test: deps k8s ## Run every test (unit and integration on the real apiserver); full log in _output/test.log
 	TEST_TIMEOUT=$(TEST_TIMEOUT) hack/test.sh $(TEST_PKGS)
 
 .PHONY: lint
@@ -97,3 +101,7 @@ distclean: clean ## Also remove bin/k8s and its wrapper build modules
 .PHONY: test-lvm-vm
 test-lvm-vm: ## pkg/storage/lvm against real lvm2 in a qemu VM (test/vm/README.md; minutes, not in `make test`)
 	hack/vm-test-lvm.sh
+
+.PHONY: test-drbd-vm
+test-drbd-vm: ## pkg/drbd (contract suite and real-DRBD checks) on DRBD 9.2.18 in three qemu VMs; needs DRBD_SRC (test/vm/README.md; not in `make test`)
+	DRBD_SRC=$(DRBD_SRC) hack/vm-test-drbd.sh
