@@ -6,6 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
 // Emergency operations (seed 000 §ForceRemoveReplica, "Transition parallelism"):
@@ -69,6 +70,10 @@ func (e *Engine) emergency() {
 			e.setRequestMessageString(r.Name, "Force-removal blocked: cannot confirm the member is unreachable: the agent of "+stale+" is not reporting")
 			continue
 		}
+		if msg := e.awaitReplacement(mi); msg != "" {
+			e.setRequestMessageString(r.Name, msg)
+			continue
+		}
 		batch = append(batch, i)
 	}
 	if len(batch) == 0 {
@@ -122,6 +127,89 @@ func (e *Engine) emergency() {
 	}
 	// Transitions that waited for the dead members may be done now: look again.
 	e.backward()
+}
+
+// awaitReplacement decides the order of replacing a lost voter (issue 8, item 7): it
+// returns why the force removal of member mi waits, or "".
+//
+// In an even voter set with a TieBreaker (2D+1TB losing a D) the survivors keep quorum
+// through DRBD's tiebreaker while the lost voter is still configured: one of two voters
+// plus the TB. Removing it leaves one voter under q=2 (the effective layout, and with it
+// q's floor, is held: docs/datamesh.md), and IO stops until a replacement D has joined.
+// So when the removal would take the survivors' quorum away and the layout wants a
+// replacement Diskful that is not yet ready to join, the removal waits for it: the
+// volume keeps serving IO meanwhile, however long placement takes (no free node, a
+// backing volume being created). Once a replacement is ready, the lost member is
+// removed and the replacement's AddReplica starts in the same reconcile; IO pauses only
+// for the few confirmation rounds until the new D's disk is attached.
+//
+// The other order — the replacement joins and syncs first, the lost member excluded
+// from the wait sets, then the removal — is not used: while the lost member is still
+// configured on the TieBreaker and the survivors, a voter step it never confirmed lets
+// it, if it is in fact alive behind a partition with the TB, keep the old quorum
+// through the tiebreaker while the survivors and the newcomer form a majority of the
+// new voter set: two writers (the model checker's "return behind a partition" finds
+// it). Holding q raised instead (TBHold) stops IO for the whole sync, which is worse
+// than the order above.
+func (e *Engine) awaitReplacement(mi int) string {
+	s := &e.s
+	m := &s.st.Datamesh.Members[mi]
+	if !e.mstate(mi).IsVoter() {
+		return ""
+	}
+	c := e.counts()
+	reporting := 0 // voters other than m whose agent reports and that are not being force-removed
+	for k := range s.st.Datamesh.Members {
+		if k == mi || !e.mstate(k).IsVoter() || e.forceLeaving(s.st.Datamesh.Members[k].Name) {
+			continue
+		}
+		if r := e.rvrOfMember(k); r != nil && !agentNotReady(r) {
+			reporting++
+		}
+	}
+	qNow := int(s.st.Datamesh.Quorum)
+	quorateNow := reporting >= qNow || (c.voters%2 == 0 && c.tb > 0 && reporting == qNow-1)
+	after := c.voters - 1
+	qAfter := layout.Quorum(after, e.effective().AfterMembershipChange(s.cfg, after, c.tb))
+	quorateAfter := reporting >= qAfter || (after%2 == 0 && c.tb > 0 && reporting == qAfter-1)
+	if !quorateNow || quorateAfter {
+		return ""
+	}
+	// A replacement is a Diskful replica object that is not a member and can join now.
+	// When the D members that stay already make the configured layout (it was lowered),
+	// no replacement is coming: nothing to wait for.
+	stay := 0
+	for j, r := range s.in.RVRs {
+		if r.DeletionTimestamp != nil || e.forceLeaving(r.Name) || r.Spec.Type != v1.ReplicaTypeDiskful {
+			continue
+		}
+		if s.rvrMember[j] >= 0 {
+			stay++
+		} else if e.joinReady(r, nil) == "" {
+			return ""
+		}
+	}
+	if stay >= s.cfg.DiskfulCount() {
+		return ""
+	}
+	return "Force-removal waits for a replacement Diskful replica ready to join: removing " + m.Name +
+		" now would leave " + strconv.Itoa(reporting) + " of " + strconv.Itoa(after) + " voters under q=" + strconv.Itoa(qAfter) +
+		" and stop IO, while the tiebreaker keeps the volume quorate until then"
+}
+
+// voterForceLeaving names a voter member with a ForceLeave request, or "": a new voter
+// joins only after it is gone (awaitReplacement).
+func (e *Engine) voterForceLeaving() string {
+	s := &e.s
+	if !s.anyForce {
+		return ""
+	}
+	for mi := range s.st.Datamesh.Members {
+		if name := s.st.Datamesh.Members[mi].Name; e.mstate(mi).IsVoter() && e.forceLeaving(name) && !e.forceInFlight(name) {
+			return name
+		}
+	}
+	return ""
 }
 
 // appendTransition adds a transition for plan p without publishing it.
