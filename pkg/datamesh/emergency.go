@@ -86,6 +86,20 @@ func (e *Engine) emergency() {
 			e.cancel(ti)
 		}
 	}
+	// A diskless member force-removed while another change of the diskless set is
+	// unconfirmed, with an even voter count: replicas disagree on which diskless members
+	// DRBD's tiebreaker needs a majority of (F6), and the removed one, if alive behind a
+	// partition, gives the side that still knows it its majority. So q is published one
+	// higher until the removal is confirmed: no side keeps quorum one vote short. A
+	// ChangeQuorum brings it back once everything is confirmed (settleLayout).
+	holdDiskless := false
+	if other, _ := e.disklessChangeInFlight(); other != "" && e.counts().voters%2 == 0 {
+		for _, ri := range batch {
+			if mi := e.memberIndex(s.st.DatameshReplicaRequests[ri].Name); mi >= 0 && isDiskless(e.mstate(mi)) {
+				holdDiskless = true
+			}
+		}
+	}
 	var started []int
 	for _, ri := range batch {
 		name := s.st.DatameshReplicaRequests[ri].Name
@@ -114,10 +128,18 @@ func (e *Engine) emergency() {
 	}
 	qBefore := s.st.Datamesh.Quorum
 	e.afterMembershipChange()
-	if e.otherHoldActive(-1) {
-		// A voter transition in flight holds q raised: keep it (a higher q is never less
-		// safe, seed 000's own argument for emergency preemption; finding F6).
-		s.st.Datamesh.Quorum = max(s.st.Datamesh.Quorum, qBefore)
+	// A force removal never lowers q. Its step is not confirmed by the removed member,
+	// and until every other replica has confirmed it, some of them (the TieBreaker, say)
+	// still connect to that member. If it is in fact alive behind a partition, it keeps
+	// the old quorum with them (through the tiebreaker in 2D+1TB) while the survivors
+	// that applied a lower q are quorate too: two writers. The model checker found it
+	// with a lost node returning behind a partition while the configuration was lowered
+	// (2D+1TB → 1D: q would drop to 1 at once). A lower q follows as a ChangeQuorum once
+	// the removal is confirmed (settleLayout). The same keeps a voter transition's hold
+	// in force (finding F6).
+	s.st.Datamesh.Quorum = max(s.st.Datamesh.Quorum, qBefore)
+	if holdDiskless {
+		s.st.Datamesh.Quorum = min(max(s.st.Datamesh.Quorum, int32(e.counts().voters/2+2)), 32)
 	}
 	rev := e.bump()
 	for _, ti := range started {
@@ -197,19 +219,43 @@ func (e *Engine) awaitReplacement(mi int) string {
 		" and stop IO, while the tiebreaker keeps the volume quorate until then"
 }
 
-// voterForceLeaving names a voter member with a ForceLeave request, or "": a new voter
-// joins only after it is gone (awaitReplacement).
+// voterForceLeaving names a lost voter that is not gone yet, or "": a voter member with
+// a ForceLeave request, or one whose ForceRemoveReplica is not confirmed by every
+// other replica. A new voter joins only after that (awaitReplacement): until the
+// removal is confirmed, a replica that has not applied it still connects to the lost
+// member, and a voter step published meanwhile gives a half-applied datamesh in which
+// the lost member, if alive behind a partition, keeps the old quorum with that replica
+// while the survivors and the newcomer form a quorum of the new one (the model
+// checker's "returns behind a partition", 3D and 2D+1TB).
 func (e *Engine) voterForceLeaving() string {
 	s := &e.s
+	ts := s.st.DatameshTransitions
+	for i := range ts {
+		if t := &ts[i]; t.Type == v1.TransitionForceRemoveReplica && StateOfMember(t.FromType).IsVoter() {
+			return t.ReplicaName
+		}
+	}
 	if !s.anyForce {
 		return ""
 	}
 	for mi := range s.st.Datamesh.Members {
-		if name := s.st.Datamesh.Members[mi].Name; e.mstate(mi).IsVoter() && e.forceLeaving(name) && !e.forceInFlight(name) {
+		if name := s.st.Datamesh.Members[mi].Name; e.mstate(mi).IsVoter() && e.forceLeaving(name) {
 			return name
 		}
 	}
 	return ""
+}
+
+// forceRemovalUnconfirmed: a ForceRemoveReplica is published and not yet confirmed by
+// every other replica. While it is, no step lowers q (see emergency).
+func (e *Engine) forceRemovalUnconfirmed() bool {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if ts[i].Type == v1.TransitionForceRemoveReplica {
+			return true
+		}
+	}
+	return false
 }
 
 // appendTransition adds a transition for plan p without publishing it.

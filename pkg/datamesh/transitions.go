@@ -79,11 +79,12 @@ func (e *Engine) publish(ti int, p *Plan, si int) {
 		switch {
 		case step.HoldQ:
 			st.Datamesh.Quorum = max(st.Datamesh.Quorum, int32(heldQuorum(before.voters, e.counts().voters, int(qBefore), tb)))
-		case holdActive(p, si) || e.otherHoldActive(ti):
+		case holdActive(p, si) || e.otherHoldActive(ti) || e.forceRemovalUnconfirmed():
 			// q stays held while this transition's hold lasts, and while another
 			// transition's does: a step of an unrelated member recomputes q by the
 			// formula, which must not drop a hold a voter transition in flight raised
-			// (model checker finding F6).
+			// (model checker finding F6), nor the q a force removal kept until every
+			// other replica has confirmed it (emergency).
 			st.Datamesh.Quorum = max(st.Datamesh.Quorum, qBefore)
 		}
 		rev = e.bump()
