@@ -141,6 +141,7 @@ func (e *Engine) emergency() {
 	if holdDiskless {
 		s.st.Datamesh.Quorum = min(max(s.st.Datamesh.Quorum, int32(e.counts().voters/2+2)), 32)
 	}
+	e.pin()
 	rev := e.bump()
 	for _, ti := range started {
 		ts := &s.st.DatameshTransitions[ti].Steps[0]
