@@ -28,6 +28,7 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/csi"
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/pluginreg"
 	"github.com/meshvol/meshvol/pkg/storage"
 	"github.com/meshvol/meshvol/pkg/storage/file"
 	"github.com/meshvol/meshvol/pkg/storage/lvm"
@@ -63,6 +64,8 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	metrics := fs.String("metrics-bind-address", ":9501", `Prometheus metrics endpoint; "0" disables it`)
 	verbose := fs.Int("v", 0, "log verbosity")
 	csiEndpoint := fs.String("csi-endpoint", "", csiEndpointUsage)
+	regDir := fs.String("kubelet-registration-dir", "", "register the CSI node service with the kubelet through a socket in this directory (the kubelet's <root-dir>/plugins_registry, e.g. "+pluginreg.DefaultDir+"), as node-driver-registrar would; needs --csi-endpoint; empty registers nothing")
+	regPath := fs.String("kubelet-csi-path", "", "the CSI socket's path as the kubelet sees it, when it differs from --csi-endpoint's (in a container); default --csi-endpoint's path")
 	maxVolumes := fs.Int64("max-volumes", 0, "max_volumes_per_node the CSI node service reports; 0 leaves the limit to Kubernetes")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: meshvol node [flags]\n\nRuns the node agent: renders each volume's datamesh into DRBD on this node, reports\nwhat the kernel runs in ReplicatedVolumeReplica status, renews the node's Lease.\n\nflags:")
@@ -76,6 +79,10 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	}
 	if *nodeName == "" {
 		fmt.Fprintln(stderr, "meshvol node: --node-name (or $NODE_NAME) is required")
+		return 2
+	}
+	if *regDir != "" && *csiEndpoint == "" {
+		fmt.Fprintln(stderr, "meshvol node: --kubelet-registration-dir registers the CSI node service: it needs --csi-endpoint")
 		return 2
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(stderr, prefix, args) }, funcr.Options{Verbosity: *verbose})
@@ -109,6 +116,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		return csi.RunNode(ctx, csi.NodeOptions{Endpoint: *csiEndpoint, Config: restCfg, Scheme: scheme,
 			NodeName: *nodeName, Zone: *zone, MaxVolumes: *maxVolumes, Log: logr.New(log.GetSink())})
 	})
+	waitReg := serveRegistration(ctx, *regDir, *csiEndpoint, *regPath, logr.New(log.GetSink()))
 	err = agent.Run(ctx, restCfg, scheme, agent.Config{
 		NodeName:         *nodeName,
 		Zone:             *zone,
@@ -125,7 +133,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		Log:              logr.New(log.GetSink()),
 	})
 	cancel()
-	if cerr := waitCSI(); cerr != nil {
+	if cerr := errors.Join(waitCSI(), waitReg()); cerr != nil {
 		fmt.Fprintf(stderr, "meshvol node: %v\n", cerr)
 		return 1
 	}

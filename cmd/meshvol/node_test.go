@@ -20,6 +20,14 @@ func TestNodeNeedsNodeName(t *testing.T) {
 	}
 }
 
+func TestNodeRegistrationNeedsCSIEndpoint(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"node", "--node-name", "n1", "--kubelet-registration-dir", t.TempDir()}, &out, &errb)
+	if code != 2 || !strings.Contains(errb.String(), "--csi-endpoint") {
+		t.Fatalf("exit %d, stderr %q: want 2 and a word about --csi-endpoint", code, errb.String())
+	}
+}
+
 func TestKernelAlgorithms(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "crypto")
 	data := "name         : hmac(sha256)\ndriver       : hmac(sha256-generic)\n\nname         : crc32c\n\nname         : sha1\n"

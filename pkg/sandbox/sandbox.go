@@ -26,12 +26,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/csi"
 	"github.com/meshvol/meshvol/pkg/kubecluster"
 	"github.com/meshvol/meshvol/pkg/localcluster"
 	"github.com/meshvol/meshvol/pkg/pluginreg"
+)
+
+// The sandbox's node-loss timings (see Start).
+const (
+	AgentLeaseDuration = 6 * time.Second
+	AgentRenewInterval = 2 * time.Second
+	AgentGracePeriod   = 3 * time.Second
 )
 
 // Options shape a sandbox.
@@ -182,8 +190,13 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		// A Primary's device is a real block device whose writes reach
 		// its peers before they complete: what the pods mount.
 		LoopDevices: true,
-		Controller: func(ctx context.Context, cfg *rest.Config) error {
-			return controller.Run(ctx, cfg, controller.Options{TaintLostNodes: taint})
+		// Node loss decided in seconds, as kube-controller-manager's
+		// 10 s node grace period and the kubelets' 2 s status updates
+		// allow (the production defaults are a 10 s Lease renewed every
+		// 3 s and a 10 s grace period).
+		Controller: localcluster.Controller(controller.Options{TaintLostNodes: taint, AgentGracePeriod: AgentGracePeriod}),
+		Agent: func(c *agent.Config) {
+			c.LeaseDuration, c.RenewInterval = AgentLeaseDuration, AgentRenewInterval
 		},
 		Log: log,
 	})
