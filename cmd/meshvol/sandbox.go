@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/meshvol/meshvol/pkg/kubecluster"
@@ -119,5 +118,3 @@ network. The image %[3]s is on every node.
 		time.Since(began).Round(100*time.Millisecond), filepath.Join(*dir, "logs"))
 	return code
 }
-
-var _ logr.Logger
