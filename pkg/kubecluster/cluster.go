@@ -433,9 +433,9 @@ func (c *Cluster) StopNodes() error {
 		if n.kubelet != nil {
 			errs = appendErr(errs, n.stop())
 		}
-	}
-	if len(c.Nodes) > 0 {
-		errs = appendErr(errs, unmountUnder(c.Dir))
+		// Only the node's own mounts: the caller's (a FUSE file system
+		// under Dir, say) are the caller's to undo.
+		errs = appendErr(errs, unmountUnder(n.Dir))
 	}
 	return errors.Join(errs...)
 }

@@ -22,7 +22,7 @@ const (
 	DemoDeployment = "demo"
 )
 
-// DemoWriter is the demonstration pod's script: on the first start it
+// demoScript is the demonstration pod's script: on the first start it
 // writes a file of random data and its checksum onto the volume; on every
 // start it checks the file against the checksum and says so in its log,
 // then stays up.
