@@ -68,9 +68,16 @@ generate: ## Regenerate deepcopy code and the CRDs in config/crd from pkg/apis
 	@# Remove what the previous run wrote so a CRD whose type is gone does not linger.
 	rm -f config/crd/storage.meshvol.io_*.yaml
 	$(CONTROLLER_GEN) crd paths=./pkg/apis/... output:crd:artifacts:config=config/crd
+	@# The chart installs the same CRDs (Helm's crds/ directory: created, never templated).
+	rm -f charts/meshvol/crds/storage.meshvol.io_*.yaml
+	cp config/crd/storage.meshvol.io_*.yaml charts/meshvol/crds/
+
+.PHONY: manifests
+manifests: k8s ## Render deploy/meshvol.yaml from charts/meshvol with default values (bin/k8s/helm)
+	hack/render-manifests.sh
 
 .PHONY: verify
-verify: ## Fail if `make generate` changes any generated file; then lint
+verify: k8s ## Fail if `make generate` or `make manifests` changes any generated file; then lint
 	hack/verify-generated.sh
 	$(MAKE) --no-print-directory lint
 
