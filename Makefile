@@ -93,6 +93,10 @@ modelcheck: ## Deep model check of the datamesh engine (about 17 min; timeout 2h
 bench: k8s ## Benchmarks of ./pkg/..., -count=5 (BENCH_COUNT) for benchstat
 	$(GO) test -run '^$$' -bench . -benchmem -count=$(BENCH_COUNT) ./pkg/...
 
+.PHONY: image
+image: ## Build the image as an OCI archive without a container engine: bin/image/meshvol.oci.tar (root; debootstrap, minutes cold)
+	hack/image.sh
+
 .PHONY: clean
 clean: ## Remove bin/meshvol and test output (keeps bin/k8s, which takes minutes to rebuild)
 	rm -rf bin/meshvol _output
