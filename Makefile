@@ -49,8 +49,12 @@ build: ## Build bin/meshvol from ./cmd/meshvol
 k8s: ## Build the real control plane and CSI sidecars into bin/k8s (hack/build-k8s.sh; no-op when up to date)
 	hack/build-k8s.sh
 
+.PHONY: deps
+deps: ## Install the Debian packages the tests need, when missing (hack/install-deps.sh; root, or it prints the apt-get line)
+	hack/install-deps.sh
+
 .PHONY: test
-test: k8s ## Run every test (unit and integration on the real apiserver); full log in _output/test.log
+test: deps k8s ## Run every test (unit and integration on the real apiserver); full log in _output/test.log
 	TEST_TIMEOUT=$(TEST_TIMEOUT) hack/test.sh $(TEST_PKGS)
 
 .PHONY: lint

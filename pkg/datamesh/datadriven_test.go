@@ -3,6 +3,7 @@ package datamesh
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,10 +106,20 @@ type world struct {
 	features Features
 	reg      *Registry
 	rsc      *v1.ReplicatedStorageClass
+	// published is every datamesh the engine published, by revision: what a replica
+	// that reports revision N runs (checkPrimaries).
+	published map[int64]attachSnapshot
+	lost      map[string]bool // replicas named in ForceLeave/ForceDetach: their node is gone
+}
+
+// attachSnapshot is what of a published datamesh decides who may be Primary.
+type attachSnapshot struct {
+	attached map[string]bool
+	multi    bool
 }
 
 func newWorld() *world {
-	w := &world{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	w := &world{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), published: map[int64]attachSnapshot{}, lost: map[string]bool{}}
 	w.pool = &Pool{Name: "pool", Available: true}
 	for i := 1; i <= 9; i++ {
 		w.pool.Nodes = append(w.pool.Nodes, v1.EligibleNode{NodeName: "n" + strconv.Itoa(i), Zone: "z" + strconv.Itoa((i-1)%3+1), Ready: true})
@@ -143,7 +154,15 @@ func (w *world) process(t testing.TB) (Result, error) {
 	// Every step also runs the full path (no steady-state shortcut) on a copy of the
 	// volume: both must agree on the status and on the result.
 	checkFullPath(t, w.reg, w.features, &full, w.rv, res, err)
+	for _, n := range w.force {
+		w.lost[n] = true
+	}
+	for _, n := range w.fdetach {
+		w.lost[n] = true
+	}
 	w.force, w.fdetach, w.cq = nil, nil, nil
+	w.recordPublished()
+	w.checkPrimaries(t)
 	w.last = res
 	return res, err
 }
@@ -383,6 +402,7 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 				w.rvr(n).Status.DatameshRevision = rev
 			}
 		}
+		w.checkPrimaries(t)
 		return "ok"
 	case "uptodate", "outdated":
 		ds := v1.DiskStateUpToDate
@@ -526,7 +546,29 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 			if r == nil {
 				t.Fatalf("no replica %q", n)
 			}
-			r.Status.Conditions = []metav1.Condition{{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg}}
+			setCondition(r, metav1.Condition{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg})
+		}
+		return "ok"
+	case "agent":
+		// agent r2 ready=false [reason=LeaseExpired] [message="..."]: the controller's
+		// AgentReady verdict on the replicas (docs/contract.md). ready=none removes it.
+		ready := argStr(t, d, "ready", "true")
+		c := metav1.Condition{Type: v1.ConditionAgentReady, Status: metav1.ConditionTrue,
+			Reason: argStr(t, d, "reason", v1.ReasonAgentLeaseValid), Message: argStr(t, d, "message", "")}
+		if ready == "false" {
+			c.Status = metav1.ConditionFalse
+			c.Reason = argStr(t, d, "reason", v1.ReasonAgentLeaseExpired)
+		}
+		for _, n := range w.names(d) {
+			r := w.rvr(n)
+			if r == nil {
+				t.Fatalf("no replica %q", n)
+			}
+			if ready == "none" {
+				r.Status.Conditions = slices.DeleteFunc(r.Status.Conditions, func(c metav1.Condition) bool { return c.Type == v1.ConditionAgentReady })
+				continue
+			}
+			setCondition(r, c)
 		}
 		return "ok"
 	case "pool":
@@ -647,4 +689,79 @@ func (w *world) place() string {
 		}
 	}
 	return b.String()
+}
+
+// setCondition replaces the condition of c's type on r, or appends it: the agent's and
+// the controller's conditions live side by side in one list keyed by type.
+func setCondition(r *v1.ReplicatedVolumeReplica, c metav1.Condition) {
+	for i := range r.Status.Conditions {
+		if r.Status.Conditions[i].Type == c.Type {
+			r.Status.Conditions[i] = c
+			return
+		}
+	}
+	r.Status.Conditions = append(r.Status.Conditions, c)
+}
+
+// recordPublished remembers the datamesh of the current revision (a revision's datamesh
+// never changes once published).
+func (w *world) recordPublished() {
+	st := &w.rv.Status
+	if _, ok := w.published[st.DatameshRevision]; ok {
+		return
+	}
+	snap := attachSnapshot{attached: map[string]bool{}, multi: st.Datamesh.Multiattach}
+	for _, m := range st.Datamesh.Members {
+		if m.Attached {
+			snap.attached[m.Name] = true
+		}
+	}
+	w.published[st.DatameshRevision] = snap
+}
+
+// checkPrimaries states the attachment rule by its meaning, after every reconcile of
+// every scenario, whatever the expected output says: a replica may be Primary when the
+// newest datamesh it has confirmed (the highest published revision not above the one it
+// reports) marks it attached. Two replicas that may be Primary must both run a datamesh
+// with multiattach on, and never more than two: otherwise an Attach was published before
+// a Detach was confirmed (or without multiattach), and a cut could leave two Primaries
+// writing. And a replica that may be Primary is still a member: removing it would take
+// a writer out of everyone's configuration. A replica of a lost node (ForceLeave, ForceDetach) is left out: that the
+// node is gone is what those inputs declare.
+func (w *world) checkPrimaries(t testing.TB) {
+	t.Helper()
+	var prim []string
+	multi := true
+	for _, r := range w.rvrs {
+		if w.lost[r.Name] {
+			continue
+		}
+		best := int64(-1)
+		for rev := range w.published {
+			if rev <= r.Status.DatameshRevision && rev > best {
+				best = rev
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		if snap := w.published[best]; snap.attached[r.Name] {
+			prim = append(prim, r.Name)
+			multi = multi && snap.multi
+			// A replica that may still be Primary is still a member: a removal starts only
+			// once its Detach is confirmed (NotAttached counts a Detach in flight).
+			member := false
+			for _, m := range w.rv.Status.Datamesh.Members {
+				member = member || m.Name == r.Name
+			}
+			if !member {
+				t.Fatalf("safety: %s may still be Primary (it confirmed revision %d, attached) but is no longer a member at revision %d",
+					r.Name, r.Status.DatameshRevision, w.rv.Status.DatameshRevision)
+			}
+		}
+	}
+	if len(prim) > 2 || (len(prim) == 2 && !multi) {
+		t.Fatalf("safety: %d replicas may be Primary at once (%v) at revision %d; multiattach in all their datameshes: %v",
+			len(prim), prim, w.rv.Status.DatameshRevision, multi)
+	}
 }

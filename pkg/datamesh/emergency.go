@@ -3,6 +3,8 @@ package datamesh
 import (
 	"strconv"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -143,7 +145,7 @@ func (e *Engine) attachmentInFlight(name string) bool {
 }
 
 // connectedFrom counts replicas with a ready agent that report a Connected DRBD
-// connection to name. A replica whose DRBDConfigured reason is AgentNotReady is not
+// connection to name. A replica whose agent is not ready (AgentReady=False) is not
 // counted here (its peers list may be stale): staleAgent blocks on it instead.
 func (e *Engine) connectedFrom(name string) int {
 	n := 0
@@ -163,7 +165,7 @@ func (e *Engine) connectedFrom(name string) int {
 
 // staleAgent returns the first replica (in name order) that could still hold a DRBD
 // connection to the member called name without saying so: one whose agent is not
-// reporting (DRBDConfigured reason AgentNotReady: its peers list is stale), or a member
+// reporting (AgentReady=False: its peers list is stale), or a member
 // whose replica object is gone (no status at all). Decision D2: such a replica may be the
 // one still connected to name and running the old configuration with it; together they
 // can hold the old quorum while the rest, with name removed, keeps quorum through a
@@ -201,20 +203,33 @@ func (e *Engine) staleAgent(name string) string {
 }
 
 // upToDate: the replica reports an UpToDate disk and its agent is reporting. A replica
-// whose DRBDConfigured reason is AgentNotReady keeps its last report (often UpToDate) for
-// ever once its node is gone, so it never counts as a copy for guards, qmr or the choice
-// of which D to give up (model checker finding F1).
+// whose agent is not ready keeps its last report (often UpToDate) for ever once its node
+// is gone, so it never counts as a copy for guards, qmr or the choice of which D to give
+// up (model checker finding F1).
 func upToDate(r *v1.ReplicatedVolumeReplica) bool {
 	return r != nil && r.Status.DiskState == v1.DiskStateUpToDate && !agentNotReady(r)
 }
 
+// agentNotReady: the controller's AgentReady condition on the replica says its agent is
+// not reporting (its node's Lease expired beyond the grace period, or there is none), so
+// everything else in its status is the last thing the agent said, not what holds now.
+// The controller owns AgentReady (docs/contract.md); the agent owns the rest of the
+// status and cannot report its own silence. A replica without the condition is taken as
+// reporting: the controller writes it for every replica it sees, and a missing one means
+// it has not looked yet, not that the agent is silent. Unknown counts as not ready: the
+// guards that read this (F1, D2) must not trust a report nobody vouches for.
 func agentNotReady(r *v1.ReplicatedVolumeReplica) bool {
+	c := agentReadyCondition(r)
+	return c != nil && c.Status != metav1.ConditionTrue
+}
+
+func agentReadyCondition(r *v1.ReplicatedVolumeReplica) *metav1.Condition {
 	for k := range r.Status.Conditions {
-		if c := &r.Status.Conditions[k]; c.Type == v1.ConditionDRBDConfigured {
-			return c.Reason == v1.ReasonAgentNotReady
+		if c := &r.Status.Conditions[k]; c.Type == v1.ConditionAgentReady {
+			return c
 		}
 	}
-	return false
+	return nil
 }
 
 // forceDetach clears name's attachment without waiting for it.

@@ -86,12 +86,19 @@ func perturb(t *testing.T, w *world, rng *rand.Rand) {
 		}
 	case 2:
 		if r := pick(); r != nil {
-			reason := []string{v1.ReasonAgentNotReady, v1.ReasonConfigured, v1.ReasonApplyingConfiguration}[rng.Intn(3)]
-			st := metav1.ConditionFalse
-			if reason == v1.ReasonConfigured {
-				st = metav1.ConditionTrue
+			switch rng.Intn(4) {
+			case 0: // the controller says the agent is silent
+				setCondition(r, metav1.Condition{Type: v1.ConditionAgentReady, Status: metav1.ConditionFalse, Reason: v1.ReasonAgentLeaseExpired})
+			case 1: // and back
+				setCondition(r, metav1.Condition{Type: v1.ConditionAgentReady, Status: metav1.ConditionTrue, Reason: v1.ReasonAgentLeaseValid})
+			default:
+				reason := []string{v1.ReasonConfigured, v1.ReasonApplyingConfiguration}[rng.Intn(2)]
+				st := metav1.ConditionFalse
+				if reason == v1.ReasonConfigured {
+					st = metav1.ConditionTrue
+				}
+				setCondition(r, metav1.Condition{Type: v1.ConditionDRBDConfigured, Status: st, Reason: reason})
 			}
-			r.Status.Conditions = []metav1.Condition{{Type: v1.ConditionDRBDConfigured, Status: st, Reason: reason}}
 		}
 	case 3:
 		if r := pick(); r != nil {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
@@ -585,9 +587,9 @@ func requestPrefix(t v1.TransitionType) string {
 //
 //	3/4 replicas confirmed revision 7. Waiting: [#2]. Errors: #2 DRBDConfigured/Reason: msg
 //
-// Errors lists the waiting replicas whose DRBDConfigured condition is not True, except
-// the normal in-flight reason ApplyingConfiguration and a joining replica's own
-// PendingDatameshJoin.
+// Errors lists the waiting replicas whose agent is not reporting (AgentReady not True),
+// and those whose DRBDConfigured condition is not True, except the normal in-flight
+// reason ApplyingConfiguration and a joining replica's own PendingDatameshJoin.
 func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev int64, w WaitSet) []byte {
 	total := popcount(w.Must)
 	ok := popcount(w.Must & w.Confirmed)
@@ -659,40 +661,48 @@ func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev in
 	return b
 }
 
-// appendError appends r's DRBDConfigured error, labelled "#id" (or name when id < 0).
+// appendError appends r's error, labelled "#id" (or name when id < 0): its AgentReady
+// condition when the controller says its agent is not reporting (the agent's own
+// conditions are then stale), else its DRBDConfigured condition when that is not True.
 func (e *Engine) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int, name string, t *v1.DatameshTransition, step *Step, errStart int) []byte {
 	if r == nil {
 		return b
 	}
-	for k := range r.Status.Conditions {
-		c := &r.Status.Conditions[k]
-		if c.Type != v1.ConditionDRBDConfigured || c.Status == "True" {
-			continue
+	c := agentReadyCondition(r)
+	if c == nil || c.Status == metav1.ConditionTrue {
+		c = nil
+		for k := range r.Status.Conditions {
+			if d := &r.Status.Conditions[k]; d.Type == v1.ConditionDRBDConfigured {
+				c = d
+				break
+			}
 		}
-		if c.Reason == v1.ReasonApplyingConfiguration || c.Reason == v1.ReasonConfigured {
+		if c == nil || c.Status == metav1.ConditionTrue ||
+			c.Reason == v1.ReasonApplyingConfiguration || c.Reason == v1.ReasonConfigured {
 			return b
 		}
 		if c.Reason == v1.ReasonPendingDatameshJoin && r.Name == t.ReplicaName && step.From == StateNew {
 			return b
 		}
-		if len(b) == errStart {
-			b = append(b, " Errors: "...)
-		} else {
-			b = append(b, ", "...)
-		}
-		if id >= 0 {
-			b = append(b, '#')
-			b = strconv.AppendInt(b, int64(id), 10)
-		} else {
-			b = append(b, name...)
-		}
-		b = append(b, " DRBDConfigured/"...)
-		b = append(b, c.Reason...)
-		if c.Message != "" {
-			b = append(b, ": "...)
-			b = append(b, c.Message...)
-		}
-		return b
+	}
+	if len(b) == errStart {
+		b = append(b, " Errors: "...)
+	} else {
+		b = append(b, ", "...)
+	}
+	if id >= 0 {
+		b = append(b, '#')
+		b = strconv.AppendInt(b, int64(id), 10)
+	} else {
+		b = append(b, name...)
+	}
+	b = append(b, ' ')
+	b = append(b, c.Type...)
+	b = append(b, '/')
+	b = append(b, c.Reason...)
+	if c.Message != "" {
+		b = append(b, ": "...)
+		b = append(b, c.Message...)
 	}
 	return b
 }

@@ -119,7 +119,7 @@ func (s *streamReader) Read(p []byte) (int, error) {
 		werr := s.cmd.Wait()
 		s.cancel()
 		if code := s.cmd.ProcessState.ExitCode(); werr != nil && code != 0 {
-			stderr := s.stderr.String()
+			stderr := cleanStderr(s.stderr.Bytes())
 			c, kind := classify(stderr)
 			return n, &CommandError{Args: s.argv, ExitCode: code, Stderr: stderr, StateCode: c, Kind: kind}
 		}

@@ -21,7 +21,9 @@ type ExecConfig struct {
 	// finds "its" host section by comparing with uname -n; when the
 	// Kubernetes node name differs from the kernel host name, the driver
 	// tells drbdadm through __DRBD_NODE__ (drbdadm's own override). Empty:
-	// rely on uname -n.
+	// rely on uname -n. drbdadm then opens its stderr with "found
+	// __DRBD_NODE__ in environment / PRETENDING that I am >>node<<"; the
+	// driver drops those lines from its errors (cleanStderr).
 	NodeName string
 	// ConfDir holds one <name>.res per resource. Every drbdadm call names
 	// its file with -c, so nothing depends on /etc/drbd.conf includes.
@@ -104,7 +106,7 @@ func (d *ExecDriver) run(ctx context.Context, timeout time.Duration, argv ...str
 	res, err := d.cfg.Exec.Run(callCtx, argv, d.env())
 	d.cfg.Log.Debug("drbd command", "argv", argv, "exit", res.ExitCode, "took", time.Since(start))
 	if err != nil {
-		ce := &CommandError{Args: argv, ExitCode: -1, Stderr: string(res.Stderr), Err: err, Kind: ErrCommandFailed}
+		ce := &CommandError{Args: argv, ExitCode: -1, Stderr: cleanStderr(res.Stderr), Err: err, Kind: ErrCommandFailed}
 		if errors.Is(callCtx.Err(), context.DeadlineExceeded) {
 			// Killed: whether the kernel applied the change is unknown, so
 			// the caller must re-observe, not assume.
@@ -115,8 +117,9 @@ func (d *ExecDriver) run(ctx context.Context, timeout time.Duration, argv ...str
 		return res, ce
 	}
 	if res.ExitCode != 0 {
-		code, kind := classify(string(res.Stderr))
-		return res, &CommandError{Args: argv, ExitCode: res.ExitCode, Stderr: string(res.Stderr), StateCode: code, Kind: kind}
+		stderr := cleanStderr(res.Stderr)
+		code, kind := classify(stderr)
+		return res, &CommandError{Args: argv, ExitCode: res.ExitCode, Stderr: stderr, StateCode: code, Kind: kind}
 	}
 	return res, nil
 }

@@ -1,7 +1,9 @@
 package drbd
 
 import (
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 )
@@ -148,6 +150,12 @@ type NetOptions struct {
 	// authentication. Validate requires both or neither.
 	CramHMACAlg  string
 	SharedSecret string
+	// VerifyAlg is the digest online verify compares blocks with; empty
+	// means no verify-alg, and then DRBD refuses `verify` (-14 "Need a
+	// verify algorithm to start online verify"). Both ends of a connection
+	// must agree (DRBD drops a connection whose peer has another one), so
+	// it is negotiated per resource like CramHMACAlg (see Negotiate).
+	VerifyAlg string
 	// AllowRemoteRead is the default for every connection.
 	AllowRemoteRead bool
 }
@@ -187,6 +195,7 @@ type NetOptionSet struct {
 	AllowTwoPrimaries *bool
 	CramHMACAlg       *string
 	SharedSecret      *string
+	VerifyAlg         *string
 	AllowRemoteRead   *bool
 }
 
@@ -213,6 +222,7 @@ func DefaultOptions() OptionSet {
 			AllowTwoPrimaries: Ptr(false),
 			CramHMACAlg:       Ptr(""),
 			SharedSecret:      Ptr(""),
+			VerifyAlg:         Ptr(""),
 			AllowRemoteRead:   Ptr(true),
 		},
 		Disk: DiskOptionSet{
@@ -244,6 +254,7 @@ func Resolve(defaults OptionSet, chain ...OptionSet) Options {
 			AllowTwoPrimaries: deref(acc.Net.AllowTwoPrimaries),
 			CramHMACAlg:       deref(acc.Net.CramHMACAlg),
 			SharedSecret:      deref(acc.Net.SharedSecret),
+			VerifyAlg:         deref(acc.Net.VerifyAlg),
 			AllowRemoteRead:   deref(acc.Net.AllowRemoteRead),
 		},
 		Disk: DiskOptions{
@@ -266,6 +277,7 @@ func overlay(base, over OptionSet) OptionSet {
 	pick(&base.Net.AllowTwoPrimaries, over.Net.AllowTwoPrimaries)
 	pick(&base.Net.CramHMACAlg, over.Net.CramHMACAlg)
 	pick(&base.Net.SharedSecret, over.Net.SharedSecret)
+	pick(&base.Net.VerifyAlg, over.Net.VerifyAlg)
 	pick(&base.Net.AllowRemoteRead, over.Net.AllowRemoteRead)
 	pick(&base.Disk.DiscardZeroesIfAligned, over.Disk.DiscardZeroesIfAligned)
 	pick(&base.Disk.RsDiscardGranularity, over.Disk.RsDiscardGranularity)
@@ -300,11 +312,42 @@ func (o Options) String() string {
 		o.Resource.OnNoDataAccessible, o.Resource.AutoPromote)
 	secret := ""
 	if o.Net.SharedSecret != "" {
-		secret = "<redacted>"
+		secret = Redacted
 	}
-	fmt.Fprintf(&b, "protocol=%s allow-two-primaries=%t cram-hmac-alg=%q shared-secret=%q allow-remote-read=%t ",
-		o.Net.Protocol, o.Net.AllowTwoPrimaries, o.Net.CramHMACAlg, secret, o.Net.AllowRemoteRead)
+	fmt.Fprintf(&b, "protocol=%s allow-two-primaries=%t cram-hmac-alg=%q shared-secret=%q verify-alg=%q allow-remote-read=%t ",
+		o.Net.Protocol, o.Net.AllowTwoPrimaries, o.Net.CramHMACAlg, secret, o.Net.VerifyAlg, o.Net.AllowRemoteRead)
 	fmt.Fprintf(&b, "discard-zeroes-if-aligned=%t rs-discard-granularity=%d non-voting=%t",
 		o.Disk.DiscardZeroesIfAligned, o.Disk.RsDiscardGranularity, o.Disk.NonVoting)
 	return b.String()
 }
+
+// String prints the net options with the shared secret redacted; GoString,
+// MarshalJSON and LogValue do the same, so that printing a Resource, its
+// Options or its NetOptions in any way (%v, %+v, %#v, JSON, slog) never
+// shows the secret.
+func (n NetOptions) String() string {
+	secret := ""
+	if n.SharedSecret != "" {
+		secret = Redacted
+	}
+	return fmt.Sprintf("{Protocol:%s AllowTwoPrimaries:%t CramHMACAlg:%s SharedSecret:%s VerifyAlg:%s AllowRemoteRead:%t}",
+		n.Protocol, n.AllowTwoPrimaries, n.CramHMACAlg, secret, n.VerifyAlg, n.AllowRemoteRead)
+}
+
+func (n NetOptions) GoString() string { return "drbd.NetOptions" + n.String() }
+
+func (n NetOptions) LogValue() slog.Value { return slog.StringValue(n.String()) }
+
+// MarshalJSON redacts the secret (see String).
+func (n NetOptions) MarshalJSON() ([]byte, error) {
+	type plain NetOptions // no methods: no recursion
+	p := plain(n)
+	if p.SharedSecret != "" {
+		p.SharedSecret = Redacted
+	}
+	return json.Marshal(p)
+}
+
+// GoString and LogValue of Options redact like String.
+func (o Options) GoString() string     { return "drbd.Options{" + o.String() + "}" }
+func (o Options) LogValue() slog.Value { return slog.StringValue(o.String()) }

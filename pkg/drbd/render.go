@@ -58,6 +58,9 @@ func Render(r *Resource, f Features) ([]byte, error) {
 		w.line("cram-hmac-alg %s;", o.Net.CramHMACAlg)
 		w.line("shared-secret %q;", o.Net.SharedSecret)
 	}
+	if o.Net.VerifyAlg != "" {
+		w.line("verify-alg %s;", o.Net.VerifyAlg)
+	}
 	w.close()
 
 	// This node.

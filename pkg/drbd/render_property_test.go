@@ -67,6 +67,9 @@ func TestRenderRandomValidModelsAcceptedByDrbdadm(t *testing.T) {
 			Disk: DiskOptionSet{DiscardZeroesIfAligned: Ptr(rng.IntN(2) == 0), RsDiscardGranularity: Ptr(int32(512 * rng.IntN(2049)))},
 		}
 		if rng.IntN(2) == 0 {
+			set.Net.VerifyAlg = Ptr(VerifyAlgPreference[rng.IntN(len(VerifyAlgPreference))])
+		}
+		if rng.IntN(2) == 0 {
 			set.Net.CramHMACAlg = Ptr([]string{"sha1", "sha256", "sha512", "md5"}[rng.IntN(4)])
 			secret := make([]byte, 1+rng.IntN(MaxSharedSecretLen))
 			for j := range secret {

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 )
 
 // ShowResource is one element of `drbdsetup show --json`: the configuration
@@ -107,12 +111,63 @@ func (o *ShowOptions) UnmarshalJSON(b []byte) error {
 		case json.Unmarshal(v, &n) == nil:
 			out[k] = n.String()
 		default:
-			return fmt.Errorf("option %q: value %s is not a string, number or boolean", k, strconv.Quote(string(v)))
+			val := strconv.Quote(string(v))
+			if secretKeys[k] {
+				val = Redacted
+			}
+			return fmt.Errorf("option %q: value %s is not a string, number or boolean", k, val)
 		}
 	}
 	*o = out
 	return nil
 }
+
+// secretKeys are the option keys whose values never leave the agent.
+var secretKeys = map[string]bool{"shared-secret": true}
+
+// Secret returns an option's value even when it is a secret: the only way
+// to read one (String, %v, %#v, JSON and slog all print Redacted).
+func (o ShowOptions) Secret(key string) string { return o[key] }
+
+// redacted is o with every secret value replaced by Redacted.
+func (o ShowOptions) redacted() map[string]string {
+	out := make(map[string]string, len(o))
+	for k, v := range o {
+		if secretKeys[k] {
+			v = Redacted
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// String prints the options in key order with secrets redacted.
+// `drbdsetup show --json` prints the shared secret in clear, and show
+// output is exactly what ends up in a debug log or an error message; so
+// every way of printing ShowOptions (String, GoString, MarshalJSON,
+// LogValue) redacts, and only Secret reads one.
+func (o ShowOptions) String() string {
+	r := o.redacted()
+	var b strings.Builder
+	b.WriteString("map[")
+	for i, k := range slices.Sorted(maps.Keys(r)) {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(k + ":" + r[k])
+	}
+	b.WriteByte(']')
+	return b.String()
+}
+
+// GoString makes %#v redact too.
+func (o ShowOptions) GoString() string { return "drbd.ShowOptions" + o.String() }
+
+// MarshalJSON writes the options with secrets redacted (see String).
+func (o ShowOptions) MarshalJSON() ([]byte, error) { return json.Marshal(o.redacted()) }
+
+// LogValue makes slog print the options redacted, whichever handler.
+func (o ShowOptions) LogValue() slog.Value { return slog.StringValue(o.String()) }
 
 // ParseShowJSON parses the output of `drbdsetup show --json`.
 func ParseShowJSON(data []byte) ([]ShowResource, error) {

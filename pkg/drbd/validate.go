@@ -205,11 +205,12 @@ func validateOptions(p *problems, o Options, f Features) {
 			break
 		}
 	}
-	if alg := o.Net.CramHMACAlg; alg != "" {
-		if len(alg) > 63 || strings.IndexFunc(alg, func(c rune) bool {
-			return (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' && c != '(' && c != ')'
-		}) >= 0 {
-			p.addf("net.cramHMACAlg %q: must be a kernel hash name such as sha256 (lowercase letters, digits, '-', '(', ')'; at most 63 bytes)", alg)
+	for _, a := range []struct{ field, alg, example string }{
+		{"net.cramHMACAlg", o.Net.CramHMACAlg, "sha256"},
+		{"net.verifyAlg", o.Net.VerifyAlg, "crc32c"},
+	} {
+		if a.alg != "" && !kernelHashName(a.alg) {
+			p.addf("%s %q: must be a kernel hash name such as %s (lowercase letters, digits, '-', '(', ')'; at most 63 bytes)", a.field, a.alg, a.example)
 		}
 	}
 	if g := o.Disk.RsDiscardGranularity; g < 0 || g > 1<<20 || (g != 0 && g%512 != 0) {
@@ -218,6 +219,14 @@ func validateOptions(p *problems, o Options, f Features) {
 	if o.Disk.NonVoting && !f.NonVoting {
 		p.addf("disk.nonVoting: the installed DRBD does not support non-voting (upstream 9.2 has no such option)")
 	}
+}
+
+// kernelHashName: what the kernel's crypto API accepts as an algorithm
+// name (CRYPTO_MAX_ALG_NAME is 64 with the NUL).
+func kernelHashName(alg string) bool {
+	return len(alg) <= 63 && strings.IndexFunc(alg, func(c rune) bool {
+		return (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' && c != '(' && c != ')'
+	}) < 0
 }
 
 func family(ip netip.Addr) string {

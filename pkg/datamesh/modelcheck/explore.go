@@ -28,7 +28,7 @@ const (
 	// ActResync: a replica's attached disk finishes syncing from a connected
 	// UpToDate peer.
 	ActResync
-	// ActRestart: a replica's agent stops reporting (AgentNotReady); the
+	// ActRestart: a replica's agent stops reporting (AgentReady=False); the
 	// kernel keeps what it runs.
 	ActRestart
 	// ActRecover: the agent reports again.

@@ -119,7 +119,7 @@ func FuzzInput(data []byte) *datamesh.Input {
 	for k := 0; k < names; k++ {
 		in.Pool.Nodes = append(in.Pool.Nodes, v1alpha1.EligibleNode{NodeName: node(k), Zone: Zones[k%3], Ready: b.intn(6) != 0})
 	}
-	reasons := []string{v1alpha1.ReasonConfigured, v1alpha1.ReasonAgentNotReady, v1alpha1.ReasonApplyingConfiguration,
+	reasons := []string{v1alpha1.ReasonConfigured, v1alpha1.ReasonApplyingConfiguration,
 		v1alpha1.ReasonPendingDatameshJoin, v1alpha1.ReasonConfigurationFailed}
 	disks := []v1alpha1.DiskState{v1alpha1.DiskStateUpToDate, v1alpha1.DiskStateDiskless, v1alpha1.DiskStateInconsistent,
 		v1alpha1.DiskStateOutdated, v1alpha1.DiskStateAttaching, v1alpha1.DiskStateUnknown, v1alpha1.DiskStateFailed}
@@ -158,6 +158,17 @@ func FuzzInput(data []byte) *datamesh.Input {
 			}
 			rs.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionDRBDConfigured, Status: status, Reason: reason,
 				Message: "fuzz", LastTransitionTime: metav1.NewTime(epoch)}}
+		}
+		// The controller's liveness verdict: absent, True, False or Unknown.
+		if v := b.intn(4); v != 0 {
+			c := metav1.Condition{Type: v1alpha1.ConditionAgentReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAgentLeaseValid,
+				Message: "fuzz", LastTransitionTime: metav1.NewTime(epoch)}
+			if v == 2 {
+				c.Status, c.Reason = metav1.ConditionFalse, v1alpha1.ReasonAgentLeaseExpired
+			} else if v == 3 {
+				c.Status, c.Reason = metav1.ConditionUnknown, v1alpha1.ReasonAgentLeaseMissing
+			}
+			rs.Conditions = append(rs.Conditions, c)
 		}
 		peers := b.bits(names)
 		for j := 0; j < names; j++ {

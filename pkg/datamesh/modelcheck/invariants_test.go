@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func status(q, qmr int32, eff *v1alpha1.Layout, types ...v1alpha1.MemberType) *v1alpha1.ReplicatedVolumeStatus {
@@ -107,11 +108,11 @@ func TestRVRReportsWhatTheReplicaRuns(t *testing.T) {
 		r.Status.Conditions[0].Reason != v1alpha1.ReasonConfigured || len(r.Status.Peers) != 2 || r.Status.Peers[0].ConnectionState != "Connected" {
 		t.Fatalf("formed replica: %+v", r.Status)
 	}
-	// A lost node: AgentNotReady, its report frozen with "Connected"
+	// A lost node: AgentReady=False, its report frozen with "Connected"
 	// peers; the live peers see it gone.
 	w.DP.Replicas[0].Alive, w.DP.Replicas[0].AgentReady = false, false
 	r = w.RVR(s, 0)
-	if r.Status.Conditions[0].Reason != v1alpha1.ReasonAgentNotReady || r.Status.Peers[0].ConnectionState != "Connected" {
+	if r.Status.Conditions[1].Type != v1alpha1.ConditionAgentReady || r.Status.Conditions[1].Status != metav1.ConditionFalse || r.Status.Peers[0].ConnectionState != "Connected" {
 		t.Fatalf("lost replica: %+v", r.Status)
 	}
 	if p := w.RVR(s, 1).Status.Peers[0]; p.Name != "r0" || p.ConnectionState == "Connected" {

@@ -167,8 +167,8 @@ func reportedRevision(r *Replica, slot int) int64 {
 }
 
 // RVR builds slot i's ReplicatedVolumeReplica as its agent would report it.
-// A replica whose agent is not ready keeps its last report (stale), with
-// DRBDConfigured=AgentNotReady; a dead node's report stays stale forever,
+// A replica whose agent is not ready keeps its last report (stale), and the
+// controller marks it AgentReady=False; a dead node's report stays stale forever,
 // including the connections it had, so a guard that trusts it would be
 // wrong (seed 000, MemberUnreachable).
 func (w *World) RVR(s *Scenario, i int) *v1alpha1.ReplicatedVolumeReplica {
@@ -195,19 +195,25 @@ func (w *World) RVR(s *Scenario, i int) *v1alpha1.ReplicatedVolumeReplica {
 	st.Addresses = []string{"10.0.0." + strconv.Itoa(i+1)}
 	st.DatameshRevision = reportedRevision(r, i)
 	member := r.Applied.Member(i)
+	// DRBDConfigured is the agent's; while the agent is silent it is whatever the agent
+	// last wrote, which for the revision the node still runs is what it would write now.
+	// AgentReady is the controller's verdict from the node's Lease.
 	reason, status := v1alpha1.ReasonConfigured, metav1.ConditionTrue
 	switch {
-	case !r.AgentReady:
-		reason, status = v1alpha1.ReasonAgentNotReady, metav1.ConditionUnknown
 	case member == nil:
 		reason, status = v1alpha1.ReasonPendingDatameshJoin, metav1.ConditionFalse
 	case r.Applied.Revision < w.RV.Status.DatameshRevision:
 		reason, status = v1alpha1.ReasonApplyingConfiguration, metav1.ConditionFalse
 	}
+	ready := metav1.Condition{Type: v1alpha1.ConditionAgentReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAgentLeaseValid,
+		Message: "model checker", ObservedGeneration: 1, LastTransitionTime: metav1.NewTime(epoch)}
+	if !r.AgentReady {
+		ready.Status, ready.Reason = metav1.ConditionFalse, v1alpha1.ReasonAgentLeaseExpired
+	}
 	st.Conditions = []metav1.Condition{{
 		Type: v1alpha1.ConditionDRBDConfigured, Status: status, Reason: reason,
 		Message: "model checker", ObservedGeneration: 1, LastTransitionTime: metav1.NewTime(epoch),
-	}}
+	}, ready}
 	if member == nil {
 		return rvr
 	}

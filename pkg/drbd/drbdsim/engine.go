@@ -131,7 +131,7 @@ func (c *Cluster) canConnect(r *resource, k *conn, pr *resource, pk *conn) bool 
 		return false
 	}
 	a, b := r.cfg.Options.Net, pr.cfg.Options.Net
-	return a.SharedSecret == b.SharedSecret && a.CramHMACAlg == b.CramHMACAlg
+	return a.SharedSecret == b.SharedSecret && a.CramHMACAlg == b.CramHMACAlg && a.VerifyAlg == b.VerifyAlg
 }
 
 // establish brings a connection up on both ends (a cluster-wide agreement).
@@ -354,6 +354,10 @@ func (c *Cluster) progressResyncs(d time.Duration) {
 	}
 	for _, r := range c.runningResources() {
 		for _, k := range r.sortedConns() {
+			if k.repl == replVerifyS {
+				c.progressVerify(r, k, budget)
+				continue
+			}
 			if k.repl != replSyncSource || c.now.Before(k.wfUntil) {
 				continue
 			}
@@ -383,6 +387,31 @@ func (c *Cluster) progressResyncs(d time.Duration) {
 				c.finishSync(r, k, pr, pk)
 			}
 		}
+	}
+}
+
+// progressVerify compares up to budget blocks of a running online verify
+// and marks the differing ones out of sync on both sides.
+func (c *Cluster) progressVerify(r *resource, k *conn, budget int64) {
+	pr := c.peerResource(r, k)
+	if pr == nil || !pr.attached() || !r.attached() {
+		return
+	}
+	pk := pr.conns[r.nodeID()]
+	end := min(r.md.blocks(), pr.md.blocks())
+	for n := int64(0); n < budget && k.ovNext < end; n++ {
+		h1, _ := r.blockHash(k.ovNext)
+		h2, _ := pr.blockHash(k.ovNext)
+		if h1 != h2 {
+			r.md.peer(pr.nodeID()).bits.set(k.ovNext)
+			pr.md.peer(r.nodeID()).bits.set(k.ovNext)
+		}
+		k.ovNext++
+	}
+	if k.ovNext >= end {
+		k.repl, pk.repl = replEstablished, replEstablished
+		r.publish()
+		pr.publish()
 	}
 }
 

@@ -164,8 +164,11 @@ func (n *Node) RemoveConfig(ctx context.Context, name string) error {
 func (n *Node) config(cmd, name string) (*drbd.Resource, error) {
 	cfg := n.configs[name]
 	if cfg == nil {
-		return nil, cmdErr(drbd.ErrUnknownResource, []string{"drbdadm", cmd, name}, 0, 10,
-			fmt.Sprintf("'%s' not defined in your config (for this host).\n", name))
+		// What drbdadm -c <file> says when the file does not exist (exit
+		// 20), classified like ExecDriver does: unknown resource.
+		file := filepath.Join(n.c.opts.Dir, "drbd.d", n.name, name+".res")
+		return nil, cmdErr(drbd.ErrUnknownResource, []string{"drbdadm", "-c", file, cmd, name}, 0, 20,
+			fmt.Sprintf("Can not open '%s'.\n.\n", file))
 	}
 	return &cfg.res, nil
 }
@@ -412,9 +415,17 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 	return nil
 }
 
-// Down takes the resource down gracefully: demote, disconnect (the peers
-// see TearDown), detach. A leaving UpToDate replica is marked Outdated when
-// an UpToDate peer stays behind, so the survivors may continue without it.
+// Down takes the resource down like `drbdadm down`: demote, disconnect
+// from each peer (the peers see TearDown), detach. A leaving UpToDate
+// replica is marked Outdated when an UpToDate peer stays, so the survivors
+// may continue without it.
+//
+// Like DRBD 9.2.18 it is not atomic (down-ro-real.txt): a device held open
+// for writing refuses at once (-12, nothing changed), but one held open
+// read-only lets the demotion and the disconnects through and then fails
+// to detach (-2, exit 17, the opener named), leaving a Secondary with its
+// disk, no connections and no quorum. drbd.SafeDown checks for openers
+// first and repairs such a half-done down with Adjust.
 func (n *Node) Down(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "down", name); err != nil {
 		return err
@@ -424,38 +435,44 @@ func (n *Node) Down(ctx context.Context, name string) error {
 	if r == nil {
 		return nil // drbdadm down of a resource that is not up succeeds
 	}
-	if r.role == rolePrimary {
-		if err := r.demote(); err != nil {
+	op := r.openers()
+	if r.role == rolePrimary || anyWriter(op) {
+		if err := r.demote("down", op); err != nil {
 			return err
 		}
 	}
+	held := len(op) > 0
 	upToDatePeerStays := false
 	for _, k := range r.conns {
 		if k.connected() && k.peerDisk == DiskUpToDate {
 			upToDatePeerStays = true
 		}
 	}
-	if r.attached() && r.disk == DiskUpToDate && upToDatePeerStays {
+	// The outdating belongs to the detach, which a held device never
+	// reaches (the real node1 stayed UpToDate).
+	if !held && r.attached() && r.disk == DiskUpToDate && upToDatePeerStays {
 		r.setDisk(DiskOutdated)
 		r.publish()
 	}
 	for _, k := range r.sortedConns() {
-		if !k.connected() {
-			continue
-		}
-		pr := n.c.peerResource(r, k)
-		if pr == nil {
-			continue
-		}
-		if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
-			if r.disk == DiskOutdated {
-				pr.outdated()[r.nodeID()] = true
-				if pr.md != nil {
-					pr.md.peer(r.nodeID()).outdated = true
+		if k.connected() {
+			if pr := n.c.peerResource(r, k); pr != nil {
+				if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
+					if r.disk == DiskOutdated {
+						pr.outdated()[r.nodeID()] = true
+						if pr.md != nil {
+							pr.md.peer(r.nodeID()).outdated = true
+						}
+					}
+					n.c.lose(pr, pk, connTearDown)
 				}
 			}
-			n.c.lose(pr, pk, connTearDown)
 		}
+		n.c.disconnect(r, k)
+	}
+	if held {
+		n.c.settle()
+		return stateErr(drbd.ErrDeviceInUse, "down", name, -2, "Need access to UpToDate data", r.openedDetail(op))
 	}
 	n.destroy(r)
 	n.c.settle()
@@ -464,7 +481,8 @@ func (n *Node) Down(ctx context.Context, name string) error {
 
 // destroy removes a running resource (after Down, or on crash).
 func (n *Node) destroy(r *resource) {
-	r.teardownLoop()
+	r.teardownDevice()
+	r.releaseHeld()
 	if r.file != nil {
 		_ = r.file.Close()
 	}
@@ -526,10 +544,10 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	r.role = rolePrimary
 	r.publish()
 	if c.opts.LoopDevices {
-		if err := r.setupLoop(); err != nil {
+		if err := r.setupDevice(); err != nil {
 			r.role = roleSecondary
 			r.publish()
-			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "loop", name}, 0, 20, err.Error()+"\n")
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	c.pending = append(c.pending, r)
@@ -537,8 +555,8 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	return nil
 }
 
-// Secondary demotes. Writes made through the loop device are propagated
-// first; a loop device still in use (mounted) refuses like DRBD (-12).
+// Secondary demotes. A block device still in use (mounted, or held by
+// another block device) refuses like DRBD (-12).
 func (n *Node) Secondary(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "secondary", name); err != nil {
 		return err
@@ -551,7 +569,7 @@ func (n *Node) Secondary(ctx context.Context, name string) error {
 	if r.role != rolePrimary {
 		return nil
 	}
-	if err := r.demote(); err != nil {
+	if err := r.demote("secondary", r.openers()); err != nil {
 		return err
 	}
 	n.c.pending = append(n.c.pending, r)
@@ -559,20 +577,95 @@ func (n *Node) Secondary(ctx context.Context, name string) error {
 	return nil
 }
 
-func (r *resource) demote() error {
-	if r.loop != "" {
-		if inUse(r.loop) {
-			return stateErr(drbd.ErrDeviceInUse, "secondary", r.name, -12, "Device is held open by someone", "")
-		}
-		if err := r.syncLoop(); err != nil {
-			return err
-		}
+// demote makes a Primary Secondary. A device held open for writing
+// refuses (-12, with the kernel's detail naming the opener); read-only
+// openers do not stop a demotion (DRBD 9.2.18, down-ro-real.txt), but the
+// device stays held (heldDev) until they close it.
+func (r *resource) demote(cmd string, op []drbd.Opener) error {
+	if anyWriter(op) {
+		return stateErr(drbd.ErrDeviceInUse, cmd, r.name, -12, "Device is held open by someone", r.openedDetail(op))
 	}
-	r.teardownLoop()
+	if r.role != rolePrimary {
+		return nil
+	}
+	if len(op) > 0 && r.dev != nil {
+		r.heldDev = r.dev
+	}
+	r.teardownDevice()
 	r.role = roleSecondary
 	r.suspendedQuorum = false
 	r.publish()
 	return nil
+}
+
+// openers lists who holds r's device open: the device of a Primary, or
+// the one a demotion left behind in an opener's hands. Without
+// LoopDevices nothing can open the device.
+func (r *resource) openers() []drbd.Opener {
+	var out []drbd.Opener
+	for _, dev := range []*device{r.dev, r.heldDev} {
+		if dev == nil || dev.loop == "" {
+			continue
+		}
+		if op, err := drbd.DeviceOpeners(dev.loop); err == nil {
+			out = append(out, op...)
+		}
+	}
+	if len(out) == 0 && r.heldDev != nil {
+		// The last opener closed it: losetup -d's autoclear has freed it.
+		r.releaseHeld()
+	}
+	return out
+}
+
+func anyWriter(op []drbd.Opener) bool {
+	for _, o := range op {
+		if o.Write {
+			return true
+		}
+	}
+	return false
+}
+
+// openedDetail is the kernel's detail line for a held device: "drbd0
+// opened by agent (pid 356) at 2026-11-23 18:29:18.862" (a mount or a
+// stacked device names no process; the kernel would name the one that
+// opened it, long gone).
+func (r *resource) openedDetail(op []drbd.Opener) string {
+	var lines []string
+	for _, o := range op {
+		who, pid := o.Command, o.PID
+		if pid == 0 {
+			who = o.What
+		}
+		lines = append(lines, fmt.Sprintf("drbd%d opened by %s (pid %d) at %s", r.cfg.Minor, who, pid,
+			r.n.c.now.Format("2006-01-02 15:04:05.000")))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// disconnect drops r's connection k as `drbdsetup disconnect` + `del-peer`
+// do on the leaving node (contract-real.node3.seq, lines 43-61): the
+// connection goes Disconnecting, the peer's state is forgotten, quorum is
+// recomputed (this node's own state change), the path goes down, the
+// disconnected helper runs, StandAlone, and the path and connection are
+// destroyed (DRBD prints no destroy line for the peer device).
+func (c *Cluster) disconnect(r *resource, k *conn) {
+	k.cstate = "Disconnecting"
+	k.peerRole = roleUnknown
+	k.repl = replOff
+	k.peerDisk = DiskUnknown
+	k.peerQuorate = false
+	k.rsTotal = 0
+	r.quorate = c.computeQuorum(r).Quorate
+	r.quorumView = c.quorumView(r)
+	r.publishOnly(allButPath)
+	r.publishOnly(onlyPaths)
+	r.peerHelper(k, "disconnected")
+	k.cstate = connStandAlone
+	r.publish()
+	r.publishDestroyConn(k)
+	delete(r.conns, k.peer.NodeID)
 }
 
 // NewCurrentUUIDClearBitmap starts a new generation without a resync: on
@@ -671,9 +764,14 @@ func (n *Node) ForgetPeer(ctx context.Context, name string, peerNodeID int) erro
 	return nil
 }
 
-// Verify compares the replica with the peer's block by block (instantly)
-// and marks differing blocks out of sync, as online verify does; they are
-// resynced at the next reconnect.
+// Verify starts online verify towards a peer, as `drbdsetup verify`: the
+// replication state goes VerifyS here and VerifyT there, the blocks are
+// compared at the resync rate as virtual time passes (digests of
+// verify-alg on real DRBD, the data itself here), differing blocks are
+// marked out of sync on both sides, and the state returns to Established.
+// Like DRBD it does not repair: the marked blocks are resynced at the next
+// connection handshake (disconnect and connect, or a link that comes
+// back). Without a verify-alg it is refused like DRBD (-14).
 func (n *Node) Verify(ctx context.Context, name string, peerNodeID int) error {
 	if err := n.begin(ctx, "verify", name, strconv.Itoa(peerNodeID)); err != nil {
 		return err
@@ -687,24 +785,30 @@ func (n *Node) Verify(ctx context.Context, name string, peerNodeID int) error {
 	if k == nil || !k.connected() {
 		return stateErr(drbd.ErrStateChangeRefused, "verify", name, -15, "Need a connection to start verify or resync", "")
 	}
+	if r.cfg.Options.Net.VerifyAlg == "" {
+		return stateErr(drbd.ErrStateChangeRefused, "verify", name, -14, "Need a verify algorithm to start online verify", "")
+	}
 	pr := n.c.peerResource(r, k)
 	if !r.attached() || pr == nil || !pr.attached() {
 		return stateErr(drbd.ErrStateChangeRefused, "verify", name, -2, "Need access to UpToDate data", "")
 	}
-	for b := int64(0); b < r.md.blocks(); b++ {
-		h1, _ := r.blockHash(b)
-		h2, _ := pr.blockHash(b)
-		if h1 != h2 {
-			r.md.peer(pr.nodeID()).bits.set(b)
-			pr.md.peer(r.nodeID()).bits.set(b)
-		}
+	if k.repl != replEstablished {
+		return stateErr(drbd.ErrStateChangeRefused, "verify", name, -16, "Need a connection to start verify or resync", "")
 	}
+	pk := pr.conns[r.nodeID()]
+	k.repl, pk.repl = replVerifyS, replVerifyT
+	k.ovNext = 0
+	k.rsStarted, pk.rsStarted = n.c.now, n.c.now
+	r.publish()
+	pr.publish()
 	n.c.settle()
 	return nil
 }
 
-// DevicePath is a stable path for the resource's block device: a symlink
-// (under Options.Dir) to the loop device while Primary with LoopDevices.
+// DevicePath is the resource's block device, what the agent formats and
+// mounts: <Options.Dir>/dev/<node>/drbd<minor> (the minor of the
+// configuration, as in drbdsetup status), a symlink to the replicated loop
+// device that exists while the node is Primary with Options.LoopDevices.
 func (n *Node) DevicePath(name string) string {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
@@ -718,9 +822,10 @@ func (n *Node) DevicePath(name string) string {
 }
 
 // Crash stops the node hard: resources vanish without a goodbye (peers see
-// NetworkFailure), event streams end, configuration and metadata stay. Writes
-// made through a loop device and not yet synced are marked out of sync
-// towards every peer (DRBD's activity log) but were never acknowledged.
+// NetworkFailure), event streams end, configuration and metadata stay. A
+// Primary's block device fails every later request with EIO, like a dead
+// machine's disk; a filesystem mounted on it stays mounted (unmount it, or
+// Close) and its loop device goes with the last holder.
 func (n *Node) Crash() {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
@@ -729,10 +834,8 @@ func (n *Node) Crash() {
 	}
 	for _, name := range sortedKeys(n.res) {
 		r := n.res[name]
-		if r.loop != "" && r.attached() {
-			r.alRecovery()
-		}
-		r.teardownLoop()
+		r.teardownDevice()
+		r.releaseHeld()
 		if r.file != nil {
 			_ = r.file.Close()
 		}
@@ -774,20 +877,6 @@ func (n *Node) FailDisk(name string) error {
 	r.detach(DiskFailed)
 	n.c.settle()
 	return nil
-}
-
-// inUse reports whether a loop device is mounted or held by another device.
-func inUse(dev string) bool {
-	resolved := dev
-	if b, err := os.ReadFile("/proc/mounts"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && f[0] == resolved {
-				return true
-			}
-		}
-	}
-	holders, _ := os.ReadDir(filepath.Join("/sys/block", filepath.Base(dev), "holders"))
-	return len(holders) > 0
 }
 
 // EIO is the error of a failed write or read, as the block layer reports it.

@@ -38,6 +38,8 @@ const (
 	replWFBitMapT   = "WFBitMapT"
 	replSyncSource  = "SyncSource"
 	replSyncTarget  = "SyncTarget"
+	replVerifyS     = "VerifyS"
+	replVerifyT     = "VerifyT"
 
 	rolePrimary   = "Primary"
 	roleSecondary = "Secondary"
@@ -190,13 +192,13 @@ type resource struct {
 	// Statistics in KiB, as drbdsetup prints them.
 	read, written, alWrites, bmWrites int64
 
-	// loop device state of a Primary (see doc.go, "Block device").
-	loop       string
-	loopFile   string
-	loopHashes []uint64
-	// loopScratch: loopFile is a scratch copy (diskless Primary), not the
-	// replica itself; it is deleted with the loop device.
-	loopScratch bool
+	// dev is a Primary's block device with Options.LoopDevices (device.go).
+	dev *device
+	// heldDev: the device this resource had when it was demoted while a
+	// reader held it open. Its loop device stays that reader's (losetup -d
+	// only set autoclear) and serves its reads, and it keeps the resource
+	// from detaching until closed (see demote).
+	heldDev *device
 
 	// published is the last state published per events2 object.
 	published map[string]*object
@@ -225,6 +227,8 @@ type conn struct {
 	// rsTotal is the number of blocks the running resync started with.
 	rsTotal   int64
 	rsStarted time.Time
+	// ovNext: while VerifyS, the next block online verify compares.
+	ovNext int64
 
 	received, sent int64 // KiB
 }

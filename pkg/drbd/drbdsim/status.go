@@ -301,6 +301,9 @@ func showResource(r *resource) ordered {
 		if o.Net.SharedSecret != "" {
 			net = append(net, kvAny{"shared-secret", o.Net.SharedSecret})
 		}
+		if o.Net.VerifyAlg != "" {
+			net = append(net, kvAny{"verify-alg", o.Net.VerifyAlg})
+		}
 		if !k.peer.EffectiveAllowRemoteRead(o) {
 			net = append(net, kvAny{"allow-remote-read", false})
 		}

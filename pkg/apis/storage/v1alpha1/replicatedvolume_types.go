@@ -80,6 +80,44 @@ type ReplicatedVolumeSpec struct {
 	// drbdOptions overrides the storage class's DRBD options for this volume.
 	// +optional
 	DRBDOptions *DRBDOptions `json:"drbdOptions,omitempty"`
+	// placementHints carry the CSI CreateVolume accessibility requirements: where the
+	// volume must be, and would best be, reachable from. Placement reads them when it
+	// first places the volume's replicas.
+	// +optional
+	PlacementHints *PlacementHints `json:"placementHints,omitempty"`
+}
+
+// TopologySegment is one CSI topology segment: a node, a zone, or both. An empty field
+// matches anything.
+type TopologySegment struct {
+	// nodeName is the value of the topology.meshvol.io/node key.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+	// zone is the value of the topology.kubernetes.io/zone key.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Zone string `json:"zone,omitempty"`
+}
+
+// PlacementHints are a volume's accessibility requirements (CSI TopologyRequirement).
+// With volumeAccess Local, at least one diskful replica goes to a requisite segment;
+// with the other modes any node with an agent can attach, and the hints only steer
+// diskful replicas toward the preferred segments.
+type PlacementHints struct {
+	// requisite: the volume must be accessible from at least one of these segments.
+	// Empty means anywhere.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Requisite []TopologySegment `json:"requisite,omitempty"`
+	// preferred: segments in order of preference; the first is usually the node the
+	// scheduler picked for the first consumer (WaitForFirstConsumer), where a diskful
+	// replica should go.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Preferred []TopologySegment `json:"preferred,omitempty"`
 }
 
 // VolumePhase summarises a volume's state for people; conditions are the truth.

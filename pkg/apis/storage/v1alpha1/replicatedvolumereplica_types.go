@@ -121,6 +121,9 @@ const (
 	ConditionDRBDConfigured = "DRBDConfigured"
 
 	// ReasonAgentNotReady: the node's agent is not reporting; this status may be stale.
+	// Nothing writes it any more and the engine does not read it: liveness is the
+	// controller's AgentReady condition (wellknown.go), since an agent cannot report
+	// its own silence in a condition it owns.
 	ReasonAgentNotReady = "AgentNotReady"
 	// ReasonPendingDatameshJoin: the replica is not a member yet; nothing to configure.
 	ReasonPendingDatameshJoin = "PendingDatameshJoin"

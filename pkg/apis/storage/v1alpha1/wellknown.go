@@ -52,6 +52,20 @@ const (
 	TopologyKeyNode = "topology.meshvol.io/node"
 )
 
+// The CSI controller service's marks on the RVs it creates.
+const (
+	// AnnotationCSIVolumeName holds the CreateVolume name when it is not itself a valid
+	// RV name (a DNS label of at most 63 characters): the RV is then named
+	// CSIVolumeNamePrefix + a hash of it, and the annotation lets a retry find the RV and
+	// tell a hash collision from the same request.
+	AnnotationCSIVolumeName = "storage.meshvol.io/csi-volume-name"
+	CSIVolumeNamePrefix     = "csi-"
+
+	// CSIParameterStorageClass is the one CreateVolume parameter the CSI controller
+	// service takes (from the StorageClass): the ReplicatedStorageClass of the volume.
+	CSIParameterStorageClass = "replicatedStorageClassName"
+)
+
 // The agent's Lease and the node facts it carries. One Lease per node, named
 // AgentLeasePrefix+<node> in the controller's namespace, holderIdentity = node name.
 // Facts ride on its annotations so they cost no writes of their own: the agent
