@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -276,7 +277,19 @@ func (n *Node) up(name string) error {
 		r.members[p.NodeID] = true
 	}
 	n.res[name] = r
+	// DRBD's order for `up` (contract-real seqs, lines 1-21): the resource
+	// and its device; each peer's connection and peer device; the paths;
+	// then the disk is attached; then the connections start Connecting.
 	r.publishCreate()
+	peers := slices.Clone(r.cfg.Peers)
+	slices.SortFunc(peers, func(a, b drbd.Peer) int { return a.NodeID - b.NodeID })
+	for _, p := range peers {
+		r.conns[p.NodeID] = &conn{peer: p, cstate: connStandAlone, peerRole: roleUnknown, repl: replOff, peerDisk: DiskUnknown}
+		for _, kind := range []string{"connection", "peer-device"} {
+			r.publishCreateWhere(func(o *object) bool { return o.kind == kind && o.peerID() == p.NodeID })
+		}
+	}
+	r.publishCreateWhere(nil) // the paths
 	if md != nil {
 		if err := r.attach(md); err != nil {
 			delete(n.res, name)
@@ -284,8 +297,13 @@ func (n *Node) up(name string) error {
 			return err
 		}
 	}
-	for _, p := range r.cfg.Peers {
-		r.addConn(p)
+	for _, p := range peers {
+		k := r.conns[p.NodeID]
+		k.cstate = connUnconnected
+		r.publish()
+		k.cstate = connConnecting
+		k.nextTry = n.c.now
+		r.publish()
 	}
 	n.c.settle()
 	return nil
@@ -344,6 +362,7 @@ func (r *resource) addConn(p drbd.Peer) {
 	k.cstate = connUnconnected
 	r.publish()
 	k.cstate = connConnecting
+	k.nextTry = r.n.c.now
 	r.publish()
 }
 
@@ -392,6 +411,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 			k.cstate = connUnconnected
 			r.publish()
 			k.cstate = connConnecting
+			k.nextTry = n.c.now
 			k.splitBrain, k.standAloneMsg = false, ""
 			r.publish()
 		}

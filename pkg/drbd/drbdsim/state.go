@@ -226,6 +226,8 @@ type conn struct {
 	standAloneMsg string
 	splitBrain    bool
 
+	// nextTry: when this side next tries to connect while Connecting.
+	nextTry time.Time
 	// wfUntil: while WFBitMapS/T, when the bitmap exchange completes.
 	wfUntil time.Time
 	// rsTotal is the number of blocks the running resync started with.
