@@ -4,6 +4,7 @@
 # bin/k8s/:
 #
 #   kube-apiserver kube-controller-manager kube-scheduler   k8s.io/kubernetes
+#   kubelet kubectl                                         k8s.io/kubernetes
 #   etcd                                                    go.etcd.io/etcd/server/v3
 #   csi-sanity                                              kubernetes-csi/csi-test/v5
 #   csi-provisioner csi-attacher csi-snapshotter snapshot-controller
@@ -22,7 +23,8 @@
 #
 # external-resizer and node-driver-registrar are not built: the module proxy
 # refuses them (403), so meshvol's tests exercise expansion through the CSI
-# RPCs directly and need no registrar (there is no kubelet).
+# RPCs directly, and the node plugin serves the kubelet's plugin registration
+# API itself (pkg/pluginreg).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -68,12 +70,22 @@ stamp_ok() {
 	[[ -e "$OUT/$1" && -f "$STAMPS/$1" && "$(<"$STAMPS/$1")" == "$2" ]]
 }
 
+# Binaries that answer their version differently from the rest of their group:
+# kubectl has no --version, and without --client it would dial a server.
+declare -A VERSION_ARGS=([kubectl]="version --client")
+declare -A VERSION_WANT=([kubectl]="Client Version: $K8S_VERSION")
+
 # check_version BINARY WANT FLAG: the freshly built binary must print WANT
 # when asked for its version, or the build failed (a missing -X gives
 # "v0.0.0-master" or "unknown", which would mislead every test log).
+# VERSION_ARGS and VERSION_WANT override FLAG and WANT per binary.
 check_version() {
-	local bin=$1 want=$2 flag=$3 got
-	got=$("$bin" "$flag" 2>&1 | head -n 3) || true
+	local bin=$1 want=$2 flag=$3 got name
+	name=$(basename "$bin")
+	flag=${VERSION_ARGS[$name]:-$flag}
+	want=${VERSION_WANT[$name]:-$want}
+	# shellcheck disable=SC2086 # an override is a list of arguments
+	got=$("$bin" $flag 2>&1 | head -n 3) || true
 	if [[ "$got" != *"$want"* ]]; then
 		log "ERROR: $(basename "$bin") $flag printed '$got', want it to contain '$want'"
 		return 1
@@ -141,10 +153,14 @@ log "output: ${OUT#"$ROOT"/}, $GO_VERSION, GOTOOLCHAIN=local, CGO_ENABLED=0"
 build_wrapped etcd "$ETCD_MODULE" "$ETCD_VERSION" "" "etcd Version: ${ETCD_VERSION#v}" --version \
 	"etcd=$ETCD_MODULE"
 
+# kubelet and kubectl are for the sandbox and the e2e suite (pkg/kubecluster):
+# the same wrapper module, so one version across the cluster.
 build_wrapped kubernetes "$K8S_MODULE" "$K8S_VERSION" "$(k8s_ldflags "$K8S_VERSION")" "Kubernetes $K8S_VERSION" --version \
 	"kube-apiserver=$K8S_MODULE/cmd/kube-apiserver" \
 	"kube-controller-manager=$K8S_MODULE/cmd/kube-controller-manager" \
-	"kube-scheduler=$K8S_MODULE/cmd/kube-scheduler"
+	"kube-scheduler=$K8S_MODULE/cmd/kube-scheduler" \
+	"kubelet=$K8S_MODULE/cmd/kubelet" \
+	"kubectl=$K8S_MODULE/cmd/kubectl"
 
 build_wrapped external-provisioner "$PROVISIONER_MODULE" "$PROVISIONER_VERSION" "-X main.version=$PROVISIONER_VERSION" "$PROVISIONER_VERSION" --version \
 	"csi-provisioner=$PROVISIONER_MODULE/cmd/csi-provisioner"

@@ -1,5 +1,5 @@
 // Command meshvol is the meshvol binary: one binary with a subcommand per role.
-// Today it has `version`; `controller`, `node` and `sandbox` arrive with their features.
+// Each subcommand lives in a file of its own.
 package main
 
 import (
@@ -20,6 +20,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage: meshvol <command> [flags]
 
 commands:
+  node       run the node agent of one node (meshvol node --help)
   version    print the version of this binary (-o json for JSON)`)
 }
 
@@ -53,6 +54,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 0
+	case "node":
+		return runNode(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return 0

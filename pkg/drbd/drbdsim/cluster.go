@@ -13,8 +13,8 @@ import (
 
 // Options configure a Cluster.
 type Options struct {
-	// Dir holds scratch files (a diskless Primary's loop image). Required
-	// when LoopDevices is set.
+	// Dir holds the block devices' FUSE mount and DevicePath links.
+	// Required when LoopDevices is set.
 	Dir string
 	// ResyncRate is how many bytes a resync moves per virtual second.
 	// Default 100 MiB/s (about what the captures show).
@@ -32,10 +32,16 @@ type Options struct {
 	Start time.Time
 	// Seed makes generation UUIDs reproducible.
 	Seed uint64
-	// LoopDevices makes a Primary's DevicePath a real loop device (needs
-	// root and /dev/loop-control). Without it DevicePath names the replica's
-	// backing file for a diskful Primary and "" for a diskless one.
+	// LoopDevices gives every Primary a real, replicated block device at
+	// DevicePath (doc.go, "Block device"): a loop device over a file that
+	// the cluster serves through FUSE. Needs root, /dev/loop-control and
+	// /dev/fuse; call Close when done.
 	LoopDevices bool
+	// DeviceWatchdog is how long a block device request may wait for the
+	// cluster lock before the FUSE connection is aborted (every device then
+	// fails IO with EIO; DeviceAborted says why). Default
+	// DefaultDeviceWatchdog; negative disables it.
+	DeviceWatchdog time.Duration
 }
 
 // Cluster is a set of simulated DRBD nodes, the network between them, and
@@ -55,6 +61,9 @@ type Cluster struct {
 	// pending cluster-wide agreements (connects, role changes), applied
 	// once the cluster has settled.
 	pending []*resource
+	// devs serves the Primaries' block devices (LoopDevices), from the
+	// first promotion on.
+	devs *devices
 }
 
 type link struct{ a, b string }

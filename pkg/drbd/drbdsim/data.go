@@ -2,16 +2,14 @@ package drbdsim
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"hash/fnv"
+	"hash/maphash"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
@@ -23,40 +21,63 @@ import (
 //
 // Without quorum the write fails with EIO (on-no-quorum io-error) or blocks
 // until quorum returns or ctx ends (suspend-io). A Primary without any
-// UpToDate data in reach fails with EIO.
+// UpToDate data in reach fails with EIO. A write to the Primary's block
+// device (Options.LoopDevices) takes the same path.
 func (n *Node) Write(ctx context.Context, name string, off int64, data []byte) error {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	return n.ioLocked(ctx, "write", name, off, nil, func(r *resource) error { return r.writeLocked(off, data) })
+}
+
+// ioLocked runs one write-path request (a write, a zero-out, a flush) of
+// the resource's device on this node, with c.mu held: refused on a crashed
+// node, on a Secondary, on a device that is no longer the resource's (dev,
+// when the request came through the block device), and without quorum as
+// on-no-quorum says — suspend-io waits on c.cond (releasing c.mu) until
+// quorum returns or ctx ends.
+func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *device, do func(*resource) error) error {
 	c := n.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() {
-		c.mu.Lock()
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	})
-	defer stop()
+	var stop func() bool
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
 	for {
 		if n.crashed {
-			return ioErr("write", name, off, "node crashed")
+			return ioErr(op, name, off, "node crashed")
 		}
 		r := n.res[name]
 		if r == nil {
-			return ioErr("write", name, off, "resource not up")
+			return ioErr(op, name, off, "resource not up")
+		}
+		if dev != nil && r.dev != dev {
+			return ioErr(op, name, off, "the device is gone (demoted, down or crashed)")
 		}
 		if r.role != rolePrimary {
-			return fmt.Errorf("write %s at offset %d: device is Secondary (not opened for writing): %w", name, off, syscall.EROFS)
+			return fmt.Errorf("%s %s at offset %d: device is Secondary (not opened for writing): %w", op, name, off, syscall.EROFS)
 		}
 		if r.cfg.Options.Resource.Quorum == drbd.QuorumOff || r.quorate {
-			return r.writeLocked(off, data, false)
+			return do(r)
 		}
 		if r.cfg.Options.Resource.OnNoQuorum != drbd.OnNoQuorumSuspendIO {
-			return ioErr("write", name, off, "no quorum (on-no-quorum io-error)")
+			return ioErr(op, name, off, "no quorum (on-no-quorum io-error)")
 		}
 		if !r.suspendedQuorum {
 			r.suspendedQuorum = true
 			r.publish()
 		}
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("write %s at offset %d: suspended without quorum (on-no-quorum suspend-io): %w", name, off, err)
+			return fmt.Errorf("%s %s at offset %d: suspended without quorum (on-no-quorum suspend-io): %w", op, name, off, err)
+		}
+		if stop == nil {
+			// Registered only when waiting: for a FUSE request's
+			// context it costs a goroutine.
+			stop = context.AfterFunc(ctx, func() {
+				c.mu.Lock()
+				c.cond.Broadcast()
+				c.mu.Unlock()
+			})
 		}
 		c.cond.Wait()
 	}
@@ -80,9 +101,40 @@ func (c *Cluster) holders(r *resource) []*resource {
 	return out
 }
 
-// writeLocked is the replication of one write. localDone: the data is
-// already in r's own replica (a loop-device write found at a sync point).
-func (r *resource) writeLocked(off int64, data []byte, localDone bool) error {
+// writeLocked is the replication of one write of data at off.
+func (r *resource) writeLocked(off int64, data []byte) error {
+	return r.replicateLocked("write", off, int64(len(data)), func(f *os.File) error {
+		_, err := f.WriteAt(data, off)
+		return err
+	}, func(b int64) []byte { return data[b*blockSize-off:][:blockSize] })
+}
+
+// zeroLocked is the replication of a discard or a zero-out of size bytes
+// at off (fallocate punch-hole or zero-range on the device, as mkfs and
+// ext4 send them): afterwards every replica reads zeros there.
+func (r *resource) zeroLocked(off, size int64) error {
+	return r.replicateLocked("zero-out", off, size, func(f *os.File) error { return zeroRange(f, off, size) },
+		func(int64) []byte { return zeroBlock[:] })
+}
+
+// flushLocked is a flush (fsync) of the device: every write before it is
+// already on every reachable replica, so a flush only needs UpToDate data
+// in reach, like any request.
+func (r *resource) flushLocked() error {
+	for _, h := range r.n.c.holders(r) {
+		if h.disk == DiskUpToDate {
+			return nil
+		}
+	}
+	return ioErr("flush", r.name, 0, "no UpToDate data accessible (on-no-data-accessible io-error)")
+}
+
+// replicateLocked applies one change of size bytes at off to every replica
+// the resource's writes reach (apply writes one replica's backing device)
+// and does DRBD's bookkeeping: outdated unreachable peers, bitmaps towards
+// absent ones, a new data generation, statistics, and the acknowledged
+// content. block(b) is the new content of a block the change covers whole.
+func (r *resource) replicateLocked(op string, off, size int64, apply func(*os.File) error, block func(b int64) []byte) error {
 	c := r.n.c
 	hs := c.holders(r)
 	var ref *resource
@@ -93,12 +145,12 @@ func (r *resource) writeLocked(off int64, data []byte, localDone bool) error {
 		}
 	}
 	if ref == nil {
-		return ioErr("write", r.name, off, "no UpToDate data accessible (on-no-data-accessible io-error)")
+		return ioErr(op, r.name, off, "no UpToDate data accessible (on-no-data-accessible io-error)")
 	}
-	if off < 0 || off+int64(len(data)) > ref.md.sizeBytes {
-		return ioErr("write", r.name, off, fmt.Sprintf("beyond the end of the device (%d bytes)", ref.md.sizeBytes))
+	if off < 0 || size < 0 || off+size > ref.md.sizeBytes {
+		return ioErr(op, r.name, off, fmt.Sprintf("beyond the end of the device (%d bytes)", ref.md.sizeBytes))
 	}
-	if len(data) == 0 {
+	if size == 0 {
 		return nil
 	}
 	in := map[int]bool{}
@@ -114,7 +166,7 @@ func (r *resource) writeLocked(off int64, data []byte, localDone bool) error {
 			x.publish()
 		}
 	}
-	first, last := off/blockSize, (off+int64(len(data))-1)/blockSize
+	first, last := off/blockSize, (off+size-1)/blockSize
 	// Bitmaps towards absent diskful peers, and a new generation when this
 	// is the first write since one of them left.
 	rotate := false
@@ -146,14 +198,11 @@ func (r *resource) writeLocked(off int64, data []byte, localDone bool) error {
 		}
 	}
 	for _, h := range hs {
-		if localDone && h == r {
-			continue
-		}
-		if _, err := h.file.WriteAt(data, off); err != nil {
-			return ioErr("write", r.name, off, "backing device: "+err.Error())
+		if err := apply(h.file); err != nil {
+			return ioErr(op, r.name, off, "backing device: "+err.Error())
 		}
 	}
-	kib := (int64(len(data)) + 1023) / 1024
+	kib := (size + 1023) / 1024
 	for _, h := range hs {
 		h.written += kib
 		if h != r {
@@ -171,11 +220,40 @@ func (r *resource) writeLocked(off int64, data []byte, localDone bool) error {
 		c.acked[r.name] = acked
 	}
 	for b := first; b <= last; b++ {
+		if b*blockSize >= off && (b+1)*blockSize <= off+size {
+			acked[b] = hashBytes(block(b)) // whole: no need to read it back
+			continue
+		}
 		if h, err := ref.blockHash(b); err == nil {
 			acked[b] = h
 		}
 	}
 	r.publish()
+	return nil
+}
+
+var zeroBlock [blockSize]byte
+
+// zeroRange makes size bytes at off of a replica's backing device read as
+// zeros: a hole punched into a file (which keeps sparse backing files
+// sparse) or a discard that zeroes on a block device; written zeros where
+// neither is supported.
+func zeroRange(f *os.File, off, size int64) error {
+	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, size)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
+		return err
+	}
+	zero := make([]byte, min(size, 1<<20))
+	for done := int64(0); done < size; {
+		m := min(int64(len(zero)), size-done)
+		if _, err := f.WriteAt(zero[:m], off+done); err != nil {
+			return err
+		}
+		done += m
+	}
 	return nil
 }
 
@@ -190,20 +268,32 @@ func (n *Node) Read(ctx context.Context, name string, off int64, size int) ([]by
 	if r == nil {
 		return nil, ioErr("read", name, off, "resource not up")
 	}
+	buf := make([]byte, size)
+	m, err := r.readLocked(off, buf)
+	return buf[:m], err
+}
+
+// readLocked reads into buf at off from the local replica if UpToDate, else
+// from a connected UpToDate peer (a diskless Primary, a SyncTarget). Reads
+// are not refused without quorum: on-no-quorum is about writes.
+func (r *resource) readLocked(off int64, buf []byte) (int, error) {
 	var src *resource
-	for _, h := range n.c.holders(r) {
+	for _, h := range r.n.c.holders(r) {
 		if h.disk == DiskUpToDate {
 			src = h
 			break
 		}
 	}
 	if src == nil {
-		return nil, ioErr("read", name, off, "no UpToDate data accessible")
+		return 0, ioErr("read", r.name, off, "no UpToDate data accessible")
 	}
-	buf := make([]byte, size)
+	if off >= src.md.sizeBytes {
+		return 0, nil
+	}
+	buf = buf[:min(int64(len(buf)), src.md.sizeBytes-off)]
 	m, err := src.file.ReadAt(buf, off)
 	if err != nil && err != io.EOF {
-		return nil, ioErr("read", name, off, err.Error())
+		return m, ioErr("read", r.name, off, err.Error())
 	}
 	kib := int64(m+1023) / 1024
 	r.read += kib
@@ -212,26 +302,7 @@ func (n *Node) Read(ctx context.Context, name string, off int64, size int) ([]by
 			k.received += kib
 		}
 	}
-	return buf[:m], nil
-}
-
-// Sync propagates writes made through the Primary's loop device to the
-// peers (see doc.go, "Block device"). A no-op without a loop device.
-func (n *Node) Sync(ctx context.Context, name string) error {
-	if err := n.begin(ctx, "sync", name); err != nil {
-		return err
-	}
-	defer n.c.mu.Unlock()
-	r := n.res[name]
-	if r == nil {
-		return unknownRes("sync", name)
-	}
-	if r.loop == "" {
-		return nil
-	}
-	err := r.syncLoop()
-	n.c.settle()
-	return err
+	return m, nil
 }
 
 func (r *resource) blockHash(b int64) (uint64, error) {
@@ -250,189 +321,7 @@ func hashBlock(f *os.File, b int64) (uint64, error) {
 	return hashBytes(buf[:m]), nil
 }
 
-// setupLoop gives a new Primary a real block device: a loop device over
-// its replica (diskful) or over a scratch copy of an UpToDate peer's data
-// (diskless), limited to DRBD's usable size.
-func (r *resource) setupLoop() error {
-	c := r.n.c
-	if c.opts.Dir == "" {
-		return fmt.Errorf("drbdsim: Options.Dir is required with LoopDevices")
-	}
-	var src *resource
-	for _, h := range c.holders(r) {
-		if h.disk == DiskUpToDate {
-			src = h
-			break
-		}
-	}
-	if src == nil {
-		return fmt.Errorf("no UpToDate data for a loop device")
-	}
-	size := src.md.sizeBytes
-	file := src.md.backing
-	if src != r {
-		file = filepath.Join(c.opts.Dir, "scratch", r.n.name, r.name+".img")
-		if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
-			return err
-		}
-		dst, err := os.Create(file)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(dst, io.NewSectionReader(src.file, 0, size))
-		if cerr := dst.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("copy peer data for diskless Primary: %w", err)
-		}
-	}
-	out, err := exec.Command("losetup", "--find", "--show", "--sizelimit", strconv.FormatInt(size, 10), file).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("losetup %s: %v: %s", file, err, strings.TrimSpace(string(out)))
-	}
-	r.loop = strings.TrimSpace(string(out))
-	r.loopFile = file
-	r.loopScratch = src != r
-	link := filepath.Join(c.opts.Dir, "dev", r.n.name, "drbd"+strconv.Itoa(r.cfg.Minor))
-	_ = os.MkdirAll(filepath.Dir(link), 0o755)
-	_ = os.Remove(link)
-	if err := os.Symlink(r.loop, link); err != nil {
-		r.teardownLoop()
-		return err
-	}
-	r.loopHashes, err = hashFile(file, size)
-	if err != nil {
-		r.teardownLoop()
-		return err
-	}
-	return nil
-}
+// hashSeed: block hashes are only compared within one process.
+var hashSeed = maphash.MakeSeed()
 
-func hashFile(path string, size int64) ([]uint64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := make([]uint64, size/blockSize)
-	err = eachBlock(f, int64(len(out)), func(b int64, data []byte) { out[b] = hashBytes(data) })
-	return out, err
-}
-
-// eachBlock reads blocks [0, n) of f in 1 MiB chunks.
-func eachBlock(f *os.File, n int64, fn func(b int64, data []byte)) error {
-	const chunk = 256
-	buf := make([]byte, chunk*blockSize)
-	for b := int64(0); b < n; b += chunk {
-		m, err := f.ReadAt(buf[:min(chunk, n-b)*blockSize], b*blockSize)
-		if err != nil && err != io.EOF {
-			return err
-		}
-		for i := 0; i*blockSize < m; i++ {
-			end := min((i+1)*blockSize, m)
-			fn(b+int64(i), buf[i*blockSize:end])
-		}
-	}
-	return nil
-}
-
-func hashBytes(data []byte) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write(data)
-	return h.Sum64()
-}
-
-// loopChanges flushes the loop device and returns the blocks that differ
-// from the last sync point.
-func (r *resource) loopChanges() (map[int64][]byte, error) {
-	if dev, err := os.OpenFile(r.loop, os.O_RDWR, 0); err == nil {
-		_ = dev.Sync()
-		_ = dev.Close()
-	}
-	f, err := os.Open(r.loopFile)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[int64][]byte{}
-	err = eachBlock(f, int64(len(r.loopHashes)), func(b int64, data []byte) {
-		if hashBytes(data) != r.loopHashes[b] {
-			out[b] = append([]byte(nil), data...)
-		}
-	})
-	return out, err
-}
-
-// syncLoop replicates the loop device's changed blocks as writes. Without
-// quorum (or data) it fails with EIO and keeps them pending.
-func (r *resource) syncLoop() error {
-	changes, err := r.loopChanges()
-	if err != nil {
-		return ioErr("sync", r.name, 0, err.Error())
-	}
-	if len(changes) == 0 {
-		return nil
-	}
-	if r.cfg.Options.Resource.Quorum != drbd.QuorumOff && !r.quorate {
-		return ioErr("sync", r.name, 0, fmt.Sprintf("%d changed blocks not replicated: no quorum", len(changes)))
-	}
-	localDone := !r.loopScratch
-	// Contiguous changed blocks become one write, as the block layer would
-	// have merged them.
-	blocks := sortedBlocks(changes)
-	for i := 0; i < len(blocks); {
-		j := i
-		var run []byte
-		for j < len(blocks) && blocks[j] == blocks[i]+int64(j-i) && j-i < 256 {
-			run = append(run, changes[blocks[j]]...)
-			j++
-		}
-		if err := r.writeLocked(blocks[i]*blockSize, run, localDone); err != nil {
-			return err
-		}
-		for _, b := range blocks[i:j] {
-			r.loopHashes[b] = hashBytes(changes[b])
-		}
-		i = j
-	}
-	return nil
-}
-
-// alRecovery marks a crashed Primary's unsynced loop-device writes out of
-// sync towards every peer, as DRBD's activity log does after a crash.
-func (r *resource) alRecovery() {
-	changes, err := r.loopChanges()
-	if err != nil || r.md == nil || r.loopScratch {
-		return
-	}
-	for b := range changes {
-		for _, p := range r.cfg.Peers {
-			if !p.Diskless {
-				r.md.peer(p.NodeID).bits.set(b)
-			}
-		}
-	}
-}
-
-func (r *resource) teardownLoop() {
-	if r.loop == "" {
-		return
-	}
-	_ = exec.Command("losetup", "-d", r.loop).Run()
-	link := filepath.Join(r.n.c.opts.Dir, "dev", r.n.name, "drbd"+strconv.Itoa(r.cfg.Minor))
-	_ = os.Remove(link)
-	if r.loopScratch {
-		_ = os.Remove(r.loopFile)
-	}
-	r.loop, r.loopFile, r.loopHashes, r.loopScratch = "", "", nil, false
-}
-
-func sortedBlocks(m map[int64][]byte) []int64 {
-	out := make([]int64, 0, len(m))
-	for b := range m {
-		out = append(out, b)
-	}
-	slices.Sort(out)
-	return out
-}
+func hashBytes(data []byte) uint64 { return maphash.Bytes(hashSeed, data) }

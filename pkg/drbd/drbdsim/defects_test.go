@@ -144,9 +144,7 @@ func TestNoConfigFileIsUnknownResource(t *testing.T) {
 // peers see it Connecting; adjust restores it. SafeDown refuses before
 // touching anything while the device is held and takes it down once free.
 func TestDownReadOnlyOpenerIsPartial(t *testing.T) {
-	needLoop(t)
-	rg := formed(t, nil)
-	rg.c.opts.LoopDevices = true
+	rg := formedWithDevices(t)
 	n1 := rg.c.Node("node1")
 	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
 	dev, err := os.Open(n1.DevicePath("r0"))
@@ -196,9 +194,7 @@ func TestDownReadOnlyOpenerIsPartial(t *testing.T) {
 // SafeDown repairs a down that fails half-way for a reason its opener
 // check could not see (here: the check is told nothing holds the device).
 func TestSafeDownRecoversWithAdjust(t *testing.T) {
-	needLoop(t)
-	rg := formed(t, nil)
-	rg.c.opts.LoopDevices = true
+	rg := formedWithDevices(t)
 	n1 := rg.c.Node("node1")
 	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
 	dev, err := os.Open(n1.DevicePath("r0"))

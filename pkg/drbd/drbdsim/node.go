@@ -501,7 +501,8 @@ func (n *Node) Down(ctx context.Context, name string) error {
 
 // destroy removes a running resource (after Down, or on crash).
 func (n *Node) destroy(r *resource) {
-	r.teardownLoop()
+	r.teardownDevice()
+	r.releaseHeld()
 	if r.file != nil {
 		_ = r.file.Close()
 	}
@@ -563,10 +564,10 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	r.role = rolePrimary
 	r.publish()
 	if c.opts.LoopDevices {
-		if err := r.setupLoop(); err != nil {
+		if err := r.setupDevice(); err != nil {
 			r.role = roleSecondary
 			r.publish()
-			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "loop", name}, 0, 20, err.Error()+"\n")
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	c.pending = append(c.pending, r)
@@ -574,8 +575,8 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	return nil
 }
 
-// Secondary demotes. Writes made through the loop device are propagated
-// first; a loop device still in use (mounted) refuses like DRBD (-12).
+// Secondary demotes. A block device still in use (mounted, or held by
+// another block device) refuses like DRBD (-12).
 func (n *Node) Secondary(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "secondary", name); err != nil {
 		return err
@@ -599,8 +600,7 @@ func (n *Node) Secondary(ctx context.Context, name string) error {
 // demote makes a Primary Secondary. A device held open for writing
 // refuses (-12, with the kernel's detail naming the opener); read-only
 // openers do not stop a demotion (DRBD 9.2.18, down-ro-real.txt), but the
-// device stays held (heldOpen) until they close it. Writes made through
-// the loop device are propagated first.
+// device stays held (heldDev) until they close it.
 func (r *resource) demote(cmd string, op []drbd.Opener) error {
 	if anyWriter(op) {
 		return stateErr(drbd.ErrDeviceInUse, cmd, r.name, -12, "Device is held open by someone", r.openedDetail(op))
@@ -608,40 +608,32 @@ func (r *resource) demote(cmd string, op []drbd.Opener) error {
 	if r.role != rolePrimary {
 		return nil
 	}
-	if r.loop != "" {
-		if err := r.syncLoop(); err != nil {
-			return err
-		}
+	if len(op) > 0 && r.dev != nil {
+		r.heldDev = r.dev
 	}
-	if len(op) > 0 {
-		// losetup -d of an open loop device only marks it for autoclear:
-		// it stays the opener's until closed, and a later down must see
-		// that.
-		r.heldLoop = r.loop
-	}
-	r.teardownLoop()
+	r.teardownDevice()
 	r.role = roleSecondary
 	r.suspendedQuorum = false
 	r.publish()
 	return nil
 }
 
-// openers lists who holds r's device open: the loop device of a Primary,
-// or the one a demotion left behind in an opener's hands. Without loop
-// devices nothing can open the device.
+// openers lists who holds r's device open: the device of a Primary, or
+// the one a demotion left behind in an opener's hands. Without
+// LoopDevices nothing can open the device.
 func (r *resource) openers() []drbd.Opener {
 	var out []drbd.Opener
-	for _, dev := range []string{r.loop, r.heldLoop} {
-		if dev == "" {
+	for _, dev := range []*device{r.dev, r.heldDev} {
+		if dev == nil || dev.loop == "" {
 			continue
 		}
-		if op, err := drbd.DeviceOpeners(dev); err == nil {
+		if op, err := drbd.DeviceOpeners(dev.loop); err == nil {
 			out = append(out, op...)
 		}
 	}
-	if len(out) == 0 {
+	if len(out) == 0 && r.heldDev != nil {
 		// The last opener closed it: losetup -d's autoclear has freed it.
-		r.heldLoop = ""
+		r.releaseHeld()
 	}
 	return out
 }
@@ -737,7 +729,8 @@ func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 	return nil
 }
 
-// Resize re-reads the backing device size (grown volumes).
+// Resize re-reads the backing device size (grown volumes); a Primary's
+// block device grows with it.
 func (n *Node) Resize(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "resize", name); err != nil {
 		return err
@@ -763,6 +756,9 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			nb := newBitmap(r.md.blocks())
 			copy(nb, pm.bits)
 			pm.bits = nb
+		}
+		if err := r.growDevice(); err != nil {
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	n.c.settle()
@@ -833,8 +829,10 @@ func (n *Node) Verify(ctx context.Context, name string, peerNodeID int) error {
 	return nil
 }
 
-// DevicePath is a stable path for the resource's block device: a symlink
-// (under Options.Dir) to the loop device while Primary with LoopDevices.
+// DevicePath is the resource's block device, what the agent formats and
+// mounts: <Options.Dir>/dev/<node>/drbd<minor> (the minor of the
+// configuration, as in drbdsetup status), a symlink to the replicated loop
+// device that exists while the node is Primary with Options.LoopDevices.
 func (n *Node) DevicePath(name string) string {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
@@ -848,9 +846,10 @@ func (n *Node) DevicePath(name string) string {
 }
 
 // Crash stops the node hard: resources vanish without a goodbye (peers see
-// NetworkFailure), event streams end, configuration and metadata stay. Writes
-// made through a loop device and not yet synced are marked out of sync
-// towards every peer (DRBD's activity log) but were never acknowledged.
+// NetworkFailure), event streams end, configuration and metadata stay. A
+// Primary's block device fails every later request with EIO, like a dead
+// machine's disk; a filesystem mounted on it stays mounted (unmount it, or
+// Close) and its loop device goes with the last holder.
 func (n *Node) Crash() {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
@@ -859,10 +858,8 @@ func (n *Node) Crash() {
 	}
 	for _, name := range sortedKeys(n.res) {
 		r := n.res[name]
-		if r.loop != "" && r.attached() {
-			r.alRecovery()
-		}
-		r.teardownLoop()
+		r.teardownDevice()
+		r.releaseHeld()
 		if r.file != nil {
 			_ = r.file.Close()
 		}

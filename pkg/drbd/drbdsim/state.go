@@ -192,17 +192,13 @@ type resource struct {
 	// Statistics in KiB, as drbdsetup prints them.
 	read, written, alWrites, bmWrites int64
 
-	// loop device state of a Primary (see doc.go, "Block device").
-	loop       string
-	loopFile   string
-	loopHashes []uint64
-	// heldLoop: a loop device this Primary had when it was demoted while
-	// a reader held it open; it stays that reader's (autoclear) and keeps
-	// the resource from detaching until closed (see demote).
-	heldLoop string
-	// loopScratch: loopFile is a scratch copy (diskless Primary), not the
-	// replica itself; it is deleted with the loop device.
-	loopScratch bool
+	// dev is a Primary's block device with Options.LoopDevices (device.go).
+	dev *device
+	// heldDev: the device this resource had when it was demoted while a
+	// reader held it open. Its loop device stays that reader's (losetup -d
+	// only set autoclear) and serves its reads, and it keeps the resource
+	// from detaching until closed (see demote).
+	heldDev *device
 
 	// published is the last state published per events2 object.
 	published map[string]*object

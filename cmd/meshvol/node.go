@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/meshvol/meshvol/pkg/agent"
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/storage"
+	"github.com/meshvol/meshvol/pkg/storage/file"
+	"github.com/meshvol/meshvol/pkg/storage/lvm"
+	"github.com/meshvol/meshvol/pkg/version"
+)
+
+// addrList is a repeatable --address flag.
+type addrList []netip.Addr
+
+func (a *addrList) String() string { return fmt.Sprint(*a) }
+func (a *addrList) Set(s string) error {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return fmt.Errorf("--address %q: %w", s, err)
+	}
+	*a = append(*a, ip)
+	return nil
+}
+
+// runNode is `meshvol node`: the node agent of one node (and, with the CSI
+// issue, the CSI node service in the same process).
+func runNode(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's Kubernetes name (default $NODE_NAME); replicas with spec.nodeName equal to it are this agent's")
+	var addrs addrList
+	fs.Var(&addrs, "address", "a DRBD replication address of this node (repeat for IPv4 and IPv6); default: the Node's InternalIP addresses")
+	zone := fs.String("zone", "", "the node's zone; default: the Node's "+v1.LabelZone+" label")
+	namespace := fs.String("namespace", envOr("POD_NAMESPACE", v1.DefaultNamespace), "namespace of the per-volume Secrets and the agents' Leases (default $POD_NAMESPACE)")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
+	confDir := fs.String("drbd-conf-dir", "/var/lib/meshvol/drbd.d", "where the agent writes one <volume>.res per DRBD resource")
+	cmdTimeout := fs.Duration("command-timeout", 30*time.Second, "deadline of every DRBD command; a command that hangs past it becomes a condition")
+	metrics := fs.String("metrics-bind-address", ":9501", `Prometheus metrics endpoint; "0" disables it`)
+	verbose := fs.Int("v", 0, "log verbosity")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: meshvol node [flags]\n\nRuns the node agent: renders each volume's datamesh into DRBD on this node, reports\nwhat the kernel runs in ReplicatedVolumeReplica status, renews the node's Lease.\n\nflags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *nodeName == "" {
+		fmt.Fprintln(stderr, "meshvol node: --node-name (or $NODE_NAME) is required")
+		return 2
+	}
+	log := funcr.New(func(prefix, args string) { fmt.Fprintln(stderr, prefix, args) }, funcr.Options{Verbosity: *verbose})
+
+	restCfg, err := restConfig(*kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "meshvol node: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(v1.AddToScheme(scheme))
+	if len(addrs) == 0 || *zone == "" {
+		if err := nodeFacts(ctx, restCfg, *nodeName, &addrs, zone); err != nil {
+			fmt.Fprintf(stderr, "meshvol node: %v\n", err)
+			return 1
+		}
+	}
+	exec := drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout})
+	features, err := exec.ProbeFeatures(ctx)
+	if err != nil {
+		log.Error(err, "probing DRBD features; assuming upstream DRBD 9.2")
+	}
+	exec = drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, Features: features})
+	hmac, verify := kernelAlgorithms("/proc/crypto")
+	err = agent.Run(ctx, restCfg, scheme, agent.Config{
+		NodeName:         *nodeName,
+		Zone:             *zone,
+		Addresses:        addrs,
+		Namespace:        *namespace,
+		Driver:           exec,
+		Features:         features,
+		Pools:            nodePools(*nodeName),
+		HMACAlgorithms:   hmac,
+		VerifyAlgorithms: verify,
+		Version:          version.Get().Version,
+		CommandTimeout:   *cmdTimeout,
+		MetricsAddr:      *metrics,
+		Log:              logr.New(log.GetSink()),
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintf(stderr, "meshvol node: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
+	}
+	return cfg, nil
+}
+
+// nodeFacts fills the addresses (InternalIP) and zone (label) from the Node.
+func nodeFacts(ctx context.Context, cfg *rest.Config, name string, addrs *addrList, zone *string) error {
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return err
+	}
+	node := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+		return fmt.Errorf("reading Node %s for its addresses and zone: %w", name, err)
+	}
+	if *zone == "" {
+		*zone = node.Labels[v1.LabelZone]
+	}
+	if len(*addrs) == 0 {
+		for _, a := range node.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				if ip, err := netip.ParseAddr(a.Address); err == nil {
+					*addrs = append(*addrs, ip)
+				}
+			}
+		}
+		if len(*addrs) == 0 {
+			return fmt.Errorf("node %s has no InternalIP address: pass --address", name)
+		}
+	}
+	return nil
+}
+
+// nodePools maps an RSP to its provider on this node: the File pool's
+// directory, or this node's volume group (and thin pool) of an LVM pool.
+func nodePools(node string) agent.PoolFactory {
+	return func(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
+		switch rsp.Spec.Type {
+		case v1.PoolTypeFile:
+			if rsp.Spec.File == nil {
+				return nil, errors.New("file pool without spec.file")
+			}
+			if err := os.MkdirAll(rsp.Spec.File.Directory, 0o750); err != nil {
+				return nil, err
+			}
+			return file.New(rsp.Spec.File.Directory)
+		case v1.PoolTypeLVM, v1.PoolTypeLVMThin:
+			for _, vg := range rsp.Spec.VolumeGroups {
+				if vg.NodeName != node {
+					continue
+				}
+				if rsp.Spec.Type == v1.PoolTypeLVMThin {
+					return lvm.NewThin(vg.Name, vg.ThinPool, lvm.Options{})
+				}
+				return lvm.NewThick(vg.Name, lvm.Options{})
+			}
+			return nil, nil // this node is not in the pool
+		}
+		return nil, fmt.Errorf("pool type %q is not supported", rsp.Spec.Type)
+	}
+}
+
+// kernelAlgorithms reads the HMAC and verify (digest) algorithms the
+// kernel's crypto API offers, in meshvol's order of preference.
+func kernelAlgorithms(path string) (hmac, verify []string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil
+	}
+	defer f.Close()
+	names := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == "name" {
+			names[strings.TrimSpace(v)] = true
+		}
+	}
+	for _, alg := range []string{"sha256", "sha1", "md5"} {
+		if names["hmac("+alg+")"] || names[alg] {
+			hmac = append(hmac, alg)
+		}
+	}
+	for _, alg := range []string{"crc32c", "sha256", "sha1", "md5"} {
+		if names[alg] {
+			verify = append(verify, alg)
+		}
+	}
+	return hmac, verify
+}

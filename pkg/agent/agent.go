@@ -1,0 +1,272 @@
+// Package agent is meshvol's node agent: it turns each volume's datamesh
+// (RV status, written by the controller) into DRBD configuration on its own
+// node, and reports what the kernel really runs in the status of its node's
+// replicas (RVR status). docs/contract.md says who writes what.
+//
+// The agent drives DRBD only through drbd.Driver and backing volumes only
+// through storage.Provider; it cannot tell drbd.ExecDriver from drbdsim, nor
+// an LVM pool from a file pool.
+//
+// One Agent per node. Its pieces:
+//
+//   - a reconciler per RVR of its node (an informer selected by the
+//     storage.meshvol.io/node label), woken by the RVR, its RV, and the events2
+//     Observer: backing volume, render, apply (create-md/up/adjust), read-back,
+//     day-0 sync skip, promote/demote, status;
+//   - the Lease of its node with the node's facts on annotations (lease.go);
+//   - a collector of DRBD resources and backing volumes that no RVR of this
+//     node owns any more (gc.go).
+//
+// Restart is invisible to IO: nothing is taken down at start. The reconciler
+// reads the kernel (show) and only adjusts what differs from the datamesh.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/storage"
+)
+
+// PoolFactory returns the storage provider of a pool on this node, or
+// (nil, nil) when this node does not serve the pool. Production maps an
+// RSP's type to the LVM or file provider; the in-process cluster gives each
+// node a file pool of its own.
+type PoolFactory func(rsp *v1.ReplicatedStoragePool) (storage.Provider, error)
+
+// Config is one node agent.
+type Config struct {
+	// NodeName is the node (RVR spec.nodeName, the DRBD host name).
+	NodeName string
+	// Zone is the node's topology zone ("" when the cluster has none).
+	Zone string
+	// Addresses are the node's DRBD replication addresses. Required.
+	Addresses []netip.Addr
+	// Namespace holds the per-volume Secrets and the agents' Leases.
+	Namespace string
+	// Driver is DRBD on this node.
+	Driver drbd.Driver
+	// Features is what the DRBD in use supports.
+	Features drbd.Features
+	// Pools maps a ReplicatedStoragePool to its provider on this node.
+	Pools PoolFactory
+	// HMACAlgorithms and VerifyAlgorithms are what the node's kernel offers,
+	// published on the Lease for the controller's choice.
+	HMACAlgorithms   []string
+	VerifyAlgorithms []string
+	// Version is the agent's build version, published on the Lease.
+	Version string
+
+	// CommandTimeout bounds every driver call. Default 30 s.
+	CommandTimeout time.Duration
+	// LeaseDuration and RenewInterval: default 10 s and 3 s (docs/contract.md).
+	LeaseDuration time.Duration
+	RenewInterval time.Duration
+	// ProgressInterval is the least time between two status writes that change
+	// nothing but resync progress. Default 5 s.
+	ProgressInterval time.Duration
+	// RetryInterval is how soon a failed step (a refused demote, a failed
+	// command) is tried again. Default 2 s.
+	RetryInterval time.Duration
+	// GCInterval is how often orphaned resources and volumes are looked for.
+	// Default 1 min.
+	GCInterval time.Duration
+	// MetricsAddr serves Prometheus metrics; "" or "0" disables them.
+	MetricsAddr string
+
+	Log logr.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.NodeName == "" {
+		return errors.New("agent: NodeName is required")
+	}
+	if len(c.Addresses) == 0 {
+		return errors.New("agent: at least one replication address is required")
+	}
+	if c.Driver == nil || c.Pools == nil {
+		return errors.New("agent: Driver and Pools are required")
+	}
+	if c.Namespace == "" {
+		c.Namespace = v1.DefaultNamespace
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.CommandTimeout, 30*time.Second)
+	def(&c.LeaseDuration, 10*time.Second)
+	def(&c.RenewInterval, 3*time.Second)
+	def(&c.ProgressInterval, 5*time.Second)
+	def(&c.RetryInterval, 2*time.Second)
+	def(&c.GCInterval, time.Minute)
+	if c.MetricsAddr == "" {
+		c.MetricsAddr = "0"
+	}
+	return nil
+}
+
+// Agent is a running node agent.
+type Agent struct {
+	cfg    Config
+	log    logr.Logger
+	drv    drbd.Driver // with a deadline on every call
+	obs    *drbd.Observer
+	client client.Client
+	reader client.Reader // uncached: Secrets (get only) and the Lease
+	cache  cache.Cache
+
+	mu       sync.Mutex
+	written  map[types.UID]writtenStatus
+	secrets  map[string]string // Secret name → shared secret
+	pools    map[string]poolEntry
+	volumes  map[types.UID]storage.Volume
+	capDirty bool // a backing volume was created or deleted since the last Lease
+}
+
+type writtenStatus struct {
+	status v1.ReplicatedVolumeReplicaStatus
+	at     time.Time
+}
+
+type poolEntry struct {
+	generation int64
+	p          storage.Provider
+}
+
+// Run runs the agent until ctx is done. It returns after every goroutine it
+// started has ended.
+func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg Config) error {
+	if err := cfg.defaults(); err != nil {
+		return err
+	}
+	a := &Agent{
+		cfg:     cfg,
+		log:     cfg.Log.WithValues("node", cfg.NodeName),
+		drv:     deadlineDriver{d: cfg.Driver, timeout: cfg.CommandTimeout},
+		written: map[types.UID]writtenStatus{},
+		secrets: map[string]string{},
+		pools:   map[string]poolEntry{},
+		volumes: map[types.UID]storage.Volume{},
+	}
+	grace := 5 * time.Second
+	mgr, err := ctrl.NewManager(restCfg, manager.Options{
+		Scheme: scheme,
+		Logger: a.log,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Only this node's replicas (docs/contract.md: by label, never by name).
+			&v1.ReplicatedVolumeReplica{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelNode: cfg.NodeName})},
+		}},
+		Client: client.Options{Cache: &client.CacheOptions{
+			// Secrets and Leases are read directly: the agent may only get
+			// Secrets, and caching every Secret of the namespace is not its
+			// business.
+			DisableFor: []client.Object{&corev1.Secret{}, &coordinationv1.Lease{}},
+		}},
+		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		HealthProbeBindAddress:  "0",
+		GracefulShutdownTimeout: &grace,
+		Controller:              config.Controller{SkipNameValidation: drbd.Ptr(true)},
+	})
+	if err != nil {
+		return fmt.Errorf("agent: manager: %w", err)
+	}
+	a.client = mgr.GetClient()
+	a.reader = mgr.GetAPIReader()
+	a.cache = mgr.GetCache()
+	a.obs = drbd.NewObserver(a.cfg.Driver.Events, drbd.ObserverOptions{Log: nil, OnError: func(err error) {
+		a.log.V(1).Info("events2", "err", err.Error())
+	}})
+
+	kernel := make(chan event.TypedGenericEvent[string], 64)
+	byVolume := handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, volume string) []reconcile.Request {
+		return a.replicasOf(ctx, volume)
+	})
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("meshvol-agent").
+		For(&v1.ReplicatedVolumeReplica{}).
+		Watches(&v1.ReplicatedVolume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return a.replicasOf(ctx, o.GetName())
+		})).
+		WatchesRawSource(source.Channel(kernel, byVolume)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(reconcile.Func(a.reconcile))
+	if err != nil {
+		return fmt.Errorf("agent: controller: %w", err)
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		return a.runObserver(ctx, kernel)
+	})); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(a.runLease)); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(a.runGC)); err != nil {
+		return err
+	}
+	a.log.Info("node agent starting", "addresses", cfg.Addresses, "zone", cfg.Zone)
+	return mgr.Start(ctx)
+}
+
+// runObserver runs the events2 Observer and turns each change into a
+// reconcile of the replica of that volume.
+func (a *Agent) runObserver(ctx context.Context, kernel chan<- event.TypedGenericEvent[string]) error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range a.obs.Changes() {
+			select {
+			case kernel <- event.TypedGenericEvent[string]{Object: c.Resource}:
+			case <-ctx.Done():
+			}
+		}
+	}()
+	err := a.obs.Run(ctx)
+	<-done
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// replicasOf maps a volume (RV name = DRBD resource name) to the replicas of
+// this node that belong to it.
+func (a *Agent) replicasOf(ctx context.Context, volume string) []reconcile.Request {
+	var list v1.ReplicatedVolumeReplicaList
+	if err := a.cache.List(ctx, &list, client.MatchingLabels{v1.LabelVolume: volume}); err != nil {
+		a.log.Error(err, "listing replicas", "volume", volume)
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
+	}
+	return out
+}

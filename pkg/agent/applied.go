@@ -1,0 +1,141 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/meshvol/meshvol/pkg/drbd"
+)
+
+// configDiff lists how the configuration the kernel runs (`drbdsetup show`)
+// differs from want; empty means the kernel runs exactly want. This is the
+// read-back behind status.datameshRevision: a revision is confirmed only when
+// this is empty, never because a command exited 0.
+//
+// show prints an option only where it differs from DRBD's default, so a
+// missing key is compared as the default. The messages never carry the shared
+// secret (show prints it in clear; docs/contract.md "The shared secret").
+func configDiff(want *drbd.Resource, got *drbd.ShowResource) []string {
+	if got == nil {
+		return []string{"resource is not running"}
+	}
+	var d []string
+	add := func(format string, args ...any) { d = append(d, fmt.Sprintf(format, args...)) }
+	o := want.Options
+
+	if got.ThisHost.NodeID != want.Self.NodeID {
+		add("node-id %d, want %d", got.ThisHost.NodeID, want.Self.NodeID)
+	}
+	var vol *drbd.ShowVolume
+	for i := range got.ThisHost.Volumes {
+		if got.ThisHost.Volumes[i].VolumeNr == drbd.VolumeNumber {
+			vol = &got.ThisHost.Volumes[i]
+		}
+	}
+	switch {
+	case vol == nil:
+		add("volume %d is not configured", drbd.VolumeNumber)
+	default:
+		if vol.DeviceMinor != want.Minor {
+			add("minor %d, want %d", vol.DeviceMinor, want.Minor)
+		}
+		switch {
+		case want.Disk == nil && !vol.Disk.None:
+			add("disk %q attached, want none", vol.BackingDisk)
+		case want.Disk != nil && (vol.Disk.None || vol.BackingDisk != want.Disk.BackingDevice):
+			add("disk %q, want %q", vol.BackingDisk, want.Disk.BackingDevice)
+		case want.Disk != nil:
+			disk := vol.Disk.Options
+			optEq(add, "disk option discard-zeroes-if-aligned", disk, "discard-zeroes-if-aligned", yesNo(o.Disk.DiscardZeroesIfAligned), "yes")
+			optEq(add, "disk option rs-discard-granularity", disk, "rs-discard-granularity", strconv.Itoa(int(o.Disk.RsDiscardGranularity)), "0")
+			optEq(add, "disk option non-voting", disk, "non-voting", yesNo(o.Disk.NonVoting), "no")
+		}
+	}
+
+	opts := got.Options
+	quorumEq(add, "quorum", opts["quorum"], o.Resource.Quorum)
+	quorumEq(add, "quorum-minimum-redundancy", opts["quorum-minimum-redundancy"], o.Resource.QuorumMinimumRedundancy)
+	optEq(add, "on-no-quorum", opts, "on-no-quorum", string(o.Resource.OnNoQuorum), string(drbd.OnNoQuorumSuspendIO))
+	optEq(add, "on-no-data-accessible", opts, "on-no-data-accessible", string(o.Resource.OnNoDataAccessible), string(drbd.OnNoDataAccessibleIOError))
+	optEq(add, "auto-promote", opts, "auto-promote", yesNo(o.Resource.AutoPromote), "yes")
+
+	wantPeers := map[int]drbd.Peer{}
+	for _, p := range want.Peers {
+		wantPeers[p.NodeID] = p
+	}
+	seen := map[int]bool{}
+	for _, c := range got.Connections {
+		p, ok := wantPeers[c.PeerNodeID]
+		if !ok {
+			add("connection to node-id %d (%s) is not in the datamesh", c.PeerNodeID, c.Name())
+			continue
+		}
+		seen[c.PeerNodeID] = true
+		what := fmt.Sprintf("connection to %s (node-id %d)", p.Name, p.NodeID)
+		if c.Name() != p.Name {
+			add("%s: name %q", what, c.Name())
+		}
+		wantPath := drbd.ShowPath{ThisHost: showAddr(want.Self.Address), RemoteHost: showAddr(p.Address)}
+		if paths := c.AllPaths(); len(paths) != 1 || paths[0] != wantPath {
+			add("%s: paths %v, want [%v]", what, paths, wantPath)
+		}
+		optEq(add, what+" protocol", c.Net, "protocol", string(o.Net.Protocol), string(drbd.ProtocolC))
+		optEq(add, what+" allow-two-primaries", c.Net, "allow-two-primaries", yesNo(o.Net.AllowTwoPrimaries), "no")
+		optEq(add, what+" cram-hmac-alg", c.Net, "cram-hmac-alg", o.Net.CramHMACAlg, "")
+		if c.Net["shared-secret"] != o.Net.SharedSecret {
+			add("%s: shared-secret differs", what) // never print it
+		}
+		optEq(add, what+" allow-remote-read", c.Net, "allow-remote-read", yesNo(p.EffectiveAllowRemoteRead(o)), "yes")
+	}
+	var missing []int
+	for id := range wantPeers {
+		if !seen[id] {
+			missing = append(missing, id)
+		}
+	}
+	slices.Sort(missing)
+	for _, id := range missing {
+		add("no connection to %s (node-id %d)", wantPeers[id].Name, id)
+	}
+	return d
+}
+
+func optEq(add func(string, ...any), what string, m drbd.ShowOptions, key, want, def string) {
+	got, ok := m[key]
+	if !ok {
+		got = def
+	}
+	if got != want {
+		add("%s %q, want %q", what, got, want)
+	}
+}
+
+func quorumEq(add func(string, ...any), what, got string, want drbd.Quorum) {
+	q := drbd.QuorumOff
+	if got != "" {
+		var err error
+		if q, err = drbd.ParseQuorum(got); err != nil {
+			add("%s: %v", what, err)
+			return
+		}
+	}
+	if q != want {
+		add("%s %s, want %s", what, q, want)
+	}
+}
+
+// showAddr is an address the way `drbdsetup show` prints a path end.
+func showAddr(a drbd.Address) string {
+	if a.IP.Is4() {
+		return fmt.Sprintf("ipv4 %s:%d", a.IP, a.Port)
+	}
+	return fmt.Sprintf("ipv6 [%s]:%d", a.IP, a.Port)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

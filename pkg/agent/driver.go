@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/meshvol/meshvol/pkg/drbd"
+)
+
+// deadlineDriver gives every driver call a deadline, so that a hung command
+// returns drbd.ErrTimeout and becomes a condition instead of a stuck worker.
+// Events is the one long-running call: the Observer owns its lifetime.
+type deadlineDriver struct {
+	d       drbd.Driver
+	timeout time.Duration
+}
+
+var _ drbd.Driver = deadlineDriver{}
+
+func (t deadlineDriver) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, t.timeout)
+}
+
+func (t deadlineDriver) WriteConfig(ctx context.Context, r *drbd.Resource) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.WriteConfig(ctx, r)
+}
+
+func (t deadlineDriver) RemoveConfig(ctx context.Context, name string) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.RemoveConfig(ctx, name)
+}
+
+func (t deadlineDriver) HasMetadata(ctx context.Context, name string) (bool, error) {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.HasMetadata(ctx, name)
+}
+
+func (t deadlineDriver) CreateMetadata(ctx context.Context, name string, maxPeers int) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.CreateMetadata(ctx, name, maxPeers)
+}
+
+func (t deadlineDriver) Up(ctx context.Context, name string) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Up(ctx, name)
+}
+
+func (t deadlineDriver) Adjust(ctx context.Context, name string) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Adjust(ctx, name)
+}
+
+func (t deadlineDriver) Down(ctx context.Context, name string) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Down(ctx, name)
+}
+
+func (t deadlineDriver) Primary(ctx context.Context, name string, force drbd.ForceReason) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Primary(ctx, name, force)
+}
+
+func (t deadlineDriver) Secondary(ctx context.Context, name string) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Secondary(ctx, name)
+}
+
+func (t deadlineDriver) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.NewCurrentUUIDClearBitmap(ctx, name)
+}
+
+func (t deadlineDriver) Resize(ctx context.Context, name string) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Resize(ctx, name)
+}
+
+func (t deadlineDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.ForgetPeer(ctx, name, peerNodeID)
+}
+
+func (t deadlineDriver) Verify(ctx context.Context, name string, peerNodeID int) error {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Verify(ctx, name, peerNodeID)
+}
+
+func (t deadlineDriver) Status(ctx context.Context, name string) ([]drbd.StatusResource, error) {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Status(ctx, name)
+}
+
+func (t deadlineDriver) Show(ctx context.Context, name string) ([]drbd.ShowResource, error) {
+	ctx, cancel := t.ctx(ctx)
+	defer cancel()
+	return t.d.Show(ctx, name)
+}
+
+func (t deadlineDriver) Events(ctx context.Context) (io.ReadCloser, error) { return t.d.Events(ctx) }
+
+func (t deadlineDriver) DevicePath(name string) string { return t.d.DevicePath(name) }

@@ -1,0 +1,107 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+// runGC looks for DRBD resources and backing volumes that no replica of this
+// node owns any more and removes them: a node that comes back after the
+// controller force-removed its replicas finds them gone (docs/contract.md
+// "Node that is gone") and must never reuse their stale data.
+//
+// It runs only with a synced cache and a synced Observer: an empty cache
+// must never read as "nothing is ours" (kubelet's reconstruct.go: unknown
+// never means delete).
+func (a *Agent) runGC(ctx context.Context) error {
+	if !a.cache.WaitForCacheSync(ctx) {
+		return nil
+	}
+	t := time.NewTicker(a.cfg.GCInterval)
+	defer t.Stop()
+	for {
+		if a.obs.Synced() {
+			a.collect(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// collect is one pass. The kernel and the pools are listed before the
+// replicas: whatever the agent created was for a replica already in the
+// cache, so a replica created meanwhile is never mistaken for a missing one.
+func (a *Agent) collect(ctx context.Context) {
+	resources, err := a.drv.Status(ctx, "all")
+	if err != nil {
+		a.log.Error(err, "gc: drbdsetup status")
+		return
+	}
+	type poolVols struct {
+		name string
+		vols []string
+	}
+	var pools []poolVols
+	var rsps v1.ReplicatedStoragePoolList
+	if err := a.cache.List(ctx, &rsps); err != nil {
+		return
+	}
+	for i := range rsps.Items {
+		p, err := a.providerFor(&rsps.Items[i])
+		if err != nil {
+			continue
+		}
+		vols, err := p.List(ctx)
+		if err != nil {
+			a.log.Error(err, "gc: listing pool", "pool", rsps.Items[i].Name)
+			continue
+		}
+		pv := poolVols{name: rsps.Items[i].Name}
+		for _, v := range vols {
+			pv.vols = append(pv.vols, v.Replica)
+		}
+		pools = append(pools, pv)
+	}
+	var rvrs v1.ReplicatedVolumeReplicaList
+	if err := a.cache.List(ctx, &rvrs, client.MatchingLabels{v1.LabelNode: a.cfg.NodeName}); err != nil {
+		return
+	}
+	volumes, replicas := map[string]bool{}, map[string]bool{}
+	for i := range rvrs.Items {
+		volumes[rvrs.Items[i].Spec.ReplicatedVolumeName] = true
+		replicas[rvrs.Items[i].Name] = true
+	}
+	for _, r := range resources {
+		if volumes[r.Name] {
+			continue
+		}
+		a.log.Info("gc: no replica of this node owns DRBD resource; taking it down", "resource", r.Name)
+		if err := a.takeDown(ctx, r.Name); err != nil {
+			a.log.Error(err, "gc: taking down", "resource", r.Name)
+		}
+	}
+	for _, pv := range pools {
+		for _, replica := range pv.vols {
+			if replicas[replica] {
+				continue
+			}
+			p, err := a.provider(ctx, pv.name)
+			if err != nil {
+				continue
+			}
+			a.log.Info("gc: no replica owns backing volume; deleting it", "pool", pv.name, "replica", replica)
+			if err := p.Delete(ctx, replica); err != nil {
+				a.log.Error(err, "gc: deleting backing volume", "replica", replica)
+				continue
+			}
+			a.markCapacity()
+		}
+	}
+}

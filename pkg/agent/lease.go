@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+// runLease renews the node's Lease every RenewInterval until ctx ends: the
+// agent's liveness, and the carrier of the node's facts (docs/contract.md
+// "Node facts and liveness"). It is the one periodic write the agent makes.
+func (a *Agent) runLease(ctx context.Context) error {
+	var lease *coordinationv1.Lease
+	caps := map[string]capacity{}
+	t := time.NewTicker(a.cfg.RenewInterval)
+	defer t.Stop()
+	for {
+		var err error
+		if lease, err = a.renewLease(ctx, lease, caps); err != nil && ctx.Err() == nil {
+			a.log.Error(err, "renewing the node Lease")
+			lease = nil // read it again next time
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+type capacity struct{ total, free int64 }
+
+// LeaseName is the name of a node's agent Lease.
+func LeaseName(node string) string { return v1.AgentLeasePrefix + node }
+
+func (a *Agent) renewLease(ctx context.Context, lease *coordinationv1.Lease, caps map[string]capacity) (*coordinationv1.Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.RenewInterval*2)
+	defer cancel()
+	if lease == nil {
+		lease = &coordinationv1.Lease{}
+		err := a.reader.Get(ctx, types.NamespacedName{Namespace: a.cfg.Namespace, Name: LeaseName(a.cfg.NodeName)}, lease)
+		switch {
+		case apierrors.IsNotFound(err):
+			lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: a.cfg.Namespace, Name: LeaseName(a.cfg.NodeName)}}
+			a.fillLease(ctx, lease, caps)
+			if err := a.client.Create(ctx, lease); err != nil {
+				return nil, err
+			}
+			return lease, nil
+		case err != nil:
+			return nil, err
+		}
+	}
+	next := lease.DeepCopy()
+	a.fillLease(ctx, next, caps)
+	if err := a.client.Update(ctx, next); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// fillLease sets holder, times and the facts. Capacity annotations change only
+// when free space moved by at least min(1 % of total, 1 GiB) or a backing
+// volume was created or deleted; otherwise the previous value stays.
+func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map[string]capacity) {
+	now := metav1.NewMicroTime(time.Now())
+	holder := a.cfg.NodeName
+	secs := int32(a.cfg.LeaseDuration / time.Second)
+	l.Spec.HolderIdentity = &holder
+	l.Spec.LeaseDurationSeconds = &secs
+	l.Spec.RenewTime = &now
+	if l.Spec.AcquireTime == nil {
+		l.Spec.AcquireTime = &now
+	}
+	ann := maps.Clone(l.Annotations)
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[v1.AnnotationAddresses] = strings.Join(a.addressStrings(), ",")
+	ann[v1.AnnotationZone] = a.cfg.Zone
+	ann[v1.AnnotationHMACAlgorithms] = strings.Join(a.cfg.HMACAlgorithms, ",")
+	ann[v1.AnnotationVerifyAlgorithms] = strings.Join(a.cfg.VerifyAlgorithms, ",")
+	ann[v1.AnnotationAgentVersion] = a.cfg.Version
+
+	a.mu.Lock()
+	dirty := a.capDirty
+	a.capDirty = false
+	a.mu.Unlock()
+	var rsps v1.ReplicatedStoragePoolList
+	if err := a.cache.List(ctx, &rsps); err == nil {
+		served := map[string]bool{}
+		for i := range rsps.Items {
+			rsp := &rsps.Items[i]
+			p, err := a.providerFor(rsp)
+			if err != nil {
+				continue // not served here
+			}
+			c, err := p.Capacity(ctx)
+			if err != nil {
+				a.log.Error(err, "pool capacity", "pool", rsp.Name)
+				continue
+			}
+			served[rsp.Name] = true
+			key := v1.AnnotationPoolCapacityPrefix + rsp.Name
+			last, ok := caps[rsp.Name]
+			if !ok || dirty || moved(last, c.TotalBytes, c.FreeBytes) {
+				caps[rsp.Name] = capacity{total: c.TotalBytes, free: c.FreeBytes}
+				ann[key] = fmt.Sprintf("total=%d,free=%d", c.TotalBytes, c.FreeBytes)
+			}
+		}
+		for k := range ann {
+			if pool, ok := strings.CutPrefix(k, v1.AnnotationPoolCapacityPrefix); ok && !served[pool] {
+				delete(ann, k)
+				delete(caps, pool)
+			}
+		}
+	}
+	l.Annotations = ann
+}
+
+func moved(last capacity, total, free int64) bool {
+	if total != last.total {
+		return true
+	}
+	threshold := min(total/100, int64(1)<<30)
+	d := free - last.free
+	if d < 0 {
+		d = -d
+	}
+	return d >= threshold
+}
+
+// ParseCapacity reads a capacity annotation value ("total=<bytes>,free=<bytes>").
+func ParseCapacity(v string) (total, free int64, err error) {
+	for _, part := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(part, "=")
+		if !ok {
+			return 0, 0, fmt.Errorf("capacity %q: %q is not key=value", v, part)
+		}
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("capacity %q: %s: %w", v, k, err)
+		}
+		switch k {
+		case "total":
+			total = n
+		case "free":
+			free = n
+		}
+	}
+	return total, free, nil
+}

@@ -1,0 +1,633 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/storage"
+)
+
+// step is the outcome of one reconcile of one replica: the status to report
+// and when to look again (0: only when something changes).
+type step struct {
+	st    v1.ReplicatedVolumeReplicaStatus
+	retry time.Duration
+	// gone: the finalizer was released; there is nothing left to report.
+	gone bool
+}
+
+func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	rvr := &v1.ReplicatedVolumeReplica{}
+	if err := a.cache.Get(ctx, req.NamespacedName, rvr); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if rvr.Spec.NodeName != a.cfg.NodeName {
+		return ctrl.Result{}, nil // labelled for this node but placed elsewhere: not ours
+	}
+	if !a.obs.Synced() {
+		// Adopting what the kernel runs needs the kernel's picture first.
+		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
+	var rv *v1.ReplicatedVolume
+	if rvr.Spec.ReplicatedVolumeName != "" {
+		rv = &v1.ReplicatedVolume{}
+		if err := a.cache.Get(ctx, types.NamespacedName{Name: rvr.Spec.ReplicatedVolumeName}, rv); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, err
+			}
+			rv = nil
+		}
+	}
+	s := a.converge(ctx, rvr, rv)
+	if s.gone {
+		return ctrl.Result{}, nil
+	}
+	after, err := a.writeStatus(ctx, rvr, s.st)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	res := ctrl.Result{RequeueAfter: s.retry}
+	if after > 0 && (res.RequeueAfter == 0 || after < res.RequeueAfter) {
+		res.RequeueAfter = after
+	}
+	return res, nil
+}
+
+// converge moves this node's DRBD one step toward the datamesh and says what
+// to report.
+func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) step {
+	now := metav1.Now().Rfc3339Copy()
+	gen := rvr.Generation
+	prev := rvr.Status.Conditions
+	s := step{st: v1.ReplicatedVolumeReplicaStatus{ObservedGeneration: gen, Addresses: a.addressStrings()}}
+	cond := func(typ string, status metav1.ConditionStatus, reason, msg string) {
+		s.st.Conditions = setCondition(s.st.Conditions, prev, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}, gen, now)
+	}
+	failed := func(what string, err error) step {
+		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+redact(err.Error()))
+		s.st.DatameshRevision = rvr.Status.DatameshRevision
+		s.retry = a.cfg.RetryInterval
+		a.fillKernel(&s.st, rv, rvr)
+		return s
+	}
+
+	var member *v1.DatameshMember
+	if rv != nil {
+		for i := range rv.Status.Datamesh.Members {
+			if m := &rv.Status.Datamesh.Members[i]; m.Name == rvr.Name {
+				member = m
+			}
+		}
+	}
+	resName := rvr.Spec.ReplicatedVolumeName
+
+	if member == nil {
+		// Not (or no longer) a member: nothing of this volume may run here.
+		if _, running := a.obs.Snapshot(resName); running {
+			if err := a.takeDown(ctx, resName); err != nil {
+				if errors.Is(err, drbd.ErrDeviceInUse) {
+					cond(ConditionDRBDRole, metav1.ConditionFalse, ReasonDemoteRefused,
+						"Left the datamesh but the device is held open (mounted?); will retry, never forced: "+redact(err.Error()))
+				}
+				return failed("taking down the resource of a replica that is not a datamesh member", err)
+			}
+		}
+		if rvr.DeletionTimestamp != nil {
+			if err := a.releaseReplica(ctx, rvr); err != nil {
+				return failed("tearing down the deleted replica", err)
+			}
+			s.gone = true
+			return s
+		}
+		msg := "Not a member of the datamesh"
+		switch {
+		case rv == nil:
+			msg = fmt.Sprintf("Volume %q not found", resName)
+		default:
+			msg += fmt.Sprintf(" (revision %d)", rv.Status.DatameshRevision)
+		}
+		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonPendingDatameshJoin, msg)
+		if v, ok := a.knownVolume(rvr); ok {
+			s.st.BackingVolume = backingStatus(&v)
+		}
+		return s
+	}
+
+	rev := rv.Status.DatameshRevision
+	dm := &rv.Status.Datamesh
+
+	// Backing volume: every full-mesh member with storage holds one, the
+	// liminal ones too (provisioned but not attached to DRBD, decision D1).
+	var vol *storage.Volume
+	if member.Type.ConnectsToAllPeers() && rvr.Spec.Storage != nil {
+		v, err := a.ensureVolume(ctx, rvr, rv)
+		if err != nil {
+			return failed("backing volume", err)
+		}
+		vol = &v
+		s.st.BackingVolume = backingStatus(vol)
+	}
+	if member.Type.HasDisk() && vol == nil {
+		return failed("render", fmt.Errorf("member is %s but spec.storage is empty", member.Type))
+	}
+
+	secret := ""
+	if ref := dm.SharedSecret; ref != nil {
+		var err error
+		if secret, err = a.sharedSecret(ctx, ref); err != nil {
+			return failed("shared secret", err)
+		}
+	}
+	var rsc *v1.ReplicatedStorageClass
+	if name := rv.Spec.ReplicatedStorageClassName; name != "" {
+		rsc = &v1.ReplicatedStorageClass{}
+		if err := a.cache.Get(ctx, types.NamespacedName{Name: name}, rsc); err != nil {
+			rsc = nil
+		}
+	}
+	in := renderInput{rv: rv, self: member, rvr: rvr, rsc: rsc, secret: secret, features: a.cfg.Features}
+	if member.Type.HasDisk() {
+		in.backing = vol.DevicePath
+	}
+	want, err := render(in)
+	if err != nil {
+		return failed("render", err)
+	}
+
+	diff, err := a.readBack(ctx, want)
+	if err != nil {
+		return failed("read back (drbdsetup show)", err)
+	}
+	if len(diff) > 0 {
+		a.log.Info("applying datamesh revision", "replica", rvr.Name, "revision", rev, "differences", strings.Join(diff, "; "))
+		if err := a.apply(ctx, want); err != nil {
+			return failed(fmt.Sprintf("applying revision %d", rev), err)
+		}
+		if diff, err = a.readBack(ctx, want); err != nil {
+			return failed("read back (drbdsetup show)", err)
+		}
+	}
+	if len(diff) > 0 {
+		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration,
+			fmt.Sprintf("Revision %d applied but the kernel runs something else: %s", rev, strings.Join(diff, "; ")))
+		s.st.DatameshRevision = rvr.Status.DatameshRevision
+		s.retry = a.cfg.RetryInterval
+		a.fillKernel(&s.st, rv, rvr)
+		return s
+	}
+
+	a.dayZero(ctx, rv, member)
+	resized, err := a.resizeDevice(ctx, rv, member, vol)
+	if err != nil {
+		return failed("resize", err)
+	}
+
+	// The role is part of what a revision means: a member marked attached
+	// confirms only once it is Primary, a detached one only once it is
+	// Secondary, so a Detach is confirmed by a real demotion.
+	roleOK, retry := a.applyRole(ctx, rv.Name, member, cond)
+	s.retry = retry
+	if roleOK && resized {
+		s.st.DatameshRevision = rev
+		cond(v1.ConditionDRBDConfigured, metav1.ConditionTrue, v1.ReasonConfigured, fmt.Sprintf("DRBD runs datamesh revision %d", rev))
+	} else {
+		s.st.DatameshRevision = rvr.Status.DatameshRevision
+		msg := fmt.Sprintf("Configuration of revision %d applied; waiting for the DRBD role", rev)
+		if !resized {
+			msg = fmt.Sprintf("Configuration of revision %d applied; waiting for the DRBD device to grow", rev)
+			s.retry = a.cfg.RetryInterval
+		}
+		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration, msg)
+	}
+	a.fillKernel(&s.st, rv, rvr)
+	return s
+}
+
+// readBack compares what the kernel runs with want.
+func (a *Agent) readBack(ctx context.Context, want *drbd.Resource) ([]string, error) {
+	shown, err := a.drv.Show(ctx, want.Name)
+	if err != nil && !errors.Is(err, drbd.ErrUnknownResource) {
+		return nil, err
+	}
+	for i := range shown {
+		if shown[i].Resource == want.Name {
+			return configDiff(want, &shown[i]), nil
+		}
+	}
+	return configDiff(want, nil), nil
+}
+
+// apply writes the configuration and brings the kernel to it: up for a
+// resource that does not run (create-md first when the disk has no
+// metadata), adjust otherwise. A resource that runs is never taken down.
+func (a *Agent) apply(ctx context.Context, want *drbd.Resource) error {
+	if err := a.drv.WriteConfig(ctx, want); err != nil {
+		return err
+	}
+	_, running := a.obs.Snapshot(want.Name)
+	if !running {
+		// The observer may lag the kernel; ask the kernel itself.
+		st, err := a.drv.Status(ctx, want.Name)
+		if err != nil && !errors.Is(err, drbd.ErrUnknownResource) {
+			return err
+		}
+		running = len(st) > 0
+	}
+	attached := false
+	if s, ok := a.obs.Snapshot(want.Name); ok {
+		if d := s.Devices[drbd.VolumeNumber]; d != nil && !d.Client && d.DiskState != "Diskless" {
+			attached = true
+		}
+	}
+	if want.Disk != nil && !attached {
+		has, err := a.drv.HasMetadata(ctx, want.Name)
+		if err != nil {
+			return err
+		}
+		if !has {
+			if err := a.drv.CreateMetadata(ctx, want.Name, MaxPeers); err != nil {
+				return err
+			}
+		}
+	}
+	if running {
+		return a.drv.Adjust(ctx, want.Name)
+	}
+	return a.drv.Up(ctx, want.Name)
+}
+
+// dayZero skips the initial sync of a brand-new volume: `new-current-uuid
+// --clear-bitmap`, only during formation, only on the lowest node-id Diskful
+// member, and only when this disk and every other Diskful member's are
+// Inconsistent and connected to it — every replica empty and reachable, so
+// nothing can be lost by declaring them identical. A replica that joins a
+// volume holding data never gets here (no Formation transition) and always
+// resyncs.
+func (a *Agent) dayZero(ctx context.Context, rv *v1.ReplicatedVolume, self *v1.DatameshMember) {
+	if self.Type != v1.MemberTypeDiskful || !formationActive(rv) {
+		return
+	}
+	s, ok := a.obs.Snapshot(rv.Name)
+	if !ok {
+		return
+	}
+	d := s.Devices[drbd.VolumeNumber]
+	if d == nil || d.DiskState != "Inconsistent" {
+		return
+	}
+	for i := range rv.Status.Datamesh.Members {
+		m := &rv.Status.Datamesh.Members[i]
+		if m.Name == self.Name || !m.Type.HasDisk() {
+			continue
+		}
+		if m.NodeID < self.NodeID {
+			return // that member decides
+		}
+		c := s.Connections[int(m.NodeID)]
+		if c == nil || c.State != "Connected" {
+			return
+		}
+		pd := c.PeerDevices[drbd.VolumeNumber]
+		if pd == nil || pd.PeerDisk != "Inconsistent" {
+			return
+		}
+	}
+	a.log.Info("day 0: every replica is empty and connected; skipping the initial sync", "volume", rv.Name)
+	if err := a.drv.NewCurrentUUIDClearBitmap(ctx, rv.Name); err != nil {
+		a.log.Error(err, "new-current-uuid --clear-bitmap", "volume", rv.Name)
+	}
+}
+
+func formationActive(rv *v1.ReplicatedVolume) bool {
+	for _, t := range rv.Status.DatameshTransitions {
+		if t.Type == v1.TransitionFormation {
+			return true
+		}
+	}
+	return false
+}
+
+// applyRole promotes the member the datamesh marks attached and demotes one it
+// does not. It reports whether the role is right, and when to retry if not.
+func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember, cond func(string, metav1.ConditionStatus, string, string)) (bool, time.Duration) {
+	role := ""
+	if s, ok := a.obs.Snapshot(name); ok {
+		role = s.Role
+	}
+	if st, err := a.drv.Status(ctx, name); err == nil && len(st) == 1 {
+		role = st[0].Role // the observer may lag a role change just made
+	}
+	switch {
+	case m.Attached && role != "Primary":
+		if err := a.drv.Primary(ctx, name, drbd.NoForce); err != nil {
+			cond(ConditionDRBDRole, metav1.ConditionFalse, ReasonPromoteFailed, "Promotion refused: "+redact(err.Error()))
+			return false, a.cfg.RetryInterval
+		}
+		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonPrimary, "Primary: the datamesh marks this member attached")
+	case !m.Attached && role == "Primary":
+		if err := a.drv.Secondary(ctx, name); err != nil {
+			reason := ReasonDemoteRefused
+			msg := "Demotion refused (the device is held open, e.g. mounted); retrying, never forced: "
+			if !errors.Is(err, drbd.ErrDeviceInUse) {
+				msg = "Demotion failed; retrying: "
+			}
+			cond(ConditionDRBDRole, metav1.ConditionFalse, reason, msg+redact(err.Error()))
+			return false, a.cfg.RetryInterval
+		}
+		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
+	case m.Attached:
+		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonPrimary, "Primary: the datamesh marks this member attached")
+	default:
+		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
+	}
+	return true, 0
+}
+
+// resizeDevice grows DRBD after its backing volume grew. It reports whether
+// the device is as large as the datamesh asks.
+func (a *Agent) resizeDevice(ctx context.Context, rv *v1.ReplicatedVolume, m *v1.DatameshMember, vol *storage.Volume) (bool, error) {
+	if !m.Type.HasDisk() || vol == nil {
+		return true, nil
+	}
+	want := volumeSize(rv)
+	s, ok := a.obs.Snapshot(rv.Name)
+	if !ok {
+		return true, nil
+	}
+	d := s.Devices[drbd.VolumeNumber]
+	if d == nil || d.SizeKiB == 0 || d.SizeKiB*1024 >= want {
+		return true, nil
+	}
+	if err := a.drv.Resize(ctx, rv.Name); err != nil {
+		return false, err
+	}
+	return false, nil
+}
+
+// volumeSize is the usable size the datamesh asks for.
+func volumeSize(rv *v1.ReplicatedVolume) int64 {
+	if q := rv.Status.Datamesh.Size; q != nil && !q.IsZero() {
+		return q.Value()
+	}
+	return rv.Spec.Size.Value()
+}
+
+// ensureVolume creates (or grows) the replica's backing volume.
+func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) (storage.Volume, error) {
+	size := volumeSize(rv)
+	need := size + metadataBytes(size)
+	a.mu.Lock()
+	v, known := a.volumes[rvr.UID]
+	a.mu.Unlock()
+	if known && v.SizeBytes >= need {
+		return v, nil
+	}
+	p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
+	if err != nil {
+		return storage.Volume{}, err
+	}
+	v, err = p.Get(ctx, rvr.Name)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		v, err = p.Create(ctx, storage.CreateRequest{Replica: rvr.Name, SizeBytes: need})
+		if err == nil {
+			a.markCapacity()
+		}
+	case err == nil && v.SizeBytes < need:
+		v, err = p.Resize(ctx, rvr.Name, need)
+	}
+	if err != nil {
+		return storage.Volume{}, err
+	}
+	a.mu.Lock()
+	a.volumes[rvr.UID] = v
+	a.mu.Unlock()
+	return v, nil
+}
+
+// knownVolume is the backing volume this agent last saw for rvr.
+func (a *Agent) knownVolume(rvr *v1.ReplicatedVolumeReplica) (storage.Volume, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.volumes[rvr.UID]
+	return v, ok
+}
+
+// provider returns the pool's provider on this node.
+func (a *Agent) provider(ctx context.Context, pool string) (storage.Provider, error) {
+	rsp := &v1.ReplicatedStoragePool{}
+	if err := a.cache.Get(ctx, types.NamespacedName{Name: pool}, rsp); err != nil {
+		return nil, fmt.Errorf("storage pool %q: %w", pool, err)
+	}
+	return a.providerFor(rsp)
+}
+
+func (a *Agent) providerFor(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
+	a.mu.Lock()
+	e, ok := a.pools[rsp.Name]
+	a.mu.Unlock()
+	if ok && e.generation == rsp.Generation {
+		return e.p, nil
+	}
+	p, err := a.cfg.Pools(rsp)
+	if err != nil {
+		return nil, fmt.Errorf("storage pool %q: %w", rsp.Name, err)
+	}
+	if p == nil {
+		return nil, fmt.Errorf("storage pool %q is not served on node %s", rsp.Name, a.cfg.NodeName)
+	}
+	a.mu.Lock()
+	a.pools[rsp.Name] = poolEntry{generation: rsp.Generation, p: p}
+	a.mu.Unlock()
+	return p, nil
+}
+
+// sharedSecret reads the volume's Secret (get only, never cached as an
+// object; the value is kept in memory because it never changes).
+func (a *Agent) sharedSecret(ctx context.Context, ref *v1.SharedSecretReference) (string, error) {
+	a.mu.Lock()
+	v, ok := a.secrets[ref.SecretName]
+	a.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	sec := &corev1.Secret{}
+	if err := a.reader.Get(ctx, types.NamespacedName{Namespace: a.cfg.Namespace, Name: ref.SecretName}, sec); err != nil {
+		return "", fmt.Errorf("reading Secret %s/%s: %w", a.cfg.Namespace, ref.SecretName, err)
+	}
+	key := ref.Key
+	if key == "" {
+		key = v1.SecretKeySharedSecret
+	}
+	b := sec.Data[key]
+	if len(b) == 0 {
+		return "", fmt.Errorf("Secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
+	}
+	// DRBD takes the secret as a string of at most 63 bytes in the .res file;
+	// the Secret holds random bytes, so the agent uses their hex form, cut to
+	// fit (still 252 bits). Every agent derives the same string.
+	v = fmt.Sprintf("%x", b)
+	if len(v) > drbd.MaxSharedSecretLen {
+		v = v[:drbd.MaxSharedSecretLen]
+	}
+	a.mu.Lock()
+	a.secrets[ref.SecretName] = v
+	a.mu.Unlock()
+	return v, nil
+}
+
+// takeDown demotes (never forced) and takes a resource down, then removes its
+// configuration.
+func (a *Agent) takeDown(ctx context.Context, name string) error {
+	if st, err := a.drv.Status(ctx, name); err == nil && len(st) == 1 && st[0].Role == "Primary" {
+		if err := a.drv.Secondary(ctx, name); err != nil {
+			return err
+		}
+	}
+	if err := a.drv.Down(ctx, name); err != nil {
+		return err
+	}
+	return a.drv.RemoveConfig(ctx, name)
+}
+
+// releaseReplica finishes a deleted replica that is no longer a member: its
+// DRBD resource is down (the caller saw to it), its configuration and backing
+// volume go, then the agent's finalizer.
+func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeReplica) error {
+	if err := a.drv.RemoveConfig(ctx, rvr.Spec.ReplicatedVolumeName); err != nil {
+		return err
+	}
+	if rvr.Spec.Storage != nil {
+		p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
+		if err != nil {
+			return err
+		}
+		if err := p.Delete(ctx, rvr.Name); err != nil {
+			return err
+		}
+		a.markCapacity()
+	}
+	a.mu.Lock()
+	delete(a.volumes, rvr.UID)
+	delete(a.written, rvr.UID)
+	a.mu.Unlock()
+	if !controllerutil.ContainsFinalizer(rvr, v1.FinalizerAgent) {
+		return nil
+	}
+	// A JSON merge patch of metadata.finalizers with the resourceVersion as a
+	// precondition: the list is replaced whole, so it must be the list we read.
+	patched := rvr.DeepCopy()
+	controllerutil.RemoveFinalizer(patched, v1.FinalizerAgent)
+	if err := a.client.Patch(ctx, patched, client.MergeFromWithOptions(rvr, client.MergeFromWithOptimisticLock{})); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	a.log.Info("replica torn down; finalizer released", "replica", rvr.Name)
+	return nil
+}
+
+// fillKernel copies what the kernel says about the volume into st.
+func (a *Agent) fillKernel(st *v1.ReplicatedVolumeReplicaStatus, rv *v1.ReplicatedVolume, rvr *v1.ReplicatedVolumeReplica) {
+	name := rvr.Spec.ReplicatedVolumeName
+	o := observed{members: map[int32]string{}}
+	o.state, _ = a.obs.Snapshot(name)
+	if o.state == nil {
+		return
+	}
+	if rv != nil {
+		for _, m := range rv.Status.Datamesh.Members {
+			o.members[m.NodeID] = m.Name
+		}
+	}
+	o.device = a.drv.DevicePath(name)
+	kernelStatus(st, o)
+}
+
+// writeStatus applies st when it differs from what the RVR shows and from
+// what this agent last wrote. A change in resync progress alone waits until
+// ProgressInterval has passed since the last write; the returned duration
+// says when to come back for it.
+func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus) (time.Duration, error) {
+	if sameStatus(st, rvr.Status) {
+		return 0, nil
+	}
+	a.mu.Lock()
+	last, ok := a.written[rvr.UID]
+	a.mu.Unlock()
+	if ok && sameStatus(st, last.status) {
+		return 0, nil
+	}
+	if ok && sameStatus(withoutProgress(st), withoutProgress(last.status)) {
+		if wait := a.cfg.ProgressInterval - time.Since(last.at); wait > 0 {
+			return wait, nil
+		}
+	}
+	body, err := applyBody(rvr.Name, st)
+	if err != nil {
+		return 0, err
+	}
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(body); err != nil {
+		return 0, err
+	}
+	if err := a.client.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1.FieldManagerAgent), client.ForceOwnership); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("status of %s: %w", rvr.Name, err)
+	}
+	a.mu.Lock()
+	a.written[rvr.UID] = writtenStatus{status: st, at: time.Now()}
+	a.mu.Unlock()
+	return 0, nil
+}
+
+func (a *Agent) addressStrings() []string {
+	out := make([]string, 0, len(a.cfg.Addresses))
+	for _, ip := range a.cfg.Addresses {
+		out = append(out, ip.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (a *Agent) markCapacity() {
+	a.mu.Lock()
+	a.capDirty = true
+	a.mu.Unlock()
+}
+
+// redact removes anything that looks like a shared-secret assignment from a
+// message bound for status or logs (drbdsetup show prints it; an error may
+// quote a configuration line).
+func redact(s string) string {
+	const key = "shared-secret"
+	for i := strings.Index(s, key); i >= 0; {
+		end := i + len(key)
+		j := end
+		for j < len(s) && s[j] != ';' && s[j] != '\n' && s[j] != ',' && s[j] != '}' {
+			j++
+		}
+		s = s[:end] + " <redacted>" + s[j:]
+		next := strings.Index(s[end+len(" <redacted>"):], key)
+		if next < 0 {
+			break
+		}
+		i = end + len(" <redacted>") + next
+	}
+	return s
+}

@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+	"github.com/meshvol/meshvol/pkg/drbd"
+)
+
+// MaxPeers is the number of bitmap slots create-md reserves. A slot is needed
+// for every diskful peer a replica will ever have at once: the largest layout
+// is 5D, and a replacement or a shadow replica adds one or two while it syncs.
+// DRBD cannot grow the slots of internal metadata in place, so the count is
+// generous; each slot costs one bit per 4 KiB (32 KiB per GiB).
+const MaxPeers = 7
+
+// renderInput is everything that decides one replica's DRBD configuration for
+// one datamesh revision. It is a pure value so that the same revision always
+// renders the same Resource (the read-back compares against it).
+type renderInput struct {
+	rv     *v1.ReplicatedVolume
+	self   *v1.DatameshMember
+	rvr    *v1.ReplicatedVolumeReplica
+	rsc    *v1.ReplicatedStorageClass // nil: none (Manual volume, or not found)
+	secret string                     // "" when the datamesh has no secret reference
+	// backing is the backing device; "" for a member DRBD runs without a disk.
+	backing  string
+	features drbd.Features
+}
+
+// render turns the datamesh into this node's DRBD resource.
+//
+// Who connects to whom (seed 000): full-mesh members (D, D∅, sD, sD∅) connect to
+// every other member; star members (A, TB) connect only to full-mesh members.
+// D∅ and sD∅ are rendered `disk none` even though they hold a backing volume
+// (decision D1, docs/datamesh.md): DRBD must never count a liminal member as a
+// voter. A peer is written diskless only when it is a star member: a liminal
+// peer will get its disk, and the bitmap slot ("bitmap no" otherwise) must be
+// there when it does.
+//
+// Quorum: voters (D, D∅) run the published q; every other member runs
+// layout.NonVoterQuorum, so it is quorate only through a quorate UpToDate peer;
+// all run the published qmr. 0 means off.
+func render(in renderInput) (*drbd.Resource, error) {
+	dm := &in.rv.Status.Datamesh
+	self := in.self
+	var peers []*v1.DatameshMember
+	for i := range dm.Members {
+		m := &dm.Members[i]
+		if m.Name == self.Name {
+			continue
+		}
+		if !self.Type.ConnectsToAllPeers() && !m.Type.ConnectsToAllPeers() {
+			continue // star to star: no connection
+		}
+		peers = append(peers, m)
+	}
+	selfIP, err := listenAddr(self, peers)
+	if err != nil {
+		return nil, err
+	}
+	port := int(dm.Port)
+	r := &drbd.Resource{
+		Name:  in.rv.Name,
+		Self:  drbd.Host{Name: self.NodeName, NodeID: int(self.NodeID), Address: drbd.Address{IP: selfIP, Port: port}},
+		Minor: int(dm.Minor),
+	}
+	if self.Type.HasDisk() {
+		if in.backing == "" {
+			return nil, fmt.Errorf("member %s is %s but has no backing volume", self.Name, self.Type)
+		}
+		r.Disk = &drbd.Disk{BackingDevice: in.backing, MetaDisk: drbd.MetaDiskInternal}
+	}
+	for _, m := range peers {
+		ip, err := sameFamily(m, selfIP)
+		if err != nil {
+			return nil, err
+		}
+		r.Peers = append(r.Peers, drbd.Peer{
+			Name:     m.NodeName,
+			NodeID:   int(m.NodeID),
+			Address:  drbd.Address{IP: ip, Port: port},
+			Minor:    int(dm.Minor),
+			Diskless: !m.Type.ConnectsToAllPeers(),
+		})
+	}
+
+	q := drbd.QuorumCount(layout.NonVoterQuorum)
+	if self.Type.IsVoter() {
+		q = quorumSetting(dm.Quorum)
+	}
+	fixed := drbd.OptionSet{
+		Resource: drbd.ResourceOptionSet{
+			Quorum:                  &q,
+			QuorumMinimumRedundancy: drbd.Ptr(quorumSetting(dm.QuorumMinimumRedundancy)),
+			// Promotion is the agent's explicit act on the datamesh's word, never a
+			// side effect of someone opening the device.
+			AutoPromote: drbd.Ptr(false),
+		},
+		Net: drbd.NetOptionSet{AllowTwoPrimaries: drbd.Ptr(dm.Multiattach)},
+	}
+	if ref := dm.SharedSecret; ref != nil {
+		if in.secret == "" {
+			return nil, fmt.Errorf("datamesh names shared secret %s but it was not read", ref.SecretName)
+		}
+		fixed.Net.CramHMACAlg = drbd.Ptr(ref.Algorithm)
+		fixed.Net.SharedSecret = drbd.Ptr(in.secret)
+	}
+	if in.features.NonVoting {
+		nv := self.Type == v1.MemberTypeShadowDiskful || self.Type == v1.MemberTypeLiminalShadowDiskful
+		fixed.Disk.NonVoting = &nv
+	}
+	var chain []drbd.OptionSet
+	if in.rsc != nil {
+		chain = append(chain, optionSet(in.rsc.Spec.DRBDOptions))
+	}
+	chain = append(chain, optionSet(in.rv.Spec.DRBDOptions))
+	if in.rvr != nil {
+		chain = append(chain, optionSet(in.rvr.Spec.DRBDOptions))
+	}
+	// The datamesh's own settings come last: no override may change quorum,
+	// promotion or the secret.
+	chain = append(chain, fixed)
+	r.Options = drbd.Resolve(drbd.DefaultOptions(), chain...)
+	return r, nil
+}
+
+func quorumSetting(n int32) drbd.Quorum {
+	if n <= 0 {
+		return drbd.QuorumOff
+	}
+	return drbd.QuorumCount(int(n))
+}
+
+// optionSet maps the API's override scope to pkg/drbd's. Options that
+// pkg/drbd does not model yet (ping-timeout, c-max-rate) are not rendered.
+func optionSet(o *v1.DRBDOptions) drbd.OptionSet {
+	var s drbd.OptionSet
+	if o == nil {
+		return s
+	}
+	if o.OnNoQuorum != nil {
+		s.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorum(*o.OnNoQuorum))
+	}
+	if o.OnNoDataAccessible != nil {
+		s.Resource.OnNoDataAccessible = drbd.Ptr(drbd.OnNoDataAccessible(*o.OnNoDataAccessible))
+	}
+	s.Disk.DiscardZeroesIfAligned = o.DiscardZeroesIfAligned
+	s.Disk.RsDiscardGranularity = o.RsDiscardGranularity
+	s.Net.AllowRemoteRead = o.AllowRemoteRead
+	return s
+}
+
+// listenAddr picks this member's first address whose family every peer also
+// has (one resource listens on one address; a dual-stack node talks to an
+// IPv4-only peer over IPv4).
+func listenAddr(self *v1.DatameshMember, peers []*v1.DatameshMember) (netip.Addr, error) {
+	var first netip.Addr
+	for _, a := range self.Addresses {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			continue
+		}
+		if !first.IsValid() {
+			first = ip
+		}
+		ok := true
+		for _, p := range peers {
+			if _, err := sameFamily(p, ip); err != nil {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return ip, nil
+		}
+	}
+	if !first.IsValid() {
+		return netip.Addr{}, fmt.Errorf("datamesh member %s (node %s) has no valid address in %v", self.Name, self.NodeName, self.Addresses)
+	}
+	return netip.Addr{}, fmt.Errorf("datamesh member %s (node %s): no address family %v shares with every peer", self.Name, self.NodeName, self.Addresses)
+}
+
+// sameFamily picks the peer's address of the family this node listens on: a
+// DRBD path joins two addresses of one family.
+func sameFamily(m *v1.DatameshMember, self netip.Addr) (netip.Addr, error) {
+	for _, a := range m.Addresses {
+		if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() == self.Is4() {
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("datamesh member %s (node %s) has no %s address (addresses %v)", m.Name, m.NodeName, family(self), m.Addresses)
+}
+
+func family(ip netip.Addr) string {
+	if ip.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// metadataBytes is an upper bound of DRBD's internal metadata for a device of
+// size bytes: 4 KiB superblock, 32 KiB activity log, and MaxPeers bitmaps of
+// one bit per 4 KiB, each rounded up to 4 KiB. The backing volume is the
+// usable size plus this, so the DRBD device offers at least the volume's size.
+func metadataBytes(size int64) int64 {
+	bm := (size/4096 + 7) / 8
+	bm = (bm + 4095) / 4096 * 4096
+	return 36<<10 + MaxPeers*bm
+}

@@ -1,0 +1,501 @@
+package drbdsim
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// The Primary's block device (doc.go, "Block device"): a loop device over a
+// file that drbdsim itself serves through FUSE, so that every read, write,
+// fallocate and fsync the kernel sends to the loop device arrives in a
+// handler that runs it through the simulated DRBD (device_fuse.go).
+//
+// The one rule that keeps this from deadlocking: nothing in drbdsim touches
+// a loop device's data or a filesystem mounted on it while it holds the
+// cluster lock, because the kernel completes such IO only once a handler —
+// which needs that lock — has run. Commands that must run under the lock
+// (losetup on setup and teardown) are ones the kernel completes without IO
+// on the device: losetup -d of a device still open (mounted) only marks it
+// for auto-clear. Cluster.Close unmounts without the lock. A watchdog
+// aborts the FUSE connection when a handler waits for the lock longer than
+// Options.DeviceWatchdog, so that a mistake here fails IO with EIO instead
+// of hanging the test, the writer and the kernel's journal thread in D
+// state.
+
+// device is one Primary's block device: the FUSE file and the loop device
+// over it. Its fields are fixed at setup; the resource it belongs to points
+// at it (resource.dev) while it is live, which is what the handlers check
+// under the cluster lock.
+type device struct {
+	n     *Node
+	res   string
+	ino   uint64 // inode number of the FUSE file
+	name  string // file name in the FUSE mount
+	loop  string // /dev/loopN
+	link  string // the DevicePath symlink
+	minor int
+	// size in bytes: DRBD's usable size (grows with Resize). Read by the
+	// lock-free GETATTR handler.
+	size atomic.Int64
+	// settingUp is set while Primary runs losetup with the cluster lock
+	// held. The kernel flushes the file when it switches the loop device
+	// to direct IO (an FSYNC inside LOOP_CONFIGURE) and losetup waits for
+	// that: the handlers must answer without the lock until setup ends.
+	// Nothing can have been written through the device yet, and nothing
+	// changes the data while the lock is held, so src's file is read as is.
+	settingUp atomic.Bool
+	src       *os.File
+}
+
+// devices is a cluster's FUSE server and its device files.
+type devices struct {
+	// mu guards the fields below. It is never held while calling into the
+	// cluster (which takes c.mu), and c.mu may be held while taking it.
+	mu      sync.Mutex
+	mnt     string
+	srv     *fuse.Server
+	connDir string // /sys/fs/fuse/connections/<N>, the abort switch
+	byIno   map[uint64]*device
+	byName  map[string]*device
+	nextIno uint64
+	waiting map[uint64]time.Time // FUSE request id -> since when it waits for c.mu
+	aborted error                // set once the watchdog aborted the connection
+	stopDog chan struct{}
+	dogDone chan struct{}
+	timeout time.Duration
+	closed  bool
+}
+
+const rootIno = 1
+
+// DefaultDeviceWatchdog is how long a device handler may wait for the
+// cluster lock before the watchdog aborts the FUSE connection.
+const DefaultDeviceWatchdog = 30 * time.Second
+
+// fuseMount returns the cluster's FUSE server, mounting it on first use
+// under Options.Dir/fuse. Called with c.mu held: mounting does no IO on a
+// loop device.
+func (c *Cluster) fuseMount() (*devices, error) {
+	if c.devs != nil && c.devs.srv != nil {
+		return c.devs, nil
+	}
+	if c.devs != nil && c.devs.closed {
+		return nil, fmt.Errorf("drbdsim: the cluster's devices were closed (Cluster.Close)")
+	}
+	if c.opts.Dir == "" {
+		return nil, fmt.Errorf("drbdsim: Options.Dir is required with LoopDevices")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return nil, fmt.Errorf("drbdsim: LoopDevices needs /dev/fuse (modprobe fuse): %w", err)
+	}
+	d := &devices{mnt: filepath.Join(c.opts.Dir, "fuse"), byIno: map[uint64]*device{}, byName: map[string]*device{},
+		nextIno: rootIno + 1, waiting: map[uint64]time.Time{}, timeout: c.opts.DeviceWatchdog}
+	if d.timeout == 0 {
+		d.timeout = DefaultDeviceWatchdog
+	}
+	if err := os.MkdirAll(d.mnt, 0o755); err != nil {
+		return nil, err
+	}
+	srv, err := fuse.NewServer(&deviceFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), c: c, d: d}, d.mnt, &fuse.MountOptions{
+		// As root go-fuse calls mount(2) itself; there is no fusermount
+		// to fall back to, and a silent fallback would hide the reason.
+		DirectMountStrict: true,
+		FsName:            "drbdsim",
+		Name:              "drbdsim",
+		// One handler call per MiB of a large write instead of per 128 KiB.
+		MaxWrite: fuse.MAX_KERNEL_WRITE,
+		// go-fuse never asks for the kernel's writeback cache
+		// (CAP_WRITEBACK_CACHE), so the file is write-through: a write
+		// returns only after the Write handler did.
+	})
+	if err != nil {
+		return nil, fmt.Errorf("drbdsim: mount the device filesystem on %s: %w", d.mnt, err)
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		_ = srv.Unmount()
+		return nil, fmt.Errorf("drbdsim: mount the device filesystem on %s: %w", d.mnt, err)
+	}
+	d.srv = srv
+	var st unix.Stat_t
+	if err := unix.Stat(d.mnt, &st); err == nil {
+		d.connDir = fmt.Sprintf("/sys/fs/fuse/connections/%d", unix.Minor(st.Dev))
+	}
+	if d.timeout > 0 {
+		d.stopDog, d.dogDone = make(chan struct{}), make(chan struct{})
+		go d.watchdog()
+	}
+	c.devs = d
+	return d, nil
+}
+
+// setupDevice gives a new Primary its block device: a FUSE file of DRBD's
+// usable size and a loop device over it with direct IO, so that reads see
+// what the simulator changes underneath (a resync) and nothing is cached
+// twice. Called with c.mu held.
+func (r *resource) setupDevice() error {
+	c := r.n.c
+	var src *resource
+	for _, h := range c.holders(r) {
+		if h.disk == DiskUpToDate {
+			src = h
+			break
+		}
+	}
+	if src == nil {
+		return fmt.Errorf("no UpToDate data for the device")
+	}
+	d, err := c.fuseMount()
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	dev := &device{n: r.n, res: r.name, ino: d.nextIno, minor: r.cfg.Minor,
+		name: "drbd" + strconv.Itoa(r.cfg.Minor) + "@" + r.n.name}
+	dev.size.Store(src.md.sizeBytes)
+	d.nextIno++
+	dev.src = src.file
+	dev.settingUp.Store(true)
+	defer dev.settingUp.Store(false)
+	d.byIno[dev.ino], d.byName[dev.name] = dev, dev
+	d.mu.Unlock()
+	r.dev = dev // the handlers serve it from here on
+	file := filepath.Join(d.mnt, dev.name)
+	// No --sizelimit: the file has the device's size, and a resize only
+	// has to make the loop device re-read it (growDevice).
+	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", file).CombinedOutput()
+	if err != nil {
+		r.teardownDevice()
+		return fmt.Errorf("losetup %s: %v: %s", file, err, strings.TrimSpace(string(out)))
+	}
+	dev.loop = strings.TrimSpace(string(out))
+	// Without direct IO the loop driver reads through the FUSE file's page
+	// cache: a resync's changes would stay invisible to readers.
+	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev.loop), "loop", "dio")); err != nil || strings.TrimSpace(string(b)) != "1" {
+		r.teardownDevice()
+		return fmt.Errorf("losetup --direct-io=on %s: the loop device does not use direct IO (loop/dio %q, %v)", file, strings.TrimSpace(string(b)), err)
+	}
+	dev.link = filepath.Join(c.opts.Dir, "dev", r.n.name, "drbd"+strconv.Itoa(r.cfg.Minor))
+	if err := os.MkdirAll(filepath.Dir(dev.link), 0o755); err != nil {
+		r.teardownDevice()
+		return err
+	}
+	_ = os.Remove(dev.link)
+	if err := os.Symlink(dev.loop, dev.link); err != nil {
+		r.teardownDevice()
+		return err
+	}
+	return nil
+}
+
+// growDevice makes a Primary's device as large as its replica after a
+// resize: the FUSE file reports the new size, a stat makes the kernel
+// fetch it (attributes are never cached), and losetup -c makes the loop
+// device take it — no IO on the device, so the cluster lock may be held.
+func (r *resource) growDevice() error {
+	dev := r.dev
+	if dev == nil || r.md == nil || r.md.sizeBytes <= dev.size.Load() {
+		return nil
+	}
+	dev.size.Store(r.md.sizeBytes)
+	if _, err := os.Stat(filepath.Join(r.n.c.devs.mnt, dev.name)); err != nil {
+		return err
+	}
+	if out, err := exec.Command("losetup", "-c", dev.loop).CombinedOutput(); err != nil {
+		return fmt.Errorf("losetup -c %s: %v: %s", dev.loop, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// teardownDevice ends the resource's device: from now on its handlers fail
+// with EIO, the DevicePath link goes, and the loop device is detached — at
+// once when nothing holds it, else (a filesystem still mounted, as after a
+// crash) by the kernel when the last holder lets go. Called with c.mu held;
+// losetup -d does no IO on the device (see the top of this file).
+func (r *resource) teardownDevice() {
+	dev := r.dev
+	if dev == nil {
+		return
+	}
+	r.dev = nil
+	if r.heldDev != dev {
+		r.n.c.forget(dev)
+	}
+	if dev.link != "" {
+		_ = os.Remove(dev.link)
+	}
+	if dev.loop != "" {
+		if out, err := exec.Command("losetup", "-d", dev.loop).CombinedOutput(); err != nil {
+			log.Printf("drbdsim: %s %s: losetup -d %s: %v: %s", r.n.name, r.name, dev.loop, err, strings.TrimSpace(string(out)))
+		}
+	}
+}
+
+// releaseHeld forgets the device a demotion left to a reader, once the
+// reader closed it (or the node crashed or went down): its requests fail
+// with EIO from now on.
+func (r *resource) releaseHeld() {
+	if r.heldDev != nil {
+		r.n.c.forget(r.heldDev)
+		r.heldDev = nil
+	}
+}
+
+// forget removes dev from the FUSE directory: requests for it fail with EIO.
+func (c *Cluster) forget(dev *device) {
+	d := c.devs
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.byIno, dev.ino)
+	if d.byName[dev.name] == dev {
+		delete(d.byName, dev.name)
+	}
+}
+
+// Close shuts down the cluster's block devices in the order that cannot
+// hang: unmount every filesystem still mounted on a device (the node's
+// kubelet would have), detach the loop devices, unmount the FUSE
+// filesystem, stop its server. The cluster keeps running without devices;
+// a later promotion with LoopDevices fails. Close without LoopDevices, or
+// twice, does nothing. It returns the first thing that could not be
+// cleaned up, and the watchdog's abort if there was one.
+func (c *Cluster) Close() error {
+	c.mu.Lock()
+	d := c.devs
+	if d == nil || d.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	var devs []*device
+	for _, name := range c.nodeNames() {
+		n := c.nodes[name]
+		for _, res := range sortedKeys(n.res) {
+			if r := n.res[res]; r.dev != nil {
+				devs = append(devs, r.dev)
+				// Unmounting below sends the filesystem's last writes
+				// through the handlers; they stay served until the
+				// device is torn down.
+			}
+		}
+	}
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	c.mu.Unlock()
+
+	var errs []error
+	// Without the lock: the filesystems' final writes go through the
+	// handlers, which take it.
+	for _, dev := range devs {
+		if err := unmountAll(dev.loop); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.mu.Lock()
+	for _, dev := range devs {
+		if r := dev.n.res[dev.res]; r != nil && r.dev == dev {
+			r.teardownDevice()
+		}
+	}
+	for _, n := range c.nodes {
+		for _, r := range n.res {
+			r.releaseHeld()
+		}
+	}
+	c.mu.Unlock()
+	// Loop devices of crashed Primaries were detached with auto-clear;
+	// they are gone once their filesystems were unmounted above. Any loop
+	// device still over the FUSE mount keeps it busy: detach it too.
+	for _, loop := range loopsUnder(d.mnt) {
+		if err := unmountAll(loop); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, loop := range loopsUnder(d.mnt) {
+		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("losetup -d %s: %v: %s", loop, err, strings.TrimSpace(string(out))))
+		}
+	}
+	if d.stopDog != nil {
+		close(d.stopDog)
+		<-d.dogDone
+	}
+	if err := d.srv.Unmount(); err != nil {
+		errs = append(errs, fmt.Errorf("drbdsim: unmount %s: %w", d.mnt, err))
+	} else {
+		d.srv.Wait()
+	}
+	d.mu.Lock()
+	if d.aborted != nil {
+		errs = append(errs, d.aborted)
+	}
+	d.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// DeviceAborted returns why the watchdog aborted the FUSE connection (every
+// device then fails IO with EIO), or nil.
+func (c *Cluster) DeviceAborted() error {
+	c.mu.Lock()
+	d := c.devs
+	c.mu.Unlock()
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.aborted
+}
+
+// lockFor takes c.mu for a FUSE request, registering the wait with the
+// watchdog.
+func (d *devices) lockFor(c *Cluster, unique uint64) {
+	d.mu.Lock()
+	d.waiting[unique] = time.Now()
+	d.mu.Unlock()
+	c.mu.Lock()
+	d.mu.Lock()
+	delete(d.waiting, unique)
+	d.mu.Unlock()
+}
+
+// watchdog aborts the FUSE connection once a handler waited for the cluster
+// lock longer than the timeout: the lock holder is then almost certainly
+// waiting in the kernel for IO that needs that very handler. Aborting fails
+// every outstanding and later request of the mount with an error (EIO
+// through the loop device) and frees everything stuck in D state.
+func (d *devices) watchdog() {
+	defer close(d.dogDone)
+	t := time.NewTicker(min(d.timeout/4, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stopDog:
+			return
+		case now := <-t.C:
+			d.mu.Lock()
+			var oldest time.Time
+			for _, since := range d.waiting {
+				if oldest.IsZero() || since.Before(oldest) {
+					oldest = since
+				}
+			}
+			if oldest.IsZero() || now.Sub(oldest) < d.timeout || d.aborted != nil {
+				d.mu.Unlock()
+				continue
+			}
+			err := d.abort()
+			d.aborted = fmt.Errorf("drbdsim: device watchdog: a FUSE request waited %s for the cluster lock; aborted the FUSE connection of %s (every device now fails IO): %v",
+				now.Sub(oldest).Round(time.Millisecond), d.mnt, err)
+			log.Print(d.aborted)
+			d.mu.Unlock()
+		}
+	}
+}
+
+// abort aborts the FUSE connection: through fusectl when it is mounted,
+// else with a forced unmount, whose first step in the kernel is the same
+// abort (fuse_umount_begin), even when the mount is busy.
+func (d *devices) abort() error {
+	if d.connDir != "" {
+		if err := os.WriteFile(filepath.Join(d.connDir, "abort"), []byte("1"), 0); err == nil {
+			return nil
+		}
+	}
+	err := unix.Unmount(d.mnt, unix.MNT_FORCE)
+	if errors.Is(err, unix.EBUSY) {
+		return nil // aborted, still mounted (the loop devices hold it)
+	}
+	return err
+}
+
+// unmountAll unmounts every mount of the block device dev (bind mounts
+// too), the most recent first.
+func unmountAll(dev string) error {
+	var errs []error
+	for _, p := range slices.Backward(mountsOf(dev)) {
+		if err := unix.Unmount(p, 0); err != nil {
+			errs = append(errs, fmt.Errorf("drbdsim: unmount %s (on %s): %w", p, dev, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsOf lists the mount points of the block device dev in mount order,
+// matched by device number (mount(8) may have been given a symlink).
+func mountsOf(dev string) []string {
+	if dev == "" {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return nil
+	}
+	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var points []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// id parent major:minor root mountpoint ...
+		if fl := strings.Fields(s.Text()); len(fl) > 4 && fl[2] == want {
+			points = append(points, unescapeMount(fl[4]))
+		}
+	}
+	return points
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// loopsUnder lists the loop devices whose backing file is under dir.
+func loopsUnder(dir string) []string {
+	var out []string
+	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, e := range ents {
+		b, err := os.ReadFile(e)
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
+			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(e))))
+		}
+	}
+	return out
+}
