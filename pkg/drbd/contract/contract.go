@@ -59,6 +59,16 @@ type AckChecker interface {
 	LostAckedWrites(res string) []string
 }
 
+// Recorder is optional: a harness that implements it receives, once the
+// suite has passed, every state change each node's events2 stream showed
+// during the whole run, normalized as the suite compares them ("connection
+// node2 connection:Connected", "call helper:disconnected"). drbdsim's
+// test compares them with a recording made on real DRBD; a real-DRBD
+// harness can save them as a new recording.
+type Recorder interface {
+	Record(node string, changes []string)
+}
+
 // Run runs the whole suite. Stages build on each other and stop at the
 // first failing one.
 func Run(t *testing.T, h Harness) {
@@ -77,6 +87,11 @@ func Run(t *testing.T, h Harness) {
 	for _, st := range stages {
 		if !t.Run(st.name, st.fn) {
 			t.Fatalf("stage %s failed; later stages depend on it", st.name)
+		}
+	}
+	if rec, ok := h.(Recorder); ok {
+		for i, w := range s.watchers {
+			rec.Record(Nodes[i], w.since(0))
 		}
 	}
 	for _, w := range s.watchers {

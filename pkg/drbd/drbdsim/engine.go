@@ -39,6 +39,12 @@ func (c *Cluster) settle() {
 func (c *Cluster) settleOnce() {
 	for range 64 {
 		changed := false
+		type attempt struct {
+			r, pr  *resource
+			k, pk  *conn
+			authOK bool
+		}
+		var through []attempt
 		for _, r := range c.runningResources() {
 			for _, k := range r.sortedConns() {
 				pr := c.peerResource(r, k)
@@ -48,23 +54,40 @@ func (c *Cluster) settleOnce() {
 				}
 				reach := c.reachable(r, k, pr, pk)
 				switch {
-				case reach && k.cstate == connConnecting && pk.cstate == connConnecting && (c.due(k) || c.due(pk)):
+				case reach && k.cstate == connConnecting && pk.cstate == connConnecting && !k.pathUp && (c.due(k) || c.due(pk)):
 					// A connect attempt of either side gets through.
-					if authenticated(r, pr) {
-						c.establish(r, k, pr, pk)
-					} else {
-						// DRBD: "Authentication of peer failed": both sides
-						// drop to StandAlone and do not retry; `adjust`
-						// (with matching secrets) connects again.
-						c.standAlone(r, k, pr, pk, false, "Authentication of peer failed")
-					}
-					changed = true
+					through = append(through, attempt{r, pr, k, pk, authenticated(r, pr)})
+					k.pathUp, pk.pathUp = true, true
 				case !reach && k.connected():
 					c.lose(r, k, connNetworkFailure)
 					changed = true
 				case !reach && k.cstate == connConnecting && c.due(k):
 					// A failed attempt: the next one is connect-int later.
 					k.nextTry = c.now.Add(c.opts.ConnectInt)
+				}
+			}
+		}
+		// Connections made at the same moment come up together: every
+		// path first, then each connection's state change.
+		for _, a := range through {
+			if a.authOK {
+				a.r.publishPath(a.pr.nodeID())
+				a.pr.publishPath(a.r.nodeID())
+			}
+		}
+		for _, a := range through {
+			r, k, pr, pk := a.r, a.k, a.pr, a.pk
+			changed = true
+			switch {
+			case a.authOK:
+				c.establish(r, k, pr, pk)
+			default:
+				k.pathUp, pk.pathUp = false, false
+				{
+					// DRBD: "Authentication of peer failed": both sides
+					// drop to StandAlone and do not retry; `adjust`
+					// (with matching secrets) connects again.
+					c.standAlone(r, k, pr, pk, false, "Authentication of peer failed")
 				}
 			}
 		}
@@ -190,10 +213,12 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 	if r.attached() && pr.attached() {
 		c.handshake(r, k, pr, pk)
 		if k.cstate != connConnected {
+			k.pathUp, pk.pathUp = false, false
 			return // split brain or unrelated data: StandAlone
 		}
 		k.peerDisk, pk.peerDisk = pr.disk, r.disk
 	}
+	k.pathUp, pk.pathUp = false, false // Connected now says it
 	// DRBD's order: the path comes up, then the state change that carries
 	// the connection, the new quorum and the peer's disk.
 	for _, x := range []*resource{r, pr} {
@@ -209,6 +234,7 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 // state DRBD reports first: NetworkFailure, BrokenPipe, TearDown).
 func (c *Cluster) lose(r *resource, k *conn, how string) {
 	k.cstate = how
+	k.pathUp = false
 	lostPrimary := k.peerRole == rolePrimary
 	k.peerRole = roleUnknown
 	k.repl = replOff
@@ -502,6 +528,16 @@ func (c *Cluster) finishSync(src *resource, ks *conn, dst *resource, kd *conn) {
 	ks.peerDisk = dst.disk // "pdsk( Inconsistent -> UpToDate ) repl( SyncSource -> Established )"
 	src.publish()
 	dst.publish()
+	// A third node learns of the end of the resync in two steps: the
+	// target's Consistent, then its UpToDate (contract-real.node3.seq, 33-34).
+	if dst.disk == DiskUpToDate {
+		for _, x := range c.component(dst) {
+			if k := x.conns[dst.nodeID()]; x != src && x != dst && k != nil && k.connected() && k.peerDisk == DiskInconsistent {
+				k.peerDisk = DiskConsistent
+				x.publish()
+			}
+		}
+	}
 }
 
 // computeQuorum is r's own view, under r's own q/qmr, computed fresh.

@@ -163,7 +163,7 @@ func (r *resource) objects() []*object {
 		})
 		out = append(out, &object{kind: "path", ids: ids,
 			state: []kv{{"local", endpoint(r.cfg.Self.Address)}, {"peer", endpoint(k.peer.Address)},
-				{"established", yn(k.connected())}},
+				{"established", yn(k.connected() || k.pathUp)}},
 		})
 	}
 	return out
@@ -248,7 +248,7 @@ func (r *resource) dataAccessible() bool {
 }
 
 func (r *resource) mayPromote() bool {
-	if r.role == rolePrimary || !r.quorate || !r.dataAccessible() {
+	if r.role == rolePrimary || r.leaving || !r.quorate || !r.dataAccessible() {
 		return false
 	}
 	for _, k := range r.conns {
@@ -312,8 +312,17 @@ func (r *resource) publish() { r.publishOnly(nil) }
 // publishOnly publishes the objects of the given kinds (nil: all, or
 // "!path": all but paths), so that lines come out in DRBD's order.
 func (r *resource) publishOnly(kinds map[string]bool) {
+	r.publishWhere(func(o *object) bool { return kinds == nil || kinds[o.kind] })
+}
+
+// publishPath publishes the path to one peer.
+func (r *resource) publishPath(peerID int) {
+	r.publishWhere(func(o *object) bool { return o.kind == "path" && o.peerID() == peerID })
+}
+
+func (r *resource) publishWhere(pred func(o *object) bool) {
 	for _, o := range r.objects() {
-		if kinds != nil && !kinds[o.kind] {
+		if !pred(o) {
 			continue
 		}
 		key := o.key()

@@ -289,7 +289,9 @@ func (n *Node) up(name string) error {
 			r.publishCreateWhere(func(o *object) bool { return o.kind == kind && o.peerID() == p.NodeID })
 		}
 	}
-	r.publishCreateWhere(nil) // the paths
+	for _, p := range peers {
+		r.publishCreateWhere(func(o *object) bool { return o.kind == "path" && o.peerID() == p.NodeID })
+	}
 	if md != nil {
 		if err := r.attach(md); err != nil {
 			delete(n.res, name)
@@ -462,23 +464,27 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		}
 	}
 	held := len(op) > 0
+	r.leaving = !held
 	upToDatePeerStays := false
 	for _, k := range r.conns {
 		if k.connected() && k.peerDisk == DiskUpToDate {
 			upToDatePeerStays = true
 		}
 	}
-	// The outdating belongs to the detach, which a held device never
-	// reaches (the real node1 stayed UpToDate).
-	if !held && r.attached() && r.disk == DiskUpToDate && upToDatePeerStays {
-		r.setDisk(DiskOutdated)
-		r.publish()
+	// The leaving replica is Outdated for its peers and in its metadata,
+	// so that the survivors continue without it; its own events show the
+	// detach as DRBD prints it (UpToDate, Detaching, Diskless: node1's
+	// kernel log in the real recording). A held device never gets that far
+	// (the real node1 stayed UpToDate).
+	outdate := !held && r.attached() && r.disk == DiskUpToDate && upToDatePeerStays
+	if outdate {
+		r.md.disk = DiskOutdated
 	}
 	for _, k := range r.sortedConns() {
 		if k.connected() {
 			if pr := n.c.peerResource(r, k); pr != nil {
 				if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
-					if r.disk == DiskOutdated {
+					if outdate {
 						pr.outdated()[r.nodeID()] = true
 						if pr.md != nil {
 							pr.md.peer(r.nodeID()).outdated = true
@@ -493,6 +499,12 @@ func (n *Node) Down(ctx context.Context, name string) error {
 	if held {
 		n.c.settle()
 		return stateErr(drbd.ErrDeviceInUse, "down", name, -2, "Need access to UpToDate data", r.openedDetail(op))
+	}
+	if r.attached() {
+		r.disk = DiskDetaching
+		r.publish()
+		r.disk = DiskDiskless
+		r.publish()
 	}
 	n.destroy(r)
 	n.c.settle()
