@@ -129,6 +129,7 @@ func envOr(key, def string) string {
 	return def
 }
 
+// restConfig is shared by the subcommands: --kubeconfig, or in-cluster.
 func restConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
 		return clientcmd.BuildConfigFromFlags("", kubeconfig)

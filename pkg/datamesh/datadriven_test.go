@@ -151,9 +151,9 @@ func (w *world) process(t testing.TB) (Result, error) {
 	full := *in
 	full.RV = w.rv.DeepCopy()
 	res, err := w.eng.Process(in)
-	// Every step also runs the full path (no steady-state shortcut) on a copy of the
-	// volume: both must agree on the status and on the result.
-	checkFullPath(t, w.reg, w.features, &full, w.rv, res, err)
+	// Every step also runs on a fresh engine with a copy of the volume: a controller
+	// restarted before this reconcile must decide exactly the same.
+	checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
 	for _, n := range w.force {
 		w.lost[n] = true
 	}
@@ -167,19 +167,18 @@ func (w *world) process(t testing.TB) (Result, error) {
 	return res, err
 }
 
-// checkFullPath runs in (a copy of the volume the engine under test saw) through an
-// engine with the steady-state fast path off, and fails t if its status or result
-// differ from got.
-func checkFullPath(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
+// checkFreshEngine runs in (a copy of the volume the engine under test saw) through a
+// new engine, and fails t if its status or result differ from got: the engine under
+// test reuses its scratch between calls, and nothing of an earlier call may show.
+func checkFreshEngine(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
 	t.Helper()
 	e := NewEngine(reg, f)
-	e.noQuiet = true
 	want, err := e.Process(in)
 	if (err == nil) != (gotErr == nil) {
-		t.Fatalf("full path: error %v, engine under test: %v", err, gotErr)
+		t.Fatalf("fresh engine: error %v, engine under test: %v", err, gotErr)
 	}
 	if !reflect.DeepEqual(in.RV.Status, gotRV.Status) {
-		t.Fatalf("full path and fast path disagree on the status:\nfull: %+v\ngot:  %+v", in.RV.Status, gotRV.Status)
+		t.Fatalf("fresh and reused engine disagree on the status:\nfresh: %+v\ngot:   %+v", in.RV.Status, gotRV.Status)
 	}
 	norm := func(r Result) Result {
 		if len(r.Wanted) == 0 {
@@ -194,7 +193,7 @@ func checkFullPath(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1
 		return r
 	}
 	if !reflect.DeepEqual(norm(want), norm(got)) {
-		t.Fatalf("full path and fast path disagree on the result:\nfull: %+v\ngot:  %+v", want, got)
+		t.Fatalf("fresh and reused engine disagree on the result:\nfresh: %+v\ngot:   %+v", want, got)
 	}
 }
 

@@ -45,7 +45,6 @@ type scratch struct {
 	rvrOrd        []int
 	membersSorted bool
 	nodeTab       memberIndex // members by node name
-	nameTab       memberIndex // members by name, for quiet() when RVRs are not in member order
 
 	changed      bool
 	waiting      bool
@@ -92,13 +91,6 @@ func (e *Engine) Process(in *Input) (Result, error) {
 	}
 	s := &e.s
 	e.reset(in)
-	if !e.noQuiet {
-		if res, ok := e.quiet(); ok {
-			e.quietHits++
-			return res, nil
-		}
-		e.reset(in)
-	}
 	if err := e.resolveConfiguration(); err != nil {
 		return Result{}, err
 	}
@@ -140,7 +132,7 @@ func (e *Engine) reset(in *Input) {
 	s.cfg, s.hasCfg = layout.Layout{}, false
 	s.wanted, s.atts, s.events = s.wanted[:0], s.atts[:0], s.events[:0]
 	s.zones, s.rvaOrd, s.buf, s.rvrOrd = s.zones[:0], s.rvaOrd[:0], s.buf[:0], s.rvrOrd[:0]
-	s.nodeTab.valid, s.nameTab.valid, s.membersSorted = false, false, false
+	s.nodeTab.valid, s.membersSorted = false, false
 	s.changed, s.waiting, s.quorumBusy, s.anyForce, s.openRequests = false, false, false, false, false
 	s.liveMembers = 0
 	s.arena = nil // the previous call's block now belongs to the status it was written to

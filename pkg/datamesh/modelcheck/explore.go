@@ -208,6 +208,7 @@ func (c *Checker) process(w *World) (nw *World, changed bool, vs []Violation) {
 	prev, next := &w.RV.Status, &nw.RV.Status
 	vs = append(vs, CheckStatus(prev, next)...)
 	vs = append(vs, checkGMDR(s, w, prev, next)...)
+	vs = append(vs, checkRules(s, w, w.Floor, prev, next, w.ForceLeave)...)
 	for i := range next.Datamesh.Members {
 		if s.slotOf(next.Datamesh.Members[i].Name) < 0 {
 			vs = append(vs, Violation{InvUnknownMember, "member " + next.Datamesh.Members[i].Name + " is no replica of the volume"})
@@ -372,13 +373,20 @@ func (c *Checker) actions(w *World, buf []Action) []Action {
 			buf = append(buf, Action{Kind: ActPlace, Slot: -1, Arg: int8(k)})
 		}
 	}
-	if w.RequestsLeft > 0 {
+	if w.RequestsLeft > 0 || w.AttachLeft > 0 {
 		n := len(buf)
 		buf = c.requests(w, buf)
-		if s.Only != 0 {
+		only := s.Only
+		if w.RequestsLeft == 0 {
+			only = attachKinds
+			if s.Only != 0 {
+				only &= s.Only
+			}
+		}
+		if only != 0 {
 			k := n
 			for _, a := range buf[n:] {
-				if s.Only&(1<<a.Req) != 0 {
+				if only&(1<<a.Req) != 0 {
 					buf[k] = a
 					k++
 				}
@@ -436,6 +444,9 @@ func (c *Checker) placeSlot(w *World, wr WantedReplica) int {
 	}
 	return -1
 }
+
+// attachKinds are the requests Scenario.AttachRequests pays for.
+const attachKinds = 1<<ReqAttach | 1<<ReqDetach
 
 var configLayouts = [][2]int8{{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}, {2, 1}, {2, 2}}
 
@@ -534,7 +545,11 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 		}
 		nw.Wanted = append(nw.Wanted[:a.Arg:a.Arg], w.Wanted[a.Arg+1:]...)
 	case ActRequest:
-		nw.RequestsLeft--
+		if attachKinds&(1<<a.Req) != 0 && nw.AttachLeft > 0 {
+			nw.AttachLeft--
+		} else {
+			nw.RequestsLeft--
+		}
 		switch a.Req {
 		case ReqAttach:
 			nw.RVA |= 1 << i
@@ -551,6 +566,8 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 			nw.RV.Generation++
 			nw.RV.Spec.ManualConfiguration.FailuresToTolerate = int32(a.FTT)
 			nw.RV.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = int32(a.GMDR)
+			nw.Floor.FailuresToTolerate = min(nw.Floor.FailuresToTolerate, int32(a.FTT))
+			nw.Floor.GuaranteedMinimumDataRedundancy = min(nw.Floor.GuaranteedMinimumDataRedundancy, int32(a.GMDR))
 		case ReqMaxAttach:
 			nw.setRV(w.RV.DeepCopy())
 			nw.RV.Generation++

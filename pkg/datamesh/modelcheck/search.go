@@ -101,6 +101,8 @@ func (c *Checker) worldHash(w *World) uint64 {
 	h.i64(int64(cfg.FailuresToTolerate))
 	h.i64(int64(cfg.GuaranteedMinimumDataRedundancy))
 	h.i64(int64(w.RV.Spec.MaxAttachments))
+	h.i64(int64(w.Floor.FailuresToTolerate))
+	h.i64(int64(w.Floor.GuaranteedMinimumDataRedundancy))
 	h.i64(int64(dpHash(&w.DP)))
 	for i := 0; i < w.DP.N; i++ {
 		r := &w.DP.Replicas[i]
@@ -124,12 +126,17 @@ func (c *Checker) worldHash(w *World) uint64 {
 // budget at least as large in every dimension has already explored
 // everything this visit could: the visit is dominated and skipped.
 type budget struct {
-	losses, restarts, requests int8
-	depth                      int16
+	losses, restarts, requests, attach int8
+	depth                              int16
 }
 
+// covers: b can do everything o can. An attach request left is worth less than a
+// general one (a general request may be an attach), so o's attach budget may be
+// paid from b's general requests left over.
 func (b budget) covers(o budget) bool {
-	return b.losses >= o.losses && b.restarts >= o.restarts && b.requests >= o.requests && b.depth >= o.depth
+	spare := b.requests - o.requests
+	return b.losses >= o.losses && b.restarts >= o.restarts && spare >= 0 &&
+		b.attach+spare >= o.attach && b.depth >= o.depth
 }
 
 // visit records a visit of state h with budget b; false if dominated.
@@ -158,7 +165,8 @@ func (c *Checker) visit(h uint64, b budget) bool {
 // (formation skips the initial sync: every disk starts UpToDate).
 func (c *Checker) Initial() (*World, error) {
 	s := c.S
-	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests}
+	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests, AttachLeft: s.AttachRequests,
+		Floor: v1alpha1.Layout{FailuresToTolerate: s.Config.FailuresToTolerate, GuaranteedMinimumDataRedundancy: s.Config.GuaranteedMinimumDataRedundancy}}
 	w.DP.N = len(s.Slots)
 	w.DP.Shadow = s.Shadow
 	for i := range s.Slots {
@@ -361,7 +369,7 @@ func (c *Checker) dfs(w *World, depth int) {
 		c.Stats.Capped = true
 		return
 	}
-	if !c.visit(c.worldHash(w), budget{w.LossesLeft, w.RestartsLeft, w.RequestsLeft, int16(depth)}) {
+	if !c.visit(c.worldHash(w), budget{w.LossesLeft, w.RestartsLeft, w.RequestsLeft, w.AttachLeft, int16(depth)}) {
 		return
 	}
 	if n := c.S.MaxDepth - depth; n > c.Stats.MaxDepth {

@@ -59,7 +59,13 @@ type World struct {
 	// (for the message check of a settled state; not part of the state).
 	Attachments []datamesh.AttachmentStatus
 
-	LossesLeft, RestartsLeft, RequestsLeft int8
+	LossesLeft, RestartsLeft, RequestsLeft, AttachLeft int8
+
+	// Floor is the protection the configuration history guarantees: the configuration
+	// the volume was formed with, lowered (per value) by every configuration lowered
+	// since, never raised. The checker derives it from the requests alone, apart from
+	// the engine's effective layout (R-floor).
+	Floor v1alpha1.Layout
 
 	// Caches of values derived from RV, which is never mutated once a
 	// world holds it (Process works on a deep copy): reset by setRV.
@@ -111,8 +117,12 @@ type Scenario struct {
 	Losses      int8
 	Restarts    int8
 	Requests    int8
-	MaxDepth    int
-	MaxStates   int
+	// AttachRequests are attach or detach requests a run may inject beyond
+	// Requests, so that moving an attachment (detach here, attach there) fits
+	// in a run without paying for two requests of every kind.
+	AttachRequests int8
+	MaxDepth       int
+	MaxStates      int
 	// Only, when not zero, restricts injected requests to these kinds
 	// (bit 1<<ReqKind); the checker's own tests use it.
 	Only       uint32

@@ -246,12 +246,35 @@ func (r *resource) teardownDevice() {
 }
 
 // releaseHeld forgets the device a demotion left to a reader, once the
-// reader closed it (or the node crashed or went down): its requests fail
-// with EIO from now on.
-func (r *resource) releaseHeld() {
-	if r.heldDev != nil {
-		r.n.c.forget(r.heldDev)
-		r.heldDev = nil
+// reader closed it (or the node crashed, or the cluster closes): its
+// requests fail with EIO from now on.
+func (r *resource) releaseHeld(closed bool) {
+	if r.heldDev == nil {
+		return
+	}
+	// closed: the reader closed it. The kernel detaches an auto-clear loop
+	// device in a work queue after the last close; wait for it, so that
+	// the device is gone when Down returns (that needs no handler that
+	// takes the lock).
+	if closed && r.heldDev.loop != "" {
+		waitDetached(r.heldDev.loop, r.n.c.devs.mnt, 5*time.Second)
+	}
+	r.n.c.forget(r.heldDev)
+	r.heldDev = nil
+}
+
+// waitDetached waits until the loop device no longer has a backing file
+// under dir (or the timeout passes) and reports whether it is detached.
+func waitDetached(loop, dir string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if !slices.Contains(loopsUnder(dir), loop) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -316,7 +339,7 @@ func (c *Cluster) Close() error {
 	}
 	for _, n := range c.nodes {
 		for _, r := range n.res {
-			r.releaseHeld()
+			r.releaseHeld(false)
 		}
 	}
 	c.mu.Unlock()
@@ -327,10 +350,11 @@ func (c *Cluster) Close() error {
 		if err := unmountAll(loop); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	for _, loop := range loopsUnder(d.mnt) {
-		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("losetup -d %s: %v: %s", loop, err, strings.TrimSpace(string(out))))
+		// Detached now (losetup -d), or by the kernel's work queue once
+		// the unmount above closed it (auto-clear): wait for either.
+		_ = exec.Command("losetup", "-d", loop).Run()
+		if !waitDetached(loop, d.mnt, 10*time.Second) {
+			errs = append(errs, fmt.Errorf("drbdsim: %s is still attached to a file under %s (held open?)", loop, d.mnt))
 		}
 	}
 	if d.stopDog != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -636,6 +637,28 @@ func benchSeq(b *testing.B, dev string) {
 	for i := int64(0); b.Loop(); i++ {
 		if _, err := f.WriteAt(buf, (i%span)*int64(len(buf))); err != nil {
 			b.Fatal(fmt.Errorf("write %d: %w", i, err))
+		}
+	}
+}
+
+// Writes change statistics, not state: they print no events2 line (DRBD
+// prints statistics with the next state change). A filesystem on the
+// device would otherwise flood every events2 reader, the agent's first.
+func TestWritesPrintNoEvents(t *testing.T) {
+	rg := formed(t, nil)
+	n1 := rg.c.Node("node1")
+	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rc, err := n1.EventsWith(rg.ctx, false)
+	rg.must(err)
+	for i := range 50 {
+		rg.must(n1.Write(rg.ctx, "r0", int64(i)*4096, bytes.Repeat([]byte{byte(i)}, 4096)))
+	}
+	n1.Crash() // ends the stream
+	b, err := io.ReadAll(rc)
+	rg.must(err)
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] != "exists" {
+			t.Fatalf("events2 line after writes that changed only statistics: %q", l)
 		}
 	}
 }

@@ -514,7 +514,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 // destroy removes a running resource (after Down, or on crash).
 func (n *Node) destroy(r *resource) {
 	r.teardownDevice()
-	r.releaseHeld()
+	r.releaseHeld(true)
 	if r.file != nil {
 		_ = r.file.Close()
 	}
@@ -645,7 +645,7 @@ func (r *resource) openers() []drbd.Opener {
 	}
 	if len(out) == 0 && r.heldDev != nil {
 		// The last opener closed it: losetup -d's autoclear has freed it.
-		r.releaseHeld()
+		r.releaseHeld(true)
 	}
 	return out
 }
@@ -871,7 +871,7 @@ func (n *Node) Crash() {
 	for _, name := range sortedKeys(n.res) {
 		r := n.res[name]
 		r.teardownDevice()
-		r.releaseHeld()
+		r.releaseHeld(false)
 		if r.file != nil {
 			_ = r.file.Close()
 		}

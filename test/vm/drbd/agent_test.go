@@ -119,6 +119,12 @@ func (a *agent) call(w http.ResponseWriter, r *http.Request) {
 		resp.Show, err = a.d.Show(ctx, req.Name)
 	case "DevicePath":
 		resp.Text = a.d.DevicePath(req.Name)
+	// Not Driver methods: what the node agent does on the node with the
+	// driver, run here so that they see the guest's /proc.
+	case "SafeDown":
+		err = drbd.SafeDown(ctx, a.d, req.Name, nil)
+	case "KernelHashAlgorithms":
+		resp.Strings, err = drbd.KernelHashAlgorithms("")
 	default:
 		http.Error(w, "unknown method "+req.Method, http.StatusBadRequest)
 		return

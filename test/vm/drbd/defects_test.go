@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,20 +191,72 @@ func TestDownWithReadOnlyOpener(t *testing.T) {
 	waitFor(t, 2*time.Minute, "node1 back after adjust", func() (bool, string) { return settled("node1", st(t, "node1")) })
 }
 
-// TestDownSecondaryWithReadOnlyOpener: the recording's other case, a
-// Secondary open read-only. DRBD let that down through.
-func TestDownSecondaryWithReadOnlyOpener(t *testing.T) {
+// TestSafeDown: the node agent's way down (drbd.SafeDown, run in the guest
+// where it reads /proc) refuses while the device is open, before DRBD
+// tears anything down, and takes a free device down.
+func TestSafeDown(t *testing.T) {
 	healthy(t)
-	n2 := cl.nodes["node2"]
-	release, err := n2.Hold(bg, r0, false)
-	if err != nil {
+	n1 := cl.nodes["node1"]
+	if err := n1.Primary(bg, r0, drbd.NoForce); err != nil {
 		t.Fatal(err)
 	}
-	err = n2.Down(bg, r0)
-	release()
-	t.Logf("down of a Secondary open read-only: %v", err)
-	if err != nil && !errors.Is(err, drbd.ErrDeviceInUse) {
-		t.Errorf("down of a Secondary open read-only: got %v, want success (as recorded) or ErrDeviceInUse", err)
+	for _, rw := range []bool{false, true} {
+		release, err := n1.Hold(bg, r0, rw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = n1.SafeDown(bg, r0)
+		release()
+		t.Logf("SafeDown with the device open (read-write %t): %v", rw, err)
+		if !errors.Is(err, drbd.ErrDeviceInUse) {
+			t.Errorf("SafeDown of a Primary open (read-write %t): got %v, want ErrDeviceInUse", rw, err)
+		}
+		s := st(t, "node1")
+		if ok, why := settled("node1", s); !ok || s.Role != "Primary" {
+			t.Errorf("SafeDown refused but node1 changed: %s %s", why, line(s))
+		}
+	}
+	if err := n1.Secondary(bg, r0); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.SafeDown(bg, r0); err != nil {
+		t.Fatalf("SafeDown of a free Secondary: %v", err)
+	}
+	if _, err := n1.Status(bg, r0); !errors.Is(err, drbd.ErrUnknownResource) {
+		t.Errorf("after SafeDown, status: got %v, want ErrUnknownResource", err)
+	}
+}
+
+// TestSecondaryCannotBeOpened: with auto-promote no (as rendered), DRBD
+// refuses to open a Secondary's device at all: read-write with EROFS, and
+// read-only too, with EMEDIUMTYPE ("wrong medium type"; drbd_open in
+// drbd_main.c). So nothing
+// can hold a Secondary open, and a down of a Secondary never meets an
+// opener. (The recording's "down of a Secondary held open read-only
+// succeeded" was a down with nothing holding the device: its open had
+// failed.) drbdsim's Read on a Secondary succeeds.
+func TestSecondaryCannotBeOpened(t *testing.T) {
+	healthy(t)
+	for _, n := range contract.Nodes {
+		for _, rw := range []bool{false, true} {
+			release, err := cl.nodes[n].Hold(bg, r0, rw)
+			if err == nil {
+				release()
+				t.Errorf("%s: a Secondary opened (read-write %t) with auto-promote no", n, rw)
+				continue
+			}
+			want := syscall.EMEDIUMTYPE
+			if rw {
+				want = syscall.EROFS
+			}
+			if !errors.Is(err, want) {
+				t.Errorf("%s: open of a Secondary (read-write %t): got %v, want %v", n, rw, err, want)
+			}
+		}
+	}
+	_, err := cl.nodes["node2"].Read(bg, r0, 0, 4096)
+	if !errors.Is(err, syscall.EMEDIUMTYPE) {
+		t.Errorf("read through a Secondary: got %v, want EMEDIUMTYPE", err)
 	}
 }
 

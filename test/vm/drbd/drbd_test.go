@@ -30,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshvol/meshvol/pkg/drbd"
 	"github.com/meshvol/meshvol/pkg/drbd/contract"
 )
 
@@ -39,10 +40,7 @@ const backing = "/dev/vda"
 
 // The peers authenticate as the node agent renders it (and as on the
 // recorded machines): cram-hmac-alg with a shared secret.
-const (
-	hmacAlg = "sha256"
-	secret  = "vm-tier_S3cret-4f9Q"
-)
+const secret = "vm-tier_S3cret-4f9Q"
 
 // cl is the running cluster on the host; nil anywhere else.
 var cl *cluster
@@ -69,6 +67,10 @@ func TestMain(m *testing.M) {
 type cluster struct {
 	nodes map[string]*remote
 	out   string // where the raw event streams and kernel logs go
+
+	// hmacAlg and verifyAlg are negotiated over the guests' /proc/crypto,
+	// as the node agent does over its nodes'.
+	hmacAlg, verifyAlg string
 
 	recCancel context.CancelFunc
 	recWG     sync.WaitGroup
@@ -115,6 +117,22 @@ func startCluster(spec, out string) (*cluster, error) {
 		}
 	}
 	fmt.Printf("drbd-vm: all three agents answer, %s after the test binary started\n", time.Since(start).Round(time.Second))
+	var offered [][]string
+	for _, n := range contract.Nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		algs, err := c.nodes[n].KernelHashAlgorithms(ctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", n, err)
+		}
+		offered = append(offered, algs)
+	}
+	c.hmacAlg = drbd.Negotiate(drbd.HMACAlgPreference, offered...)
+	c.verifyAlg = drbd.Negotiate(drbd.VerifyAlgPreference, offered...)
+	fmt.Printf("drbd-vm: negotiated cram-hmac-alg %q, verify-alg %q over the guests' /proc/crypto\n", c.hmacAlg, c.verifyAlg)
+	if c.hmacAlg == "" || c.verifyAlg == "" {
+		return nil, fmt.Errorf("no common hash algorithm in the guests' /proc/crypto: %q", offered)
+	}
 	if out != "" {
 		ctx, cancel := context.WithCancel(context.Background())
 		c.recCancel = cancel

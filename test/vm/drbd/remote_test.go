@@ -146,6 +146,18 @@ func (r *remote) DevicePath(name string) string {
 	return resp.Text
 }
 
+// SafeDown runs drbd.SafeDown in the guest, where it can see who holds the
+// device open.
+func (r *remote) SafeDown(ctx context.Context, name string) error {
+	return r.simple(ctx, callReq{Method: "SafeDown", Name: name})
+}
+
+// KernelHashAlgorithms is drbd.KernelHashAlgorithms on the guest.
+func (r *remote) KernelHashAlgorithms(ctx context.Context) ([]string, error) {
+	resp, err := r.call(ctx, callReq{Method: "KernelHashAlgorithms"})
+	return resp.Strings, err
+}
+
 // Events is the guest driver's events2 stream. Closing it (or ending ctx)
 // ends the request, which ends drbdsetup in the guest.
 func (r *remote) Events(ctx context.Context) (io.ReadCloser, error) {

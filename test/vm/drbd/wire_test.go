@@ -35,11 +35,12 @@ type callReq struct {
 
 // callResp is a method's result.
 type callResp struct {
-	Bool   bool
-	Text   string
-	Status []drbd.StatusResource
-	Show   []drbd.ShowResource
-	Err    *wireError
+	Bool    bool
+	Text    string
+	Strings []string
+	Status  []drbd.StatusResource
+	Show    []drbd.ShowResource
+	Err     *wireError
 }
 
 // ioResp answers the agent's own requests (IO on the device, commands).

@@ -121,7 +121,7 @@ type PlacementHints struct {
 }
 
 // VolumePhase summarises a volume's state for people; conditions are the truth.
-// +kubebuilder:validation:Enum=Pending;Forming;Ready;Degraded;Reconfiguring;Terminating
+// +kubebuilder:validation:Enum=Pending;Forming;Ready;Degraded;Reconfiguring;Failed;Deleting
 type VolumePhase string
 
 const (
@@ -130,7 +130,8 @@ const (
 	VolumePhaseReady         VolumePhase = "Ready"         // the configured layout is in place and in sync
 	VolumePhaseDegraded      VolumePhase = "Degraded"      // usable, with less protection than configured
 	VolumePhaseReconfiguring VolumePhase = "Reconfiguring" // transitions are moving toward the configuration
-	VolumePhaseTerminating   VolumePhase = "Terminating"   // being deleted
+	VolumePhaseFailed        VolumePhase = "Failed"        // no quorum anywhere, or no UpToDate copy reachable
+	VolumePhaseDeleting      VolumePhase = "Deleting"      // being deleted: replicas leave, then the Secret goes
 )
 
 // DatameshMember is one replica in the datamesh, as the controller publishes it.
