@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/csi"
 	"github.com/meshvol/meshvol/pkg/datamesh"
 	"github.com/meshvol/meshvol/pkg/version"
 )
@@ -49,6 +50,7 @@ type controllerFlags struct {
 	shadowDiskful  bool
 	startTimeout   time.Duration
 	verbosity      int
+	csiEndpoint    string
 }
 
 func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
@@ -84,6 +86,7 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 	fs.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second,
 		"how long to try reaching the apiserver and finding the CRDs at start before giving up")
 	fs.IntVar(&f.verbosity, "v", 0, "log verbosity: 0 logs what changed (placements, phase changes, errors), higher adds reconcile detail; logs are JSON lines on stderr")
+	fs.StringVar(&f.csiEndpoint, "csi-endpoint", "", csiEndpointUsage+" (the CSI controller service runs on every replica, leader or not)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), controllerUsage)
 		fs.PrintDefaults()
@@ -173,7 +176,19 @@ func runController(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	log.Info("starting", "version", version.Get().Version, "namespace", opts.Namespace, "leaderElection", f.leaderElect,
 		"agentGracePeriod", opts.AgentGracePeriod.String(), "taintLostNodes", opts.TaintLostNodes)
-	if err := mgr.Start(ctx); err != nil {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	waitCSI := serveCSI(ctx, cancel, f.csiEndpoint, func(ctx context.Context) error {
+		return csi.RunController(ctx, csi.ControllerOptions{Endpoint: f.csiEndpoint, Config: cfg, Scheme: csiScheme(),
+			Namespace: opts.Namespace, Log: log})
+	})
+	err = mgr.Start(ctx)
+	cancel()
+	if cerr := waitCSI(); cerr != nil {
+		fmt.Fprintf(stderr, "meshvol controller: %v\n", cerr)
+		return 1
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "meshvol controller: %v\n", err)
 		return 1
 	}

@@ -78,8 +78,14 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 		}
 	}
 	if c.opts.TaintLostNodes {
-		if err := c.taint(ctx, node, lv); err != nil {
+		settled, err := c.taint(ctx, node, lv)
+		if err != nil {
 			return ctrl.Result{}, err
+		}
+		if !settled {
+			// Lost but still reached by a peer, or back but not clean yet: the replicas'
+			// reports decide, so look again (no write until it changes).
+			return ctrl.Result{RequeueAfter: c.opts.AgentGracePeriod}, nil
 		}
 	}
 	if !lv.Next.IsZero() {
@@ -88,40 +94,41 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 	return ctrl.Result{}, nil
 }
 
-// taint applies or removes the out-of-service taint on node.
-func (c *Controller) taint(ctx context.Context, node string, lv Liveness) error {
+// taint applies or removes the out-of-service taint on node. settled=false: the taint
+// should change but the replicas' state does not allow it yet.
+func (c *Controller) taint(ctx context.Context, node string, lv Liveness) (settled bool, err error) {
 	n := &corev1.Node{}
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: node}, n); err != nil {
-		return client.IgnoreNotFound(err)
+		return true, client.IgnoreNotFound(err)
 	}
 	has := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintOutOfService.Key })
 	switch {
 	case !has && lv.Lost:
 		reachable, err := c.nodeReachable(ctx, node)
 		if err != nil || reachable {
-			return err
+			return false, err
 		}
 		patched := n.DeepCopy()
 		t := TaintOutOfService
 		t.TimeAdded = &metav1.Time{Time: c.opts.Now()}
 		patched.Spec.Taints = append(patched.Spec.Taints, t)
 		if err := c.client.Patch(ctx, patched, client.MergeFromWithOptions(n, client.MergeFromWithOptimisticLock{}), client.FieldOwner(v1.FieldManagerController)); err != nil {
-			return fmt.Errorf("tainting lost node %s: %w", node, err)
+			return false, fmt.Errorf("tainting lost node %s: %w", node, err)
 		}
 		c.recorder.Eventf(n, corev1.EventTypeWarning, EventNodeLost, "meshvol decided node %s is lost (%s; no live peer reaches its replicas): tainted %s", node, lv.Message, TaintOutOfService.ToString())
 	case has && lv.Live:
 		clean, err := c.nodeClean(ctx, node)
 		if err != nil || !clean {
-			return err
+			return false, err
 		}
 		patched := n.DeepCopy()
 		patched.Spec.Taints = slices.DeleteFunc(patched.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintOutOfService.Key })
 		if err := c.client.Patch(ctx, patched, client.MergeFromWithOptions(n, client.MergeFromWithOptimisticLock{}), client.FieldOwner(v1.FieldManagerController)); err != nil {
-			return fmt.Errorf("removing the out-of-service taint from node %s: %w", node, err)
+			return false, fmt.Errorf("removing the out-of-service taint from node %s: %w", node, err)
 		}
 		c.recorder.Eventf(n, corev1.EventTypeNormal, "NodeBack", "The meshvol agent of node %s is back and the node holds no stale replica: removed %s", node, TaintOutOfService.ToString())
 	}
-	return nil
+	return true, nil
 }
 
 // nodeReachable: some replica on a live node reports a Connected connection to a

@@ -187,8 +187,7 @@ func (n *Node) HasMetadata(ctx context.Context, name string) (bool, error) {
 	if cfg.Disk == nil {
 		return false, fmt.Errorf("drbdsim: resource %s is diskless on %s: no metadata to look for", name, n.name)
 	}
-	_, ok := n.mds[cfg.Disk.BackingDevice]
-	return ok, nil
+	return n.metadataOf(cfg.Disk.BackingDevice) != nil, nil
 }
 
 // CreateMetadata writes fresh metadata (current UUID "just created",
@@ -223,8 +222,12 @@ func (n *Node) CreateMetadata(ctx context.Context, name string, maxPeers int) er
 		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20,
 			fmt.Sprintf("%s: device too small (%d bytes) for internal metadata\n", cfg.Disk.BackingDevice, size))
 	}
-	n.mds[cfg.Disk.BackingDevice] = &metadata{backing: cfg.Disk.BackingDevice, maxPeers: maxPeers, sizeBytes: usable,
-		current: uuidJustCreated, disk: DiskInconsistent, peers: map[int]*peerMD{}}
+	md := &metadata{backing: cfg.Disk.BackingDevice, maxPeers: maxPeers, sizeBytes: usable,
+		current: uuidJustCreated, disk: DiskInconsistent, peers: map[int]*peerMD{}, id: n.c.newUUID()}
+	if err := md.sign(); err != nil {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20, err.Error()+"\n")
+	}
+	n.mds[cfg.Disk.BackingDevice] = md
 	return nil
 }
 
@@ -263,7 +266,7 @@ func (n *Node) up(name string) error {
 	}
 	var md *metadata
 	if cfg.Disk != nil {
-		md = n.mds[cfg.Disk.BackingDevice]
+		md = n.metadataOf(cfg.Disk.BackingDevice)
 		if md == nil {
 			return cmdErr(drbd.ErrNoMetadata, []string{"drbdsetup", "attach", name}, 119, 10,
 				fmt.Sprintf("%s: Failure: (119) No valid meta-data signature found.\n", name))
@@ -398,7 +401,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 	}
 	switch {
 	case r.cfg.Disk != nil && r.file == nil:
-		md := n.mds[r.cfg.Disk.BackingDevice]
+		md := n.metadataOf(r.cfg.Disk.BackingDevice)
 		if md == nil {
 			return cmdErr(drbd.ErrNoMetadata, []string{"drbdsetup", "attach", name}, 119, 10,
 				fmt.Sprintf("%s: Failure: (119) No valid meta-data signature found.\n", name))
@@ -739,6 +742,10 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 		}
 		if err := r.growDevice(); err != nil {
 			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
+		}
+		// Internal metadata moves to the new end of the device.
+		if err := r.md.sign(); err != nil {
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "resize", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	n.c.settle()

@@ -99,6 +99,10 @@ func (b bitmap) first() int64 {
 type metadata struct {
 	backing  string
 	maxPeers int
+	// id is written on the device itself at create-md (mdsig.go), so the
+	// metadata belongs to the device, not to its path: a path reused for a
+	// new device (a loop device number handed out again) has none.
+	id uint64
 	// sizeBytes is the usable size: the backing device minus internal
 	// metadata (activity log, superblock, one bitmap per peer slot).
 	sizeBytes int64

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
 )
 
 type eventList []corev1.Event
@@ -109,8 +111,11 @@ func TestRestartMidFormation(t *testing.T) {
 // A node whose Lease expires past the grace period: its replica is marked
 // AgentReady=False by the controller's own condition, and once no live peer reports a
 // connection to it, it is force-removed and a replacement is placed.
+//
+// With --taint-lost-nodes the lost node is tainted out-of-service, and untainted once it
+// is back and holds nothing stale.
 func TestNodeLost(t *testing.T) {
-	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
+	cl := newClusterWith(t, true, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
 	class := cl.class("3d", 1, 1, v1.TopologyIgnored)
 	rv := cl.volume("vol", class, "5Gi")
 	cur := cl.formed(rv.Name, 3)
@@ -169,6 +174,26 @@ func TestNodeLost(t *testing.T) {
 	evs := cl.events(rv.Name)
 	if !evs.has("ForceRemoveStarted", lost) {
 		t.Errorf("no ForceRemoveStarted event for %s:\n%s", lost, evs)
+	}
+	// The dead node's replica is gone although no agent removed its finalizer: the
+	// controller did, the node being lost.
+	cl.eventually(t, lost+" deleted", func() (bool, string) {
+		err := cl.c.Get(cl.ctx, types.NamespacedName{Name: lost}, &v1.ReplicatedVolumeReplica{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	hasTaint := func() bool {
+		n := &corev1.Node{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: cl.node("c")}, n))
+		return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == controller.TaintOutOfService.Key && t.Value == "nodeshutdown" && t.Effect == corev1.TaintEffectNoExecute
+		})
+	}
+	cl.eventually(t, "node c tainted out-of-service", func() (bool, string) { return hasTaint(), "" })
+	// Node c comes back: nothing of the volume is left on it, so the taint goes.
+	cl.setRenew("c", true)
+	cl.eventually(t, "taint removed from node c", func() (bool, string) { return !hasTaint(), "" })
+	if ws := cl.writes.since(0, cl.node("c")); len(ws) != 2 {
+		t.Errorf("writes to node c: %v, want the taint and its removal", ws)
 	}
 }
 

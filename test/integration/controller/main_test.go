@@ -116,6 +116,7 @@ type cluster struct {
 	renew   map[string]bool // node → its fake agent renews the Lease
 	algs    map[string]string
 	leaseSz int32
+	taint   bool
 }
 
 type nodeSpec struct {
@@ -125,10 +126,16 @@ type nodeSpec struct {
 
 func newCluster(t *testing.T, nodes ...nodeSpec) *cluster {
 	t.Helper()
+	return newClusterWith(t, false, nodes...)
+}
+
+// newClusterWith runs the controller with --taint-lost-nodes when taint is set.
+func newClusterWith(t *testing.T, taint bool, nodes ...nodeSpec) *cluster {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	name := testenv.Name(t)
 	cl := &cluster{t: t, ctx: ctx, c: env.Client, ns: name, prefix: "t" + strings.TrimLeft(name[len(name)-10:], "-"), pool: name, writes: &writes{},
-		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2}
+		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2, taint: taint}
 	t.Cleanup(cancel)
 	must(t, cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cl.ns}}))
 	rsp := &v1.ReplicatedStoragePool{ObjectMeta: metav1.ObjectMeta{Name: cl.pool}, Spec: v1.ReplicatedStoragePoolSpec{
@@ -216,7 +223,7 @@ func (cl *cluster) setRenew(node string, on bool) {
 func (cl *cluster) start() {
 	mgr, err := controller.NewManager(env.Config, controller.Options{
 		Namespace: cl.ns, AgentGracePeriod: cl.grace, OnWrite: cl.writes.add, Workers: 2,
-		PortMin: 7000, PortMax: 7999,
+		PortMin: 7000, PortMax: 7999, TaintLostNodes: cl.taint,
 	}, controller.ManagerOptions{Scheme: env.Scheme})
 	must(cl.t, err)
 	ctx, cancel := context.WithCancel(cl.ctx)
@@ -322,12 +329,19 @@ func (cl *cluster) agentConfirm(rv string, rev int64, extra func(r *v1.Replicate
 	}
 }
 
-// agentReleaseDeleted does what agents do for replicas that are deleted and out of the
-// datamesh: take DRBD down (nothing to do here) and remove their finalizer.
+// agentReleaseDeleted does what live agents do for replicas that are deleted and out of
+// the datamesh: take DRBD down (nothing to do here) and remove their finalizer. A dead
+// node's agent does nothing.
 func (cl *cluster) agentReleaseDeleted(rv string) {
 	cur := cl.rv(rv)
 	for _, r := range cl.rvrs(rv) {
 		if r.DeletionTimestamp == nil || !slices.Contains(r.Finalizers, v1.FinalizerAgent) {
+			continue
+		}
+		cl.mu.Lock()
+		alive := cl.renew[r.Spec.NodeName]
+		cl.mu.Unlock()
+		if !alive {
 			continue
 		}
 		if cur != nil && slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == r.Name }) {

@@ -6,7 +6,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 type harness struct {
 	c    *cluster
 	tune func(*drbd.OptionSet)
+	run  int // which TestContract run, for Record's file names
 }
 
 var _ contract.Harness = (*harness)(nil)
@@ -41,6 +44,20 @@ func (h *harness) Write(ctx context.Context, node string, off int64, data []byte
 
 func (h *harness) Read(ctx context.Context, node string, off int64, n int) ([]byte, error) {
 	return h.c.nodes[node].Read(ctx, contract.Resource, off, n)
+}
+
+// Record saves what the suite saw on node's events2 stream, normalized as
+// the suite compares it, as bin/vm/drbd/run/contract-real.<node>.run<N>.seq:
+// the format of the recordings that drbdsim's contract test compares with
+// (contract.Recorder, called once the suite has passed).
+func (h *harness) Record(node string, changes []string) {
+	if h.c.out == "" {
+		return
+	}
+	name := filepath.Join(h.c.out, fmt.Sprintf("contract-real.%s.run%d.seq", node, h.run))
+	if err := os.WriteFile(name, []byte(strings.Join(changes, "\n")+"\n"), 0o644); err != nil {
+		fmt.Fprintf(os.Stderr, "record %s: %v\n", name, err)
+	}
 }
 
 func (h *harness) Cut(a, b string)         { link(true, a, b) }
@@ -105,7 +122,7 @@ func TestContract(t *testing.T) {
 		ok := t.Run(fmt.Sprintf("run%d", i), func(t *testing.T) {
 			cl.reset(t)
 			start := time.Now()
-			contract.Run(t, &harness{c: cl})
+			contract.Run(t, &harness{c: cl, run: i})
 			t.Logf("contract run %d took %s", i, time.Since(start).Round(time.Second))
 		})
 		if !ok {
