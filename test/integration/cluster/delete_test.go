@@ -156,8 +156,8 @@ func (r *rig) inSync(vol string, rv *v1.ReplicatedVolume) {
 				return m.NodeName + " " + st[0].Devices[0].DiskState
 			}
 			for _, c := range st[0].Connections {
-				if c.ConnectionState != "Connected" || c.PeerDevices[0].ReplicationState != "Established" {
-					return m.NodeName + " → " + c.Name + ": " + c.ConnectionState + " " + c.PeerDevices[0].ReplicationState
+				if c.ConnectionState != "Connected" || len(c.PeerDevices) == 0 || c.PeerDevices[0].ReplicationState != "Established" {
+					return m.NodeName + " → " + c.Name + ": " + c.ConnectionState
 				}
 			}
 		}
