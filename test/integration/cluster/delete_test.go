@@ -114,6 +114,14 @@ func TestPartition(t *testing.T) {
 			if d := st[0].Devices[0].DiskState; d != "UpToDate" {
 				return m.NodeName + " " + d
 			}
+			// An isolated replica calls itself UpToDate until it is back:
+			// in sync means connected again (DRBD reconnects at its next
+			// connect attempt, connect-int later) with nothing to resync.
+			for _, c := range st[0].Connections {
+				if c.ConnectionState != "Connected" || len(c.PeerDevices) == 0 || c.PeerDevices[0].ReplicationState != "Established" {
+					return m.NodeName + " → " + c.Name + " " + c.ConnectionState
+				}
+			}
 		}
 		return ""
 	})
