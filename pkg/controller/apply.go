@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -74,12 +75,24 @@ func applyStatus(ctx context.Context, c client.Client, kind, name, resourceVersi
 
 // applyFinalizer adds (present) or gives up (absent) the controller's finalizer on
 // kind/name. Finalizers are a set: applying the list without ours releases it without
-// touching anyone else's.
-func applyFinalizer(ctx context.Context, c client.Client, kind, name string, present bool) error {
-	u := applyObject(kind, "", name, "")
+// touching anyone else's. The apply is conditional on resourceVersion (what the cache
+// showed), so it never recreates an object that is already gone; a Conflict or NotFound
+// means the cache was behind, and the watch brings the next reconcile (ignoreStale).
+func applyFinalizer(ctx context.Context, c client.Client, kind, name, resourceVersion string, present bool) error {
+	u := applyObject(kind, "", name, resourceVersion)
 	if present {
 		u.SetFinalizers([]string{v1.FinalizerController})
 	}
 	// Absent: an apply that no longer lists a field this manager owned removes it.
 	return c.Patch(ctx, u, client.Apply, applyOpts...)
+}
+
+// ignoreStale drops the errors of a conditional write made from a cache that was behind:
+// the object changed (Conflict) or is gone (NotFound). Its watch event brings the next
+// reconcile, which reads the new state.
+func ignoreStale(err error) error {
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
 }
