@@ -299,6 +299,7 @@ func TestDeviceNoQuorumEIO(t *testing.T) {
 		t.Fatalf("O_DIRECT read without quorum: %v", err)
 	}
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	rg.wantQuorum("node1", true)
 	copy(buf, "healed")
 	if _, err := f.WriteAt(buf, last); err != nil {
@@ -332,6 +333,7 @@ func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	select {
 	case err := <-done:
 		rg.must(err)

@@ -28,8 +28,20 @@
 //     NetworkFailure, TearDown as transient loss states), replication state
 //     (Off, Established, WFBitMapS/T, SyncSource/Target).
 //   - A connection comes up only if both ends run the resource, each is
-//     configured for the other (node-id, addresses), the shared secrets and
-//     HMAC algorithms match, and the network lets them through.
+//     configured for the other (node-id, addresses) and the network lets
+//     them through, at a connect attempt: each side tries once when it
+//     starts Connecting and then every connect-int (Options.ConnectInt,
+//     DRBD's default 10 s), so a link that comes back is used only at the
+//     next attempt. Different shared secrets, HMAC or verify algorithms
+//     put both ends StandAlone without retry; adjust connects them again.
+//   - Event order as DRBD 9.2.18 prints it (pkg/drbd/drbdsim's
+//     TestEventOrderMatchesRealDRBD compares with a real recording): up
+//     creates the connections and paths before it attaches; a handshake
+//     reports the connection with its resync state (WFBitMapS/T) at once;
+//     before-resync-source/target and after-resync-target helpers run, and
+//     the target goes Inconsistent with SyncTarget; a Secondary that loses
+//     its Primary shows Consistent for one state change; down disconnects
+//     each peer (Disconnecting, StandAlone) and destroys no peer device.
 //   - Generation UUIDs per replica (current, bitmap UUID per peer, history)
 //     and a per-peer bitmap of 4 KiB blocks. The handshake decides like
 //     DRBD's uuid_compare: no sync, sync only the bitmap (a replica that
