@@ -116,6 +116,9 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 					in.AttachNodes = append(in.AttachNodes, a.Spec.NodeName)
 				}
 			}
+			if h := v.rv.Spec.PlacementHints; h != nil {
+				in.Requisite, in.Preferred = h.Requisite, h.Preferred
+			}
 			placed, err := Place(in)
 			var pe *PlacementError
 			switch {

@@ -231,7 +231,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 	}
 	deleting := rv.DeletionTimestamp != nil
 	if !deleting && !slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, true)); err != nil {
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, true, nil)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("adding finalizer: %w", err)
 		}
 		// The write changed the RV: its event brings the next reconcile, which works
@@ -243,7 +243,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 	}
 	for _, a := range v.rvas {
 		if a.DeletionTimestamp == nil && !slices.Contains(a.Finalizers, v1.FinalizerController) {
-			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion, true)); err != nil {
+			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion, true, nil)); err != nil {
 				return ctrl.Result{}, fmt.Errorf("adding finalizer to attachment %s: %w", a.Name, err)
 			}
 		}
