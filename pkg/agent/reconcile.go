@@ -83,6 +83,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		s.st.Conditions = setCondition(s.st.Conditions, prev, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}, gen, now)
 	}
 	failed := func(what string, err error) step {
+		a.log.Info("replica step failed; will retry", "replica", rvr.Name, "step", what, "err", redact(err.Error()))
 		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+redact(err.Error()))
 		s.st.DatameshRevision = rvr.Status.DatameshRevision
 		s.retry = a.cfg.RetryInterval
