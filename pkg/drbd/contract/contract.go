@@ -11,6 +11,10 @@
 // replication states, quorum — and compares the sequence of state changes
 // in the driver's events2 stream with the captured stream. Beyond the
 // captures it checks that a returning replica resyncs only what changed.
+// Where real DRBD's timing decides an order (a link used only at its next
+// connect attempt, events still in flight), the suite waits for the states
+// it needs, with a deadline, so that it runs unchanged on drbdsim and on
+// real DRBD.
 package contract
 
 import (
@@ -201,12 +205,20 @@ func captureEventsNow(t *testing.T, path string) []string {
 	return summary(r)
 }
 
-func (s *suite) compare(t *testing.T, node string, want []string) {
+// compare checks node's status against want, or against one of the
+// alternatives (states real DRBD may equally be in at that point).
+func (s *suite) compare(t *testing.T, node string, want []string, alternatives ...[]string) {
 	t.Helper()
 	got := summary(s.status(t, node))
-	if !slices.Equal(got, want) {
-		t.Errorf("%s differs from real DRBD:\n got: %s\nwant: %s", node, strings.Join(got, "\n      "), strings.Join(want, "\n      "))
+	if slices.Equal(got, want) {
+		return
 	}
+	for _, alt := range alternatives {
+		if slices.Equal(got, alt) {
+			return
+		}
+	}
+	t.Errorf("%s differs from real DRBD:\n got: %s\nwant: %s", node, strings.Join(got, "\n      "), strings.Join(want, "\n      "))
 }
 
 func (s *suite) matches(node string, want []string) (bool, string) {
@@ -275,8 +287,22 @@ func (s *suite) stage02(t *testing.T) {
 	mark := w.mark()
 	s.must(t, s.h.Driver("node1").Primary(s.ctx, Resource, "initial sync of a new test resource"))
 	// Right after the promotion node1 looks as in capture 02: Primary,
-	// UpToDate, node2 still Inconsistent and WFBitMapS.
-	s.compare(t, "node1", captureEventsNow(t, "02-initial-sync-node1.events2-now-statistics.txt"))
+	// UpToDate, node2 still Inconsistent and WFBitMapS. On real DRBD the
+	// status can equally come before the resync handshake has begun
+	// (node2 still Established) or after the bitmap exchange (SyncSource):
+	// the VM tier saw all three, with up to 600 ms from the promotion to
+	// WFBitMapS. The order WFBitMapS, SyncSource, Established is checked on
+	// node1's events2 below.
+	captured := captureEventsNow(t, "02-initial-sync-node1.events2-now-statistics.txt")
+	var alternatives [][]string
+	for _, repl := range []string{"Established", "SyncSource"} {
+		alt := slices.Clone(captured)
+		for i, l := range alt {
+			alt[i] = strings.Replace(l, "node2 replication:WFBitMapS", "node2 replication:"+repl, 1)
+		}
+		alternatives = append(alternatives, alt)
+	}
+	s.compare(t, "node1", captured, alternatives...)
 	s.eventually(t, "node2 UpToDate after initial sync", func() (bool, string) {
 		st := s.status(t, "node2")
 		return st.Devices[0].DiskState == "UpToDate", summary(st)[1]
