@@ -469,3 +469,24 @@ loop:
 	}
 	_ = names
 }
+
+// Growing the volume: the agents grow each backing volume, then DRBD, and
+// confirm the revision only once the device offers the new size.
+func TestGrowVolume(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	bigger := resource.NewQuantity(2*size, resource.BinarySI)
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Size = bigger })
+	r.confirmed(rev, "", names...)
+	for i, n := range names {
+		o := r.rvr(n)
+		if o.Status.BackingVolume == nil || o.Status.BackingVolume.Size.Value() < 2*size {
+			t.Errorf("%s: backing volume %+v, want at least %d bytes", n, o.Status.BackingVolume, 2*size)
+		}
+		st, err := r.node(i).Sim.Status(r.ctx, r.rv)
+		r.must(err)
+		if got := st[0].Devices[0].Size * 1024; got < 2*size {
+			t.Errorf("%s: DRBD device %d bytes, want at least %d", r.node(i).Name, got, 2*size)
+		}
+	}
+}

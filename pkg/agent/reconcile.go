@@ -523,7 +523,9 @@ func drbdSecret(b []byte) string {
 	return v
 }
 
-// takeDown demotes (never forced) and takes a resource down, then removes its
+// takeDown demotes (never forced) and takes a resource down with
+// drbd.SafeDown — which refuses while anything holds the device (never
+// while mounted) and repairs a half-done down — then removes its
 // configuration.
 func (a *Agent) takeDown(ctx context.Context, name string) error {
 	if st, err := a.drv.Status(ctx, name); err == nil && len(st) == 1 && st[0].Role == "Primary" {
@@ -531,7 +533,7 @@ func (a *Agent) takeDown(ctx context.Context, name string) error {
 			return err
 		}
 	}
-	if err := a.drv.Down(ctx, name); err != nil {
+	if err := drbd.SafeDown(ctx, a.drv, name, nil); err != nil {
 		return err
 	}
 	return a.drv.RemoveConfig(ctx, name)

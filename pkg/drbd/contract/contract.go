@@ -11,6 +11,10 @@
 // replication states, quorum — and compares the sequence of state changes
 // in the driver's events2 stream with the captured stream. Beyond the
 // captures it checks that a returning replica resyncs only what changed.
+// Where real DRBD's timing decides an order (a link used only at its next
+// connect attempt, events still in flight), the suite waits for the states
+// it needs, with a deadline, so that it runs unchanged on drbdsim and on
+// real DRBD.
 package contract
 
 import (
