@@ -112,3 +112,7 @@ distclean: clean ## Also remove bin/k8s and its wrapper build modules
 .PHONY: test-lvm-vm
 test-lvm-vm: ## pkg/storage/lvm against real lvm2 in a qemu VM (test/vm/README.md; minutes, not in `make test`)
 	hack/vm-test-lvm.sh
+
+.PHONY: test-drbd-vm
+test-drbd-vm: ## pkg/drbd (contract suite and real-DRBD checks) on DRBD 9.2.18 in three qemu VMs; needs DRBD_SRC (test/vm/README.md; not in `make test`)
+	DRBD_SRC=$(DRBD_SRC) hack/vm-test-drbd.sh

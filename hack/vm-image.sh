@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Builds the guest for the real-LVM VM tier (test/vm/README.md) into bin/vm/:
+# Builds the guest of a VM tier (test/vm/README.md). VM_IMAGE says which:
 #
+# lvm (default), the real-LVM tier, into bin/vm/:
 #   bin/vm/vmlinuz      Debian's kernel (the linux-image-amd64 the host's apt
 #                       resolves today: bookworm's 6.1), unchanged
 #   bin/vm/rootfs.cpio  a debootstrapped bookworm (minbase + lvm2,
 #                       thin-provisioning-tools, kmod) with only the kernel
 #                       modules the tier loads, as an uncompressed initramfs
+#
+# drbd, the real-DRBD tier, into bin/vm/drbd/: the same kernel, and a
+#   bookworm with drbd-utils and iproute2 whose modules are virtio (disk and
+#   network) plus DRBD 9.2.18 as hack/vm-drbd-module.sh built it (drbd,
+#   drbd_transport_tcp and DRBD's handshake), in /lib/modules/<kver>/updates.
+#   Debian's own drbd.ko (8.4) is never copied in.
 #
 # Everything comes from Debian's packages through the host's own apt sources:
 # debootstrap is pointed at the mirror the host already uses (VM_MIRROR
@@ -18,7 +25,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=$ROOT/bin/vm
+KIND=${VM_IMAGE:-lvm}
 SUITE=${VM_SUITE:-bookworm}
 # The modules the guest may load: the virtio disk that becomes the PV and
 # device-mapper with the thin target (test/vm/init.sh loads these), and
@@ -31,11 +38,37 @@ MODULES=(virtio_pci virtio_blk dm_mod dm_thin_pool dm_snapshot)
 # lvm2 runs thin_check when it activates a thin pool (thin-provisioning-tools);
 # kmod gives modprobe. Everything else lvm2 needs comes as its dependencies.
 PACKAGES=lvm2,thin-provisioning-tools,kmod
-
-stamp=$OUT/image.stamp
+OUT=$ROOT/bin/vm
 want=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)
+extra_modules=""
+
+case $KIND in
+lvm) ;;
+drbd)
+	OUT=$ROOT/bin/vm/drbd
+	# virtio_net for the guests' network; DRBD's own modules (their
+	# dependencies, lru_cache and libcrc32c, come from Debian's tree).
+	MODULES=(virtio_pci virtio_blk virtio_net drbd drbd_transport_tcp handshake)
+	# drbd-utils 9.22 (bookworm's), the version of the recordings; iproute2
+	# for the guest's address; kmod for modprobe.
+	PACKAGES=drbd-utils,iproute2,kmod
+	kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
+	extra_modules=$ROOT/bin/vm/drbd-modules/${kpkg#linux-image-}
+	if [[ ! -f $extra_modules/build.stamp ]]; then
+		echo "vm-image: no DRBD modules in $extra_modules: run hack/vm-drbd-module.sh first" >&2
+		exit 1
+	fi
+	# A rebuilt module makes a new image.
+	want="$want drbd $(cat "$extra_modules/build.stamp")"
+	;;
+*)
+	echo "vm-image: VM_IMAGE=$KIND: want lvm or drbd" >&2
+	exit 2
+	;;
+esac
+stamp=$OUT/image.stamp
 if [[ -z ${VM_REBUILD:-} && -f $stamp && -f $OUT/vmlinuz && -f $OUT/rootfs.cpio && $(cat "$stamp") == "$want" ]]; then
-	echo "vm-image: bin/vm is up to date ($(du -h "$OUT/rootfs.cpio" | cut -f1) rootfs.cpio)"
+	echo "vm-image: ${OUT#"$ROOT"/} is up to date ($(du -h "$OUT/rootfs.cpio" | cut -f1) rootfs.cpio)"
 	exit 0
 fi
 
@@ -98,6 +131,12 @@ debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$mirror"
 mods=$rootfs/lib/modules/$kver
 mkdir -p "$rootfs/lib/modules"
 cp -a "$work/kernel/lib/modules/$kver" "$mods"
+if [[ -n $extra_modules ]]; then
+	# updates/ comes before the kernel's own tree in depmod's search order,
+	# so drbd resolves to this drbd.ko and not to Debian's in-tree 8.4.
+	mkdir -p "$mods/updates"
+	cp "$extra_modules"/*.ko "$mods/updates/"
+fi
 chroot "$rootfs" depmod "$kver"
 closure=$(for m in "${MODULES[@]}"; do chroot "$rootfs" modprobe -S "$kver" --show-depends "$m"; done |
 	awk '$1 == "insmod" { print $2 }' | sort -u)
@@ -116,4 +155,4 @@ rm -rf "$rootfs"/usr/share/{doc,man,info,locale,i18n} "$rootfs"/var/cache/apt/* 
 (cd "$rootfs" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) >"$OUT/rootfs.cpio"
 rm -rf "$work"
 echo "$want" >"$stamp"
-echo "vm-image: built bin/vm/vmlinuz ($kver) and bin/vm/rootfs.cpio ($(du -h "$OUT/rootfs.cpio" | cut -f1)) in $((SECONDS - start))s"
+echo "vm-image: built ${OUT#"$ROOT"/}/vmlinuz ($kver) and ${OUT#"$ROOT"/}/rootfs.cpio ($(du -h "$OUT/rootfs.cpio" | cut -f1)) in $((SECONDS - start))s"

@@ -3,11 +3,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/meshvol/meshvol/pkg/version"
 )
@@ -20,6 +23,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage: meshvol <command> [flags]
 
 commands:
+  controller run the control plane (meshvol controller --help explains its flags)
   node       run the node agent of one node (meshvol node --help)
   version    print the version of this binary (-o json for JSON)`)
 }
@@ -31,6 +35,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "controller":
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return runController(ctx, args[1:], stdout, stderr)
 	case "version":
 		fs := flag.NewFlagSet("version", flag.ContinueOnError)
 		fs.SetOutput(stderr)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/csi"
 	"github.com/meshvol/meshvol/pkg/drbd"
 	"github.com/meshvol/meshvol/pkg/storage"
 	"github.com/meshvol/meshvol/pkg/storage/file"
@@ -61,6 +62,8 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	cmdTimeout := fs.Duration("command-timeout", 30*time.Second, "deadline of every DRBD command; a command that hangs past it becomes a condition")
 	metrics := fs.String("metrics-bind-address", ":9501", `Prometheus metrics endpoint; "0" disables it`)
 	verbose := fs.Int("v", 0, "log verbosity")
+	csiEndpoint := fs.String("csi-endpoint", "", csiEndpointUsage)
+	maxVolumes := fs.Int64("max-volumes", 0, "max_volumes_per_node the CSI node service reports; 0 leaves the limit to Kubernetes")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: meshvol node [flags]\n\nRuns the node agent: renders each volume's datamesh into DRBD on this node, reports\nwhat the kernel runs in ReplicatedVolumeReplica status, renews the node's Lease.\n\nflags:")
 		fs.PrintDefaults()
@@ -100,6 +103,12 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	}
 	exec = drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, Features: features})
 	hmac, verify := kernelAlgorithms("/proc/crypto")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	waitCSI := serveCSI(ctx, cancel, *csiEndpoint, func(ctx context.Context) error {
+		return csi.RunNode(ctx, csi.NodeOptions{Endpoint: *csiEndpoint, Config: restCfg, Scheme: scheme,
+			NodeName: *nodeName, Zone: *zone, MaxVolumes: *maxVolumes, Log: logr.New(log.GetSink())})
+	})
 	err = agent.Run(ctx, restCfg, scheme, agent.Config{
 		NodeName:         *nodeName,
 		Zone:             *zone,
@@ -115,6 +124,11 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		MetricsAddr:      *metrics,
 		Log:              logr.New(log.GetSink()),
 	})
+	cancel()
+	if cerr := waitCSI(); cerr != nil {
+		fmt.Fprintf(stderr, "meshvol node: %v\n", cerr)
+		return 1
+	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(stderr, "meshvol node: %v\n", err)
 		return 1
@@ -129,6 +143,7 @@ func envOr(key, def string) string {
 	return def
 }
 
+// restConfig is shared by the subcommands: --kubeconfig, or in-cluster.
 func restConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
 		return clientcmd.BuildConfigFromFlags("", kubeconfig)

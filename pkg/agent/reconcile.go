@@ -29,6 +29,10 @@ type step struct {
 	retry time.Duration
 	// gone: the finalizer was released; there is nothing left to report.
 	gone bool
+	// acted: this reconcile changed the kernel's state, so the report is
+	// read from the kernel now rather than from the Observer, which may not
+	// have seen the change yet (a confirmed Detach must not show Primary).
+	acted bool
 }
 
 func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -79,10 +83,11 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		s.st.Conditions = setCondition(s.st.Conditions, prev, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}, gen, now)
 	}
 	failed := func(what string, err error) step {
+		a.log.Info("replica step failed; will retry", "replica", rvr.Name, "step", what, "err", redact(err.Error()))
 		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+redact(err.Error()))
 		s.st.DatameshRevision = rvr.Status.DatameshRevision
 		s.retry = a.cfg.RetryInterval
-		a.fillKernel(&s.st, rv, rvr)
+		a.fillKernel(ctx, &s.st, rv, rvr, s.acted)
 		return s
 	}
 
@@ -149,7 +154,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	secret := ""
 	if ref := dm.SharedSecret; ref != nil {
 		var err error
-		if secret, err = a.sharedSecret(ctx, ref); err != nil {
+		if secret, err = a.sharedSecret(ctx, rv, ref); err != nil {
 			return failed("shared secret", err)
 		}
 	}
@@ -175,6 +180,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	}
 	if len(diff) > 0 {
 		a.log.Info("applying datamesh revision", "replica", rvr.Name, "revision", rev, "differences", strings.Join(diff, "; "))
+		s.acted = true
 		if err := a.apply(ctx, want); err != nil {
 			return failed(fmt.Sprintf("applying revision %d", rev), err)
 		}
@@ -187,11 +193,13 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 			fmt.Sprintf("Revision %d applied but the kernel runs something else: %s", rev, strings.Join(diff, "; ")))
 		s.st.DatameshRevision = rvr.Status.DatameshRevision
 		s.retry = a.cfg.RetryInterval
-		a.fillKernel(&s.st, rv, rvr)
+		a.fillKernel(ctx, &s.st, rv, rvr, s.acted)
 		return s
 	}
 
-	a.dayZero(ctx, rv, member)
+	if a.dayZero(ctx, rv, member) {
+		s.acted = true
+	}
 	resized, err := a.resizeDevice(ctx, rv, member, vol)
 	if err != nil {
 		return failed("resize", err)
@@ -200,8 +208,9 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	// The role is part of what a revision means: a member marked attached
 	// confirms only once it is Primary, a detached one only once it is
 	// Secondary, so a Detach is confirmed by a real demotion.
-	roleOK, retry := a.applyRole(ctx, rv.Name, member, cond)
+	roleOK, retry, changed := a.applyRole(ctx, rv.Name, member, cond)
 	s.retry = retry
+	s.acted = s.acted || changed || resized
 	if roleOK && resized {
 		s.st.DatameshRevision = rev
 		cond(v1.ConditionDRBDConfigured, metav1.ConditionTrue, v1.ReasonConfigured, fmt.Sprintf("DRBD runs datamesh revision %d", rev))
@@ -214,7 +223,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		}
 		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration, msg)
 	}
-	a.fillKernel(&s.st, rv, rvr)
+	a.fillKernel(ctx, &s.st, rv, rvr, s.acted)
 	return s
 }
 
@@ -278,17 +287,17 @@ func (a *Agent) apply(ctx context.Context, want *drbd.Resource) error {
 // nothing can be lost by declaring them identical. A replica that joins a
 // volume holding data never gets here (no Formation transition) and always
 // resyncs.
-func (a *Agent) dayZero(ctx context.Context, rv *v1.ReplicatedVolume, self *v1.DatameshMember) {
+func (a *Agent) dayZero(ctx context.Context, rv *v1.ReplicatedVolume, self *v1.DatameshMember) bool {
 	if self.Type != v1.MemberTypeDiskful || !formationActive(rv) {
-		return
+		return false
 	}
 	s, ok := a.obs.Snapshot(rv.Name)
 	if !ok {
-		return
+		return false
 	}
 	d := s.Devices[drbd.VolumeNumber]
 	if d == nil || d.DiskState != "Inconsistent" {
-		return
+		return false
 	}
 	for i := range rv.Status.Datamesh.Members {
 		m := &rv.Status.Datamesh.Members[i]
@@ -296,21 +305,23 @@ func (a *Agent) dayZero(ctx context.Context, rv *v1.ReplicatedVolume, self *v1.D
 			continue
 		}
 		if m.NodeID < self.NodeID {
-			return // that member decides
+			return false // that member decides
 		}
 		c := s.Connections[int(m.NodeID)]
 		if c == nil || c.State != "Connected" {
-			return
+			return false
 		}
 		pd := c.PeerDevices[drbd.VolumeNumber]
 		if pd == nil || pd.PeerDisk != "Inconsistent" {
-			return
+			return false
 		}
 	}
 	a.log.Info("day 0: every replica is empty and connected; skipping the initial sync", "volume", rv.Name)
 	if err := a.drv.NewCurrentUUIDClearBitmap(ctx, rv.Name); err != nil {
 		a.log.Error(err, "new-current-uuid --clear-bitmap", "volume", rv.Name)
+		return false
 	}
+	return true
 }
 
 func formationActive(rv *v1.ReplicatedVolume) bool {
@@ -324,7 +335,7 @@ func formationActive(rv *v1.ReplicatedVolume) bool {
 
 // applyRole promotes the member the datamesh marks attached and demotes one it
 // does not. It reports whether the role is right, and when to retry if not.
-func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember, cond func(string, metav1.ConditionStatus, string, string)) (bool, time.Duration) {
+func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember, cond func(string, metav1.ConditionStatus, string, string)) (ok bool, retry time.Duration, changed bool) {
 	role := ""
 	if s, ok := a.obs.Snapshot(name); ok {
 		role = s.Role
@@ -336,9 +347,10 @@ func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember
 	case m.Attached && role != "Primary":
 		if err := a.drv.Primary(ctx, name, drbd.NoForce); err != nil {
 			cond(ConditionDRBDRole, metav1.ConditionFalse, ReasonPromoteFailed, "Promotion refused: "+redact(err.Error()))
-			return false, a.cfg.RetryInterval
+			return false, a.cfg.RetryInterval, false
 		}
 		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonPrimary, "Primary: the datamesh marks this member attached")
+		return true, 0, true
 	case !m.Attached && role == "Primary":
 		if err := a.drv.Secondary(ctx, name); err != nil {
 			reason := ReasonDemoteRefused
@@ -347,15 +359,16 @@ func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember
 				msg = "Demotion failed; retrying: "
 			}
 			cond(ConditionDRBDRole, metav1.ConditionFalse, reason, msg+redact(err.Error()))
-			return false, a.cfg.RetryInterval
+			return false, a.cfg.RetryInterval, false
 		}
 		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
+		return true, 0, true
 	case m.Attached:
 		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonPrimary, "Primary: the datamesh marks this member attached")
 	default:
 		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
 	}
-	return true, 0
+	return true, 0, false
 }
 
 // resizeDevice grows DRBD after its backing volume grew. It reports whether
@@ -459,9 +472,12 @@ func (a *Agent) providerFor(rsp *v1.ReplicatedStoragePool) (storage.Provider, er
 
 // sharedSecret reads the volume's Secret (get only, never cached as an
 // object; the value is kept in memory because it never changes).
-func (a *Agent) sharedSecret(ctx context.Context, ref *v1.SharedSecretReference) (string, error) {
+func (a *Agent) sharedSecret(ctx context.Context, rv *v1.ReplicatedVolume, ref *v1.SharedSecretReference) (string, error) {
+	// Keyed by the volume's UID too: a volume deleted and created again under
+	// the same name has a new Secret under the same name.
+	cacheKey := string(rv.UID) + "/" + ref.SecretName
 	a.mu.Lock()
-	v, ok := a.secrets[ref.SecretName]
+	v, ok := a.secrets[cacheKey]
 	a.mu.Unlock()
 	if ok {
 		return v, nil
@@ -476,22 +492,40 @@ func (a *Agent) sharedSecret(ctx context.Context, ref *v1.SharedSecretReference)
 	}
 	b := sec.Data[key]
 	if len(b) == 0 {
-		return "", fmt.Errorf("Secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
+		return "", fmt.Errorf("the Secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
 	}
-	// DRBD takes the secret as a string of at most 63 bytes in the .res file;
-	// the Secret holds random bytes, so the agent uses their hex form, cut to
-	// fit (still 252 bits). Every agent derives the same string.
-	v = fmt.Sprintf("%x", b)
-	if len(v) > drbd.MaxSharedSecretLen {
-		v = v[:drbd.MaxSharedSecretLen]
-	}
+	v = drbdSecret(b)
 	a.mu.Lock()
-	a.secrets[ref.SecretName] = v
+	a.secrets[cacheKey] = v
 	a.mu.Unlock()
 	return v, nil
 }
 
-// takeDown demotes (never forced) and takes a resource down, then removes its
+// drbdSecret is the string DRBD gets: it takes the shared secret as a quoted
+// string of at most 63 bytes in the .res file. The controller stores printable
+// text (base64url, 43 characters), used as is; anything else (raw bytes, a
+// quote, too long) is used in hex form, cut to 63 characters. Every agent
+// derives the same string from the same Secret.
+func drbdSecret(b []byte) string {
+	ok := len(b) > 0 && len(b) <= drbd.MaxSharedSecretLen
+	for _, c := range b {
+		if c <= ' ' || c > '~' || c == '"' || c == '\\' {
+			ok = false
+		}
+	}
+	if ok {
+		return string(b)
+	}
+	v := fmt.Sprintf("%x", b)
+	if len(v) > drbd.MaxSharedSecretLen {
+		v = v[:drbd.MaxSharedSecretLen]
+	}
+	return v
+}
+
+// takeDown demotes (never forced) and takes a resource down with
+// drbd.SafeDown — which refuses while anything holds the device (never
+// while mounted) and repairs a half-done down — then removes its
 // configuration.
 func (a *Agent) takeDown(ctx context.Context, name string) error {
 	if st, err := a.drv.Status(ctx, name); err == nil && len(st) == 1 && st[0].Role == "Primary" {
@@ -499,7 +533,7 @@ func (a *Agent) takeDown(ctx context.Context, name string) error {
 			return err
 		}
 	}
-	if err := a.drv.Down(ctx, name); err != nil {
+	if err := drbd.SafeDown(ctx, a.drv, name, nil); err != nil {
 		return err
 	}
 	return a.drv.RemoveConfig(ctx, name)
@@ -541,10 +575,15 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 }
 
 // fillKernel copies what the kernel says about the volume into st.
-func (a *Agent) fillKernel(st *v1.ReplicatedVolumeReplicaStatus, rv *v1.ReplicatedVolume, rvr *v1.ReplicatedVolumeReplica) {
+func (a *Agent) fillKernel(ctx context.Context, st *v1.ReplicatedVolumeReplicaStatus, rv *v1.ReplicatedVolume, rvr *v1.ReplicatedVolumeReplica, fresh bool) {
 	name := rvr.Spec.ReplicatedVolumeName
 	o := observed{members: map[int32]string{}}
 	o.state, _ = a.obs.Snapshot(name)
+	if fresh {
+		if kst, err := a.drv.Status(ctx, name); err == nil && len(kst) == 1 {
+			o.state = drbd.StateFromStatus(kst[0])
+		}
+	}
 	if o.state == nil {
 		return
 	}
@@ -585,7 +624,7 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 		return 0, err
 	}
 	if err := a.client.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1.FieldManagerAgent), client.ForceOwnership); err != nil {
-		if apierrors.IsNotFound(err) {
+		if apierrors.IsNotFound(err) || ctx.Err() != nil {
 			return 0, nil
 		}
 		return 0, fmt.Errorf("status of %s: %w", rvr.Name, err)

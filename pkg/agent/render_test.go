@@ -193,3 +193,18 @@ func TestCapacityThreshold(t *testing.T) {
 		t.Fatal(tot, free, err)
 	}
 }
+
+func TestDRBDSecret(t *testing.T) {
+	b64 := "q1Vq0r9_fV8yq7mJx0y8t3QwZk5f2pQmWv1aXbYcZdE"
+	if got := drbdSecret([]byte(b64)); got != b64 {
+		t.Errorf("printable secret changed: %q", got)
+	}
+	raw := []byte{0, 1, '"', 0xff}
+	if got := drbdSecret(raw); got != "000122ff" {
+		t.Errorf("raw bytes: %q, want hex", got)
+	}
+	long := drbdSecret(make([]byte, 40))
+	if len(long) != 63 {
+		t.Errorf("hex of 40 bytes is cut to %d, want 63", len(long))
+	}
+}

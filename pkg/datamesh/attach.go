@@ -47,7 +47,7 @@ func (e *Engine) memberOnNode(node string) int {
 	if !s.nodeTab.valid {
 		s.nodeTab.build(ms, true)
 	}
-	return s.nodeTab.find(ms, true, node)
+	return s.nodeTab.find(node)
 }
 
 func (e *Engine) attachTransition(name string) int {

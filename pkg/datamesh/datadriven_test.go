@@ -151,9 +151,9 @@ func (w *world) process(t testing.TB) (Result, error) {
 	full := *in
 	full.RV = w.rv.DeepCopy()
 	res, err := w.eng.Process(in)
-	// Every step also runs the full path (no steady-state shortcut) on a copy of the
-	// volume: both must agree on the status and on the result.
-	checkFullPath(t, w.reg, w.features, &full, w.rv, res, err)
+	// Every step also runs on a fresh engine with a copy of the volume: a controller
+	// restarted before this reconcile must decide exactly the same.
+	checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
 	for _, n := range w.force {
 		w.lost[n] = true
 	}
@@ -167,19 +167,18 @@ func (w *world) process(t testing.TB) (Result, error) {
 	return res, err
 }
 
-// checkFullPath runs in (a copy of the volume the engine under test saw) through an
-// engine with the steady-state fast path off, and fails t if its status or result
-// differ from got.
-func checkFullPath(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
+// checkFreshEngine runs in (a copy of the volume the engine under test saw) through a
+// new engine, and fails t if its status or result differ from got: the engine under
+// test reuses its scratch between calls, and nothing of an earlier call may show.
+func checkFreshEngine(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
 	t.Helper()
 	e := NewEngine(reg, f)
-	e.noQuiet = true
 	want, err := e.Process(in)
 	if (err == nil) != (gotErr == nil) {
-		t.Fatalf("full path: error %v, engine under test: %v", err, gotErr)
+		t.Fatalf("fresh engine: error %v, engine under test: %v", err, gotErr)
 	}
 	if !reflect.DeepEqual(in.RV.Status, gotRV.Status) {
-		t.Fatalf("full path and fast path disagree on the status:\nfull: %+v\ngot:  %+v", in.RV.Status, gotRV.Status)
+		t.Fatalf("fresh and reused engine disagree on the status:\nfresh: %+v\ngot:   %+v", in.RV.Status, gotRV.Status)
 	}
 	norm := func(r Result) Result {
 		if len(r.Wanted) == 0 {
@@ -194,7 +193,7 @@ func checkFullPath(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1
 		return r
 	}
 	if !reflect.DeepEqual(norm(want), norm(got)) {
-		t.Fatalf("full path and fast path disagree on the result:\nfull: %+v\ngot:  %+v", want, got)
+		t.Fatalf("fresh and reused engine disagree on the result:\nfresh: %+v\ngot:   %+v", want, got)
 	}
 }
 
@@ -334,6 +333,9 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		c.Topology = v1.Topology(argStr(t, d, "topology", string(c.Topology)))
 		c.VolumeAccess = v1.VolumeAccess(argStr(t, d, "access", string(c.VolumeAccess)))
 		w.rv.Spec.MaxAttachments = int32(argInt(t, d, "max-attachments", 1))
+		if d.HasArg("zones") {
+			c.Zones = strings.Split(argStr(t, d, "zones", ""), ",")
+		}
 		if d.HasArg("shadow") {
 			w.features.ShadowDiskful = true
 			w.eng = nil
@@ -508,6 +510,23 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		return "ok"
 	case "force-detach":
 		w.fdetach = append(w.fdetach, w.names(d)...)
+		return "ok"
+	case "override":
+		// override q=N qmr=M reason="..." sets spec.quorumOverride; override none removes it.
+		if d.HasArg("none") {
+			w.rv.Spec.QuorumOverride = nil
+			return "ok"
+		}
+		o := &v1.QuorumOverride{Reason: argStr(t, d, "reason", "test")}
+		if d.HasArg("q") {
+			q := int32(argInt(t, d, "q", 0))
+			o.Quorum = &q
+		}
+		if d.HasArg("qmr") {
+			q := int32(argInt(t, d, "qmr", 0))
+			o.QuorumMinimumRedundancy = &q
+		}
+		w.rv.Spec.QuorumOverride = o
 		return "ok"
 	case "change-quorum":
 		w.cq = &QuorumChange{Quorum: int32(argInt(t, d, "q", 0)), QuorumMinimumRedundancy: int32(argInt(t, d, "qmr", 0))}

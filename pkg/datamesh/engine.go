@@ -151,12 +151,9 @@ type Result struct {
 // buffers so a steady reconcile allocates nothing; it is not safe for concurrent use:
 // give each worker its own Engine (they may share one Registry).
 type Engine struct {
-	reg      *Registry
-	features Features
-	s        scratch
-	// noQuiet turns the steady-state fast path off (tests compare it with the full path).
-	noQuiet    bool
-	quietHits  int  // how many calls the fast path answered (for tests)
+	reg        *Registry
+	features   Features
+	s          scratch
 	checkIndex bool // tests: verify incremental index updates against a full rebuild
 }
 

@@ -45,7 +45,6 @@ type scratch struct {
 	rvrOrd        []int
 	membersSorted bool
 	nodeTab       memberIndex // members by node name
-	nameTab       memberIndex // members by name, for quiet() when RVRs are not in member order
 
 	changed      bool
 	waiting      bool
@@ -53,6 +52,7 @@ type scratch struct {
 	anyForce     bool   // some replica request is a ForceLeave
 	openRequests bool   // some replica asks for something not done yet
 	liveMembers  uint64 // members (by index) on a node some live RVA asks for
+	overrideLive bool   // spec.quorumOverride is what the datamesh runs (pin keeps it)
 }
 
 // Process runs one reconcile of the volume:
@@ -92,13 +92,6 @@ func (e *Engine) Process(in *Input) (Result, error) {
 	}
 	s := &e.s
 	e.reset(in)
-	if !e.noQuiet {
-		if res, ok := e.quiet(); ok {
-			e.quietHits++
-			return res, nil
-		}
-		e.reset(in)
-	}
 	if err := e.resolveConfiguration(); err != nil {
 		return Result{}, err
 	}
@@ -140,9 +133,14 @@ func (e *Engine) reset(in *Input) {
 	s.cfg, s.hasCfg = layout.Layout{}, false
 	s.wanted, s.atts, s.events = s.wanted[:0], s.atts[:0], s.events[:0]
 	s.zones, s.rvaOrd, s.buf, s.rvrOrd = s.zones[:0], s.rvaOrd[:0], s.buf[:0], s.rvrOrd[:0]
-	s.nodeTab.valid, s.nameTab.valid, s.membersSorted = false, false, false
+	s.nodeTab.valid, s.membersSorted = false, false
 	s.changed, s.waiting, s.quorumBusy, s.anyForce, s.openRequests = false, false, false, false, false
 	s.liveMembers = 0
+	s.overrideLive = false
+	if oq, oqmr := e.override(); oq > 0 || oqmr > 0 {
+		dm := &s.st.Datamesh
+		s.overrideLive = (oq == 0 || int(dm.Quorum) == oq) && (oqmr == 0 || int(dm.QuorumMinimumRedundancy) == oqmr)
+	}
 	s.arena = nil // the previous call's block now belongs to the status it was written to
 	s.countsValid = false
 }
@@ -409,6 +407,7 @@ func (e *Engine) afterMembershipChange() {
 	eff := e.effective().AfterMembershipChange(e.s.cfg, c.voters, c.tb)
 	e.setEffective(eff)
 	e.s.st.Datamesh.Quorum = int32(layout.Quorum(c.voters, eff))
+	e.pin()
 }
 
 // setQMR publishes qmr and moves the effective layout with it.
@@ -418,6 +417,7 @@ func (e *Engine) setQMR(qmr int) {
 	e.setEffective(eff)
 	e.s.st.Datamesh.QuorumMinimumRedundancy = int32(qmr)
 	e.s.st.Datamesh.Quorum = int32(layout.Quorum(c.voters, eff))
+	e.pin()
 }
 
 // now returns the call's timestamp for startedAt/completedAt. Every stamp of one call is

@@ -84,6 +84,11 @@ type Options struct {
 	// only the first logger it is given, and without one it prints a stack
 	// trace warning 30 s into every longer test run.
 	Logger logr.Logger
+
+	// APIServerArgs are extra kube-apiserver flags (name without dashes →
+	// values), set over envtest's defaults; e.g. pkg/kubecluster tells the
+	// apiserver how to reach real kubelets.
+	APIServerArgs map[string][]string
 }
 
 // Env is a running control plane and a client for it.
@@ -214,6 +219,12 @@ func Start(opts Options) (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	if len(opts.APIServerArgs) > 0 {
+		args := te.ControlPlane.GetAPIServer().Configure()
+		for name, values := range opts.APIServerArgs {
+			args.Set(name, values...)
+		}
+	}
 	began := time.Now()
 	cfg, err := te.Start()
 	if err != nil {
@@ -259,6 +270,26 @@ func (e *Env) connect() error {
 	}
 	return nil
 }
+
+// KubeConfig returns a kubeconfig for a new user of the apiserver,
+// authenticated by a client certificate with that name and those groups
+// (system:masters for a component that may do anything).
+func (e *Env) KubeConfig(name string, groups ...string) ([]byte, error) {
+	u, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: adding user %s: %w", name, err)
+	}
+	b, err := u.KubeConfig()
+	if err != nil {
+		return nil, fmt.Errorf("testenv: kubeconfig for %s: %w", name, err)
+	}
+	return b, nil
+}
+
+// CertDir is the apiserver's certificate directory (its serving
+// certificate, the CA that signs its clients' certificates, the service
+// account keys).
+func (e *Env) CertDir() string { return e.env.ControlPlane.APIServer.CertDir }
 
 // Stop stops the apiserver and etcd and removes etcd's data directory.
 func (e *Env) Stop() error {

@@ -42,6 +42,8 @@ const (
 	ActPlace
 	// ActRequest: a person or a CSI call asks for something.
 	ActRequest
+	// ActReturn: a lost node comes back alive behind a partition (Returned).
+	ActReturn
 )
 
 // ReqKind is a request a run may inject.
@@ -89,6 +91,8 @@ func (a Action) String(s *Scenario) string {
 		return "LOSE node of " + name()
 	case ActForceLeave:
 		return "force-leave " + name()
+	case ActReturn:
+		return "lost node of " + name() + " RETURNS behind a partition"
 	case ActPlace:
 		return fmt.Sprintf("placement wanted[%d]", a.Arg)
 	}
@@ -208,6 +212,7 @@ func (c *Checker) process(w *World) (nw *World, changed bool, vs []Violation) {
 	prev, next := &w.RV.Status, &nw.RV.Status
 	vs = append(vs, CheckStatus(prev, next)...)
 	vs = append(vs, checkGMDR(s, w, prev, next)...)
+	vs = append(vs, checkRules(s, w, w.Floor, prev, next, w.ForceLeave)...)
 	for i := range next.Datamesh.Members {
 		if s.slotOf(next.Datamesh.Members[i].Name) < 0 {
 			vs = append(vs, Violation{InvUnknownMember, "member " + next.Datamesh.Members[i].Name + " is no replica of the volume"})
@@ -278,7 +283,7 @@ func (c *Checker) gc(w *World) {
 func (c *Checker) pool(w *World) *datamesh.Pool {
 	p := &datamesh.Pool{Name: c.S.Config.StoragePool, Available: true}
 	for i := range c.S.Slots {
-		p.Nodes = append(p.Nodes, v1alpha1.EligibleNode{NodeName: c.S.Slots[i].Node, Zone: c.S.Slots[i].Zone, Ready: w.DP.Replicas[i].Alive})
+		p.Nodes = append(p.Nodes, v1alpha1.EligibleNode{NodeName: c.S.Slots[i].Node, Zone: c.S.Slots[i].Zone, Ready: w.DP.Replicas[i].Alive && !w.DP.Replicas[i].Returned})
 	}
 	return p
 }
@@ -313,7 +318,7 @@ func (c *Checker) published(w *World) *Snapshot {
 // canApply: the agent would apply something new.
 func (c *Checker) canApply(w *World, i int) bool {
 	r := &w.DP.Replicas[i]
-	if !r.Alive || !r.AgentReady || !r.Exists {
+	if !r.Alive || r.Returned || !r.AgentReady || !r.Exists {
 		return false
 	}
 	pub := c.published(w)
@@ -327,13 +332,13 @@ func (c *Checker) canApply(w *World, i int) bool {
 func (c *Checker) canResync(w *World, i int) bool {
 	dp := &w.DP
 	r := &dp.Replicas[i]
-	if !dp.configured(i) || r.UpToDate || !r.Applied.Member(i).Type.HasDisk() {
+	if !dp.configured(i) || r.Returned || r.UpToDate || !r.Applied.Member(i).Type.HasDisk() {
 		return false
 	}
 	for j := 0; j < dp.N; j++ {
 		if j != i && dp.Connected(i, j, ^uint32(0)) {
 			rj := &dp.Replicas[j]
-			if rj.UpToDate && rj.Applied.Member(j).Type.HasDisk() {
+			if rj.UpToDate && !rj.Returned && rj.Applied.Member(j).Type.HasDisk() {
 				return true
 			}
 		}
@@ -354,17 +359,21 @@ func (c *Checker) actions(w *World, buf []Action) []Action {
 		if c.canResync(w, i) {
 			buf = append(buf, Action{Kind: ActResync, Slot: sl})
 		}
-		if r.Alive && r.Exists && r.AgentReady && w.RestartsLeft > 0 {
+		up := r.Alive && !r.Returned
+		if up && r.Exists && r.AgentReady && w.RestartsLeft > 0 {
 			buf = append(buf, Action{Kind: ActRestart, Slot: sl})
 		}
-		if r.Alive && r.Exists && !r.AgentReady {
+		if up && r.Exists && !r.AgentReady {
 			buf = append(buf, Action{Kind: ActRecover, Slot: sl})
 		}
-		if r.Alive && r.Exists && w.LossesLeft > 0 {
+		if up && r.Exists && w.LossesLeft > 0 {
 			buf = append(buf, Action{Kind: ActLose, Slot: sl})
 		}
-		if !r.Alive && r.Exists && w.ForceLeave&(1<<i) == 0 {
+		if !up && r.Exists && w.ForceLeave&(1<<i) == 0 {
 			buf = append(buf, Action{Kind: ActForceLeave, Slot: sl})
+		}
+		if !r.Alive && r.Applied != nil && w.ReturnsLeft > 0 {
+			buf = append(buf, Action{Kind: ActReturn, Slot: sl})
 		}
 	}
 	for k := range w.Wanted {
@@ -372,13 +381,20 @@ func (c *Checker) actions(w *World, buf []Action) []Action {
 			buf = append(buf, Action{Kind: ActPlace, Slot: -1, Arg: int8(k)})
 		}
 	}
-	if w.RequestsLeft > 0 {
+	if w.RequestsLeft > 0 || w.AttachLeft > 0 {
 		n := len(buf)
 		buf = c.requests(w, buf)
-		if s.Only != 0 {
+		only := s.Only
+		if w.RequestsLeft == 0 {
+			only = attachKinds
+			if s.Only != 0 {
+				only &= s.Only
+			}
+		}
+		if only != 0 {
 			k := n
 			for _, a := range buf[n:] {
-				if s.Only&(1<<a.Req) != 0 {
+				if only&(1<<a.Req) != 0 {
 					buf[k] = a
 					k++
 				}
@@ -409,7 +425,7 @@ func (c *Checker) freeSlot(w *World, node int) int {
 		n := 0
 		if c.S.Config.Topology == v1alpha1.TopologyTransZonal {
 			for j := 0; j < w.DP.N; j++ {
-				if w.DP.Replicas[j].Exists && w.DP.Replicas[j].Alive && c.S.Slots[j].Zone == c.S.Slots[i].Zone {
+				if w.DP.Replicas[j].Exists && w.DP.Replicas[j].Alive && !w.DP.Replicas[j].Returned && c.S.Slots[j].Zone == c.S.Slots[i].Zone {
 					n++
 				}
 			}
@@ -437,6 +453,9 @@ func (c *Checker) placeSlot(w *World, wr WantedReplica) int {
 	return -1
 }
 
+// attachKinds are the requests Scenario.AttachRequests pays for.
+const attachKinds = 1<<ReqAttach | 1<<ReqDetach
+
 var configLayouts = [][2]int8{{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}, {2, 1}, {2, 2}}
 
 func (c *Checker) requests(w *World, buf []Action) []Action {
@@ -457,10 +476,10 @@ func (c *Checker) requests(w *World, buf []Action) []Action {
 		sl := int8(i)
 		if w.RVA&(1<<i) != 0 {
 			buf = append(buf, Action{Kind: ActRequest, Req: ReqDetach, Slot: sl})
-		} else if r.Alive && rvas < 2 && (r.Exists || (!r.Gone && !freeAdded)) {
+		} else if r.Alive && !r.Returned && rvas < 2 && (r.Exists || (!r.Gone && !freeAdded)) {
 			buf = append(buf, Action{Kind: ActRequest, Req: ReqAttach, Slot: sl})
 		}
-		if r.Exists && !r.Deleting && r.Alive {
+		if r.Exists && !r.Deleting && r.Alive && !r.Returned {
 			buf = append(buf, Action{Kind: ActRequest, Req: ReqRemove, Slot: sl})
 			for _, t := range types {
 				if t != r.SpecType {
@@ -517,6 +536,9 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 	case ActLose:
 		r.Alive, r.AgentReady = false, false
 		nw.LossesLeft--
+	case ActReturn:
+		r.Alive, r.Returned = true, true
+		nw.ReturnsLeft--
 	case ActForceLeave:
 		nw.ForceLeave |= 1 << i
 		r.Deleting = true
@@ -534,7 +556,11 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 		}
 		nw.Wanted = append(nw.Wanted[:a.Arg:a.Arg], w.Wanted[a.Arg+1:]...)
 	case ActRequest:
-		nw.RequestsLeft--
+		if attachKinds&(1<<a.Req) != 0 && nw.AttachLeft > 0 {
+			nw.AttachLeft--
+		} else {
+			nw.RequestsLeft--
+		}
 		switch a.Req {
 		case ReqAttach:
 			nw.RVA |= 1 << i
@@ -551,6 +577,8 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 			nw.RV.Generation++
 			nw.RV.Spec.ManualConfiguration.FailuresToTolerate = int32(a.FTT)
 			nw.RV.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = int32(a.GMDR)
+			nw.Floor.FailuresToTolerate = min(nw.Floor.FailuresToTolerate, int32(a.FTT))
+			nw.Floor.GuaranteedMinimumDataRedundancy = min(nw.Floor.GuaranteedMinimumDataRedundancy, int32(a.GMDR))
 		case ReqMaxAttach:
 			nw.setRV(w.RV.DeepCopy())
 			nw.RV.Generation++

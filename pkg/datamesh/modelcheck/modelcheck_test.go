@@ -18,25 +18,34 @@ var (
 	depthFlag    = flag.String("modelcheck.depth", "ci", "model check depth: ci or deep")
 	maxDepthFlag = flag.Int("modelcheck.maxdepth", 0, "override the depth bound (actions per run)")
 	requestsFlag = flag.Int("modelcheck.requests", -1, "override the number of requests per run")
+	returnsFlag  = flag.Int("modelcheck.returns", -1, "override the number of lost nodes that may come back behind a partition per run")
+	attachFlag   = flag.Int("modelcheck.attach", -1, "override the number of attach/detach requests per run beyond -modelcheck.requests")
 )
 
-// depths are the bounds per depth, for small layouts (up to 3 replicas)
-// and large ones (4D+1TB, 5D). A run injects up to Requests requests, loses
-// up to Losses nodes, restarts up to Restarts agents, and stops after Depth
-// actions; every state at the bound (and every state where nothing can
-// happen) is drained to check liveness.
-var depths = map[string][2]Bounds{
+// depths are the bounds per depth: for small layouts (up to 3 replicas),
+// for large ones (4D+1TB, 5D), and a second pass over the small layouts
+// that spends its requests on attachments only (two of them: enough to move
+// the attachment, detach here and attach there, with a node loss or an agent
+// restart in between; issue 8 found an unsafe second Attach that a single
+// request per run never reaches). A run injects up to Requests requests of
+// any kind plus AttachRequests attach/detach requests, loses up to Losses
+// nodes, restarts up to Restarts agents, and stops after Depth actions; every
+// state at the bound (and every state where nothing can happen) is drained
+// to check liveness.
+var depths = map[string][3]Bounds{
 	"ci": {
 		{Depth: 11, Requests: 1, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
-		{Depth: 8, Requests: 1, Losses: 1, Restarts: 0, Spare: 2, MaxStates: 200000},
+		{Depth: 7, Requests: 1, Losses: 1, Restarts: 0, Spare: 2, MaxStates: 200000},
+		{Depth: 11, Requests: 0, AttachRequests: 2, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
 	},
 	"deep": {
 		{Depth: 14, Requests: 2, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
 		{Depth: 10, Requests: 1, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 14, Requests: 0, AttachRequests: 3, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
 	},
 }
 
-func scenarios(small, large Bounds) []*Scenario {
+func scenarios(small, large, attach Bounds) []*Scenario {
 	var out []*Scenario
 	for _, l := range StartLayouts {
 		b := small
@@ -46,6 +55,11 @@ func scenarios(small, large Bounds) []*Scenario {
 		for _, topo := range []v1alpha1.Topology{v1alpha1.TopologyZonal, v1alpha1.TopologyTransZonal} {
 			for _, shadow := range []bool{false, true} {
 				out = append(out, NewScenario(l, shadow, topo, b))
+				if l.D+l.TB <= 3 && attach.AttachRequests > 0 {
+					s := NewScenario(l, shadow, topo, attach)
+					s.Name += "/attach"
+					out = append(out, s)
+				}
 			}
 		}
 	}
@@ -64,12 +78,18 @@ func TestModelCheck(t *testing.T) {
 		if *requestsFlag >= 0 {
 			bs[i].Requests = int8(*requestsFlag)
 		}
+		if *returnsFlag >= 0 {
+			bs[i].Returns = int8(*returnsFlag)
+		}
+		if *attachFlag >= 0 {
+			bs[i].AttachRequests = int8(*attachFlag)
+		}
 	}
 	start := time.Now()
 	var mu sync.Mutex
 	var total Stats
 	t.Run("layouts", func(t *testing.T) {
-		for _, s := range scenarios(bs[0], bs[1]) {
+		for _, s := range scenarios(bs[0], bs[1], bs[2]) {
 			s := s
 			t.Run(s.Name, func(t *testing.T) {
 				t.Parallel()

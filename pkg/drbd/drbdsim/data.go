@@ -159,11 +159,13 @@ func (r *resource) replicateLocked(op string, off, size int64, apply func(*os.Fi
 	}
 	// A diskful replica that is reachable through the cluster but does not
 	// receive this write is outdated by the writer (DRBD's weak nodes).
+	outdated := false
 	for _, x := range c.component(r) {
 		if !in[x.nodeID()] && x.attached() && x.disk == DiskUpToDate {
 			x.setDisk(DiskOutdated)
 			r.outdated()[x.nodeID()] = true
 			x.publish()
+			outdated = true
 		}
 	}
 	first, last := off/blockSize, (off+size-1)/blockSize
@@ -228,7 +230,12 @@ func (r *resource) replicateLocked(op string, off, size int64, apply func(*os.Fi
 			acked[b] = h
 		}
 	}
-	r.publish()
+	// Statistics alone (written, sent, out-of-sync) are no state change:
+	// DRBD prints them with the next one, not an events2 line per write —
+	// a filesystem on the device would flood every events2 reader.
+	if outdated {
+		r.publish()
+	}
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -45,10 +46,12 @@ type device struct {
 	res   string
 	ino   uint64 // inode number of the FUSE file
 	name  string // file name in the FUSE mount
-	size  int64  // bytes: DRBD's usable size at promotion
 	loop  string // /dev/loopN
 	link  string // the DevicePath symlink
 	minor int
+	// size in bytes: DRBD's usable size (grows with Resize). Read by the
+	// lock-free GETATTR handler.
+	size atomic.Int64
 	// settingUp is set while Primary runs losetup with the cluster lock
 	// held. The kernel flushes the file when it switches the loop device
 	// to direct IO (an FSYNC inside LOOP_CONFIGURE) and losetup waits for
@@ -105,9 +108,18 @@ func (c *Cluster) fuseMount() (*devices, error) {
 	if d.timeout == 0 {
 		d.timeout = DefaultDeviceWatchdog
 	}
+	if err := cleanStale(d.mnt); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(d.mnt, 0o755); err != nil {
 		return nil, err
 	}
+	// go-fuse opens /dev/fuse without O_CLOEXEC when it mounts by itself:
+	// every child (losetup, mkfs, a test's dd) would inherit it and keep
+	// the FUSE connection alive after this process died, and a child
+	// blocked on the device would then wait for itself forever. Hold off
+	// every fork until the descriptor is close-on-exec.
+	syscall.ForkLock.RLock()
 	srv, err := fuse.NewServer(&deviceFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), c: c, d: d}, d.mnt, &fuse.MountOptions{
 		// As root go-fuse calls mount(2) itself; there is no fusermount
 		// to fall back to, and a silent fallback would hide the reason.
@@ -120,7 +132,14 @@ func (c *Cluster) fuseMount() (*devices, error) {
 		// (CAP_WRITEBACK_CACHE), so the file is write-through: a write
 		// returns only after the Write handler did.
 	})
+	if err == nil {
+		err = closeOnExecFuseFDs()
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
+		if srv != nil {
+			_ = srv.Unmount()
+		}
 		return nil, fmt.Errorf("drbdsim: mount the device filesystem on %s: %w", d.mnt, err)
 	}
 	go srv.Serve()
@@ -139,6 +158,78 @@ func (c *Cluster) fuseMount() (*devices, error) {
 	}
 	c.devs = d
 	return d, nil
+}
+
+// cleanStale removes what a process that served mnt left behind when it
+// died without Close (a test binary killed at its timeout, a sandbox
+// that crashed): filesystems on loop devices over its files, the loop
+// devices, the dead FUSE mount. A mount there whose server still answers
+// belongs to a live cluster using the same Options.Dir: an error.
+func cleanStale(mnt string) error {
+	if !isMountPoint(mnt) {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); !errors.Is(err, unix.ENOTCONN) {
+		return fmt.Errorf("drbdsim: %s is the device filesystem of another live cluster (Options.Dir in use; stat: %v)", mnt, err)
+	}
+	var errs []error
+	for _, loop := range loopsUnder(mnt) {
+		for _, p := range slices.Backward(mountsOf(loop)) {
+			// Nothing can be written back through a dead server; a lazy
+			// unmount does not wait for it.
+			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+				errs = append(errs, fmt.Errorf("drbdsim: stale %s: unmount %s: %w", loop, p, err))
+			}
+		}
+		_ = exec.Command("losetup", "-d", loop).Run()
+		if !waitDetached(loop, mnt, 10*time.Second) {
+			errs = append(errs, fmt.Errorf("drbdsim: stale %s over %s is still attached", loop, mnt))
+		}
+	}
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		errs = append(errs, fmt.Errorf("drbdsim: unmount the stale %s: %w", mnt, err))
+	}
+	if len(errs) == 0 {
+		log.Printf("drbdsim: removed the devices a dead process left on %s", mnt)
+	}
+	return errors.Join(errs...)
+}
+
+// isMountPoint reports whether path is a mount point (in mountinfo).
+func isMountPoint(path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && unescapeMount(f[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+// closeOnExecFuseFDs marks every descriptor of this process on /dev/fuse
+// close-on-exec (see fuseMount).
+func closeOnExecFuseFDs() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || target != "/dev/fuse" {
+			continue
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+			return fmt.Errorf("set close-on-exec on /dev/fuse (fd %d): %w", fd, err)
+		}
+	}
+	return nil
 }
 
 // setupDevice gives a new Primary its block device: a FUSE file of DRBD's
@@ -162,8 +253,9 @@ func (r *resource) setupDevice() error {
 		return err
 	}
 	d.mu.Lock()
-	dev := &device{n: r.n, res: r.name, ino: d.nextIno, size: src.md.sizeBytes, minor: r.cfg.Minor,
+	dev := &device{n: r.n, res: r.name, ino: d.nextIno, minor: r.cfg.Minor,
 		name: "drbd" + strconv.Itoa(r.cfg.Minor) + "@" + r.n.name}
+	dev.size.Store(src.md.sizeBytes)
 	d.nextIno++
 	dev.src = src.file
 	dev.settingUp.Store(true)
@@ -172,8 +264,9 @@ func (r *resource) setupDevice() error {
 	d.mu.Unlock()
 	r.dev = dev // the handlers serve it from here on
 	file := filepath.Join(d.mnt, dev.name)
-	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on",
-		"--sizelimit", strconv.FormatInt(dev.size, 10), file).CombinedOutput()
+	// No --sizelimit: the file has the device's size, and a resize only
+	// has to make the loop device re-read it (growDevice).
+	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", file).CombinedOutput()
 	if err != nil {
 		r.teardownDevice()
 		return fmt.Errorf("losetup %s: %v: %s", file, err, strings.TrimSpace(string(out)))
@@ -198,6 +291,25 @@ func (r *resource) setupDevice() error {
 	return nil
 }
 
+// growDevice makes a Primary's device as large as its replica after a
+// resize: the FUSE file reports the new size, a stat makes the kernel
+// fetch it (attributes are never cached), and losetup -c makes the loop
+// device take it — no IO on the device, so the cluster lock may be held.
+func (r *resource) growDevice() error {
+	dev := r.dev
+	if dev == nil || r.md == nil || r.md.sizeBytes <= dev.size.Load() {
+		return nil
+	}
+	dev.size.Store(r.md.sizeBytes)
+	if _, err := os.Stat(filepath.Join(r.n.c.devs.mnt, dev.name)); err != nil {
+		return err
+	}
+	if out, err := exec.Command("losetup", "-c", dev.loop).CombinedOutput(); err != nil {
+		return fmt.Errorf("losetup -c %s: %v: %s", dev.loop, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // teardownDevice ends the resource's device: from now on its handlers fail
 // with EIO, the DevicePath link goes, and the loop device is detached — at
 // once when nothing holds it, else (a filesystem still mounted, as after a
@@ -212,6 +324,10 @@ func (r *resource) teardownDevice() {
 	if r.heldDev != dev {
 		r.n.c.forget(dev)
 	}
+	// A request suspended without quorum (suspend-io) waits on c.cond: wake
+	// it, so that it fails with EIO now that its device is gone, instead of
+	// holding its loop device, and the FUSE mount, forever.
+	r.n.c.cond.Broadcast()
 	if dev.link != "" {
 		_ = os.Remove(dev.link)
 	}
@@ -223,12 +339,35 @@ func (r *resource) teardownDevice() {
 }
 
 // releaseHeld forgets the device a demotion left to a reader, once the
-// reader closed it (or the node crashed or went down): its requests fail
-// with EIO from now on.
-func (r *resource) releaseHeld() {
-	if r.heldDev != nil {
-		r.n.c.forget(r.heldDev)
-		r.heldDev = nil
+// reader closed it (or the node crashed, or the cluster closes): its
+// requests fail with EIO from now on.
+func (r *resource) releaseHeld(closed bool) {
+	if r.heldDev == nil {
+		return
+	}
+	// closed: the reader closed it. The kernel detaches an auto-clear loop
+	// device in a work queue after the last close; wait for it, so that
+	// the device is gone when Down returns (that needs no handler that
+	// takes the lock).
+	if closed && r.heldDev.loop != "" {
+		waitDetached(r.heldDev.loop, r.n.c.devs.mnt, 5*time.Second)
+	}
+	r.n.c.forget(r.heldDev)
+	r.heldDev = nil
+}
+
+// waitDetached waits until the loop device no longer has a backing file
+// under dir (or the timeout passes) and reports whether it is detached.
+func waitDetached(loop, dir string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if !slices.Contains(loopsUnder(dir), loop) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -293,7 +432,7 @@ func (c *Cluster) Close() error {
 	}
 	for _, n := range c.nodes {
 		for _, r := range n.res {
-			r.releaseHeld()
+			r.releaseHeld(false)
 		}
 	}
 	c.mu.Unlock()
@@ -304,10 +443,11 @@ func (c *Cluster) Close() error {
 		if err := unmountAll(loop); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	for _, loop := range loopsUnder(d.mnt) {
-		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("losetup -d %s: %v: %s", loop, err, strings.TrimSpace(string(out))))
+		// Detached now (losetup -d), or by the kernel's work queue once
+		// the unmount above closed it (auto-clear): wait for either.
+		_ = exec.Command("losetup", "-d", loop).Run()
+		if !waitDetached(loop, d.mnt, 10*time.Second) {
+			errs = append(errs, fmt.Errorf("drbdsim: %s is still attached to a file under %s (held open?)", loop, d.mnt))
 		}
 	}
 	if d.stopDog != nil {

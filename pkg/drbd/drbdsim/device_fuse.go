@@ -33,8 +33,9 @@ func (fs *deviceFS) lookupIno(ino uint64) *device {
 
 func (fs *deviceFS) fileAttr(dev *device, a *fuse.Attr) {
 	a.Ino = dev.ino
-	a.Size = uint64(dev.size)
-	a.Blocks = uint64(dev.size) / 512
+	size := dev.size.Load()
+	a.Size = uint64(size)
+	a.Blocks = uint64(size) / 512
 	a.Mode = syscall.S_IFREG | 0o600
 	a.Nlink = 1
 	a.Blksize = blockSize
@@ -151,11 +152,12 @@ func (fs *deviceFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (f
 		return err
 	}, func(dev *device) error {
 		off := int64(in.Offset)
-		if off >= dev.size {
+		size := dev.size.Load()
+		if off >= size {
 			return nil
 		}
 		var err error
-		m, err = dev.src.ReadAt(buf[:min(int64(in.Size), int64(len(buf)), dev.size-off)], off)
+		m, err = dev.src.ReadAt(buf[:min(int64(in.Size), int64(len(buf)), size-off)], off)
 		if err == io.EOF {
 			err = nil
 		}

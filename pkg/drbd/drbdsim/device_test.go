@@ -2,8 +2,10 @@ package drbdsim
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/drbd/contract"
 )
 
 // requireDevices fails the test, saying what is missing, unless it can
@@ -297,7 +300,7 @@ func TestDeviceNoQuorumEIO(t *testing.T) {
 	if _, err := f.ReadAt(buf, last); err != nil {
 		t.Fatalf("O_DIRECT read without quorum: %v", err)
 	}
-	rg.c.Heal()
+	rg.healed()
 	rg.wantQuorum("node1", true)
 	copy(buf, "healed")
 	if _, err := f.WriteAt(buf, last); err != nil {
@@ -317,20 +320,14 @@ func TestDeviceNoQuorumEIO(t *testing.T) {
 func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
 	rg := deviceRig(t, nil, func(_ string, o *drbd.OptionSet) { o.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorumSuspendIO) })
 	n1 := rg.formedPrimary("node1")
-	f, err := os.OpenFile(n1.DevicePath("r0"), os.O_RDWR|syscall.O_DIRECT, 0)
-	rg.must(err)
-	defer f.Close()
 	rg.c.Partition("node1")
-	buf := directIO(4096)
-	copy(buf, "suspended")
-	done := make(chan error, 1)
-	go func() { _, err := f.WriteAt(buf, 8192); done <- err }()
+	done := ddWrite(t, n1.DevicePath("r0"), 2, "suspended")
 	select {
 	case err := <-done:
 		t.Fatalf("write without quorum returned (%v) instead of blocking", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	rg.c.Heal()
+	rg.healed()
 	select {
 	case err := <-done:
 		rg.must(err)
@@ -343,6 +340,77 @@ func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
 		t.Fatalf("node2 holds %q at 8192 after the suspended write completed", got)
 	}
 	rg.noLostWrites()
+}
+
+// ddWrite writes text into 4 KiB block blk of dev with O_DIRECT from a dd
+// process and reports dd's result on the channel. A writer that blocks in
+// the kernel must not be a thread of this process: if the test died with
+// it waiting for this process's own FUSE handlers, the process could never
+// exit (its threads in D state, the FUSE connection never aborted).
+func ddWrite(t *testing.T, dev string, blk int, text string) <-chan error {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "block")
+	data := make([]byte, 4096)
+	copy(data, text)
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("dd", "if="+src, "of="+dev, "bs=4096", "count=1", fmt.Sprintf("seek=%d", blk),
+		"oflag=direct", "conv=notrunc", "status=none")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("dd: %w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+		done <- err
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return done
+}
+
+// healed heals the network and lets the nodes reconnect (DRBD retries
+// a connection every connect-int, 10 s by default).
+func (rg *rig) healed() {
+	rg.c.Heal()
+	rg.c.Advance(15 * time.Second)
+}
+
+// A suspended write whose device goes away (here: Close, as a failed
+// test's cleanup or a sandbox's shutdown does) fails with EIO instead of
+// staying suspended, so nothing is left holding the loop device, the FUSE
+// mount, or a thread in D state.
+func TestDeviceSuspendedWriteFailsWhenDeviceGoes(t *testing.T) {
+	rg := deviceRig(t, nil, func(_ string, o *drbd.OptionSet) { o.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorumSuspendIO) })
+	n1 := rg.formedPrimary("node1")
+	rg.c.Partition("node1")
+	done := ddWrite(t, n1.DevicePath("r0"), 2, "suspended")
+	select {
+	case err := <-done:
+		t.Fatalf("write without quorum returned (%v) instead of blocking", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- rg.c.Close() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "Input/output error") {
+			t.Fatalf("suspended write after Close: %v, want EIO", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("suspended write still blocked 10 s after Close")
+	}
+	select {
+	case err := <-closed:
+		rg.must(err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("Close did not return 15 s after the suspended write failed")
+	}
 }
 
 // A diskless Primary reads and writes through its peers: what it writes is
@@ -414,6 +482,66 @@ func TestDeviceInUseRefusesDemote(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(loop), "loop", "backing_file")); err == nil {
 		t.Fatalf("%s still attached to %s after demotion", loop, b)
 	}
+}
+
+// A read-only opener does not stop a demotion (DRBD 9.2.18): the device
+// stays the reader's and keeps serving its reads from the now Secondary
+// replica; once the reader closes it, the loop device is gone and Down
+// succeeds.
+func TestDeviceReaderKeepsReadingAfterDemotion(t *testing.T) {
+	rg := deviceRig(t, nil, nil)
+	n1 := rg.formedPrimary("node1")
+	rg.must(n1.Write(rg.ctx, "r0", 0, []byte("before demotion")))
+	loop, err := filepath.EvalSymlinks(n1.DevicePath("r0"))
+	rg.must(err)
+	f, err := os.OpenFile(n1.DevicePath("r0"), os.O_RDONLY|syscall.O_DIRECT, 0)
+	rg.must(err)
+	defer f.Close()
+	rg.must(n1.Secondary(rg.ctx, "r0"))
+	buf := directIO(4096)
+	if _, err := f.ReadAt(buf, 0); err != nil || !bytes.HasPrefix(buf, []byte("before demotion")) {
+		t.Fatalf("read by the reader after demotion: %q (%v)", buf[:15], err)
+	}
+	rg.must(f.Close())
+	rg.must(n1.Down(rg.ctx, "r0"))
+	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(loop), "loop", "backing_file")); err == nil {
+		t.Fatalf("%s still attached to %s after the reader closed it and down", loop, b)
+	}
+}
+
+// Resize of a Primary grows its device; an ext4 on it grows with resize2fs
+// (CSI NodeExpandVolume) and the new space is replicated.
+func TestDeviceGrowsWithResize(t *testing.T) {
+	rg := deviceRig(t, nil, nil)
+	n1 := rg.formedPrimary("node1")
+	dev := n1.DevicePath("r0")
+	mkfs(t, dev)
+	mnt := rg.mount(dev, "mnt")
+	old := rg.c.nodes["node1"].mds[filepath.Join(rg.dir, "node1.img")].sizeBytes
+	for _, node := range []string{"node1", "node2"} {
+		rg.must(os.Truncate(filepath.Join(rg.dir, node+".img"), 256<<20))
+	}
+	rg.must(rg.c.Node("node2").Resize(rg.ctx, "r0"))
+	rg.must(n1.Resize(rg.ctx, "r0"))
+	grown := rg.c.nodes["node1"].mds[filepath.Join(rg.dir, "node1.img")].sizeBytes
+	out, err := exec.Command("blockdev", "--getsize64", dev).Output()
+	rg.must(err)
+	if got := strings.TrimSpace(string(out)); got != fmt.Sprint(grown) || grown <= old {
+		t.Fatalf("device size after resize %s, want %d (was %d)", got, grown, old)
+	}
+	// Offline: online growth needs CAP_SYS_RESOURCE, which containers
+	// (this test's machine among them) often lack.
+	rg.must(unix.Unmount(mnt, 0))
+	run(t, "e2fsck", "-f", "-p", dev)
+	run(t, "resize2fs", dev)
+	run(t, "mount", dev, mnt)
+	var st unix.Statfs_t
+	rg.must(unix.Statfs(mnt, &st))
+	if total := int64(st.Blocks) * st.Bsize; total <= old {
+		t.Fatalf("ext4 after resize2fs: %d bytes, not more than the old device's %d", total, old)
+	}
+	rg.must(writeFsync(filepath.Join(mnt, "big"), bytes.Repeat([]byte("g"), 150<<20)))
+	rg.noLostWrites()
 }
 
 // Close leaves nothing behind even when filesystems are still mounted on
@@ -576,4 +704,86 @@ func benchSeq(b *testing.B, dev string) {
 			b.Fatal(fmt.Errorf("write %d: %w", i, err))
 		}
 	}
+}
+
+// Writes change statistics, not state: they print no events2 line (DRBD
+// prints statistics with the next state change). A filesystem on the
+// device would otherwise flood every events2 reader, the agent's first.
+func TestWritesPrintNoEvents(t *testing.T) {
+	rg := formed(t, nil)
+	n1 := rg.c.Node("node1")
+	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rc, err := n1.EventsWith(rg.ctx, false)
+	rg.must(err)
+	for i := range 50 {
+		rg.must(n1.Write(rg.ctx, "r0", int64(i)*4096, bytes.Repeat([]byte{byte(i)}, 4096)))
+	}
+	n1.Crash() // ends the stream
+	b, err := io.ReadAll(rc)
+	rg.must(err)
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] != "exists" {
+			t.Fatalf("events2 line after writes that changed only statistics: %q", l)
+		}
+	}
+}
+
+// staleChildEnv names the directory in which the test binary, started by
+// TestDeviceStaleMountsCleanedUp, mounts a filesystem on a device and
+// dies without Close.
+const staleChildEnv = "DRBDSIM_STALE_CHILD_DIR"
+
+// A process that dies without Close leaves its FUSE mount dead, loop
+// devices over it and filesystems on them; the next cluster on the same
+// Options.Dir removes them and works.
+func TestDeviceStaleMountsCleanedUp(t *testing.T) {
+	requireDevices(t)
+	if dir := os.Getenv(staleChildEnv); dir != "" {
+		rg := rigIn(t, dir)
+		n1 := rg.formedPrimary("node1")
+		mkfs(t, n1.DevicePath("r0"))
+		mnt := filepath.Join(dir, "mnt")
+		rg.must(os.MkdirAll(mnt, 0o755))
+		run(t, "mount", n1.DevicePath("r0"), mnt)
+		rg.must(writeFsync(filepath.Join(mnt, "f"), []byte("left behind")))
+		os.Exit(0) // no Close, no cleanup: a crash
+	}
+	dir := t.TempDir()
+	t.Cleanup(func() { _ = cleanStale(filepath.Join(dir, "fuse")) }) // if the assertions below fail
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDeviceStaleMountsCleanedUp$")
+	cmd.Env = append(os.Environ(), staleChildEnv+"="+dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if left := leftovers(dir); len(left) < 3 {
+		t.Fatalf("the dead child left %v, want its FUSE mount, a loop device and the ext4 mount", left)
+	}
+	rg := rigIn(t, dir)
+	n1 := rg.formedPrimary("node1")
+	mkfs(t, n1.DevicePath("r0"))
+	mnt := rg.mount(n1.DevicePath("r0"), "mnt")
+	rg.must(writeFsync(filepath.Join(mnt, "f"), []byte("after the stale devices were removed")))
+}
+
+// rigIn is deviceRig in a given directory.
+func rigIn(t *testing.T, dir string) *rig {
+	t.Helper()
+	rg := &rig{t: t, c: NewCluster(Options{Dir: dir, Seed: 1, LoopDevices: true}), dir: dir, ctx: context.Background()}
+	contract.SparseBackingFiles(t, dir)
+	for _, n := range []string{"node1", "node2", "node3"} {
+		node := rg.c.Node(n)
+		rg.must(node.WriteConfig(rg.ctx, r0(dir, n, nil)))
+		if n != "node3" {
+			rg.must(node.CreateMetadata(rg.ctx, "r0", 2))
+		}
+	}
+	t.Cleanup(func() {
+		if err := rg.c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if left := leftovers(dir); len(left) > 0 {
+			t.Errorf("left behind after Close: %s", strings.Join(left, "; "))
+		}
+	})
+	return rg
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -187,8 +188,7 @@ func (n *Node) HasMetadata(ctx context.Context, name string) (bool, error) {
 	if cfg.Disk == nil {
 		return false, fmt.Errorf("drbdsim: resource %s is diskless on %s: no metadata to look for", name, n.name)
 	}
-	_, ok := n.mds[cfg.Disk.BackingDevice]
-	return ok, nil
+	return n.metadataOf(cfg.Disk.BackingDevice) != nil, nil
 }
 
 // CreateMetadata writes fresh metadata (current UUID "just created",
@@ -223,8 +223,12 @@ func (n *Node) CreateMetadata(ctx context.Context, name string, maxPeers int) er
 		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20,
 			fmt.Sprintf("%s: device too small (%d bytes) for internal metadata\n", cfg.Disk.BackingDevice, size))
 	}
-	n.mds[cfg.Disk.BackingDevice] = &metadata{backing: cfg.Disk.BackingDevice, maxPeers: maxPeers, sizeBytes: usable,
-		current: uuidJustCreated, disk: DiskInconsistent, peers: map[int]*peerMD{}}
+	md := &metadata{backing: cfg.Disk.BackingDevice, maxPeers: maxPeers, sizeBytes: usable,
+		current: uuidJustCreated, disk: DiskInconsistent, peers: map[int]*peerMD{}, id: n.c.newUUID()}
+	if err := md.sign(); err != nil {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20, err.Error()+"\n")
+	}
+	n.mds[cfg.Disk.BackingDevice] = md
 	return nil
 }
 
@@ -263,7 +267,7 @@ func (n *Node) up(name string) error {
 	}
 	var md *metadata
 	if cfg.Disk != nil {
-		md = n.mds[cfg.Disk.BackingDevice]
+		md = n.metadataOf(cfg.Disk.BackingDevice)
 		if md == nil {
 			return cmdErr(drbd.ErrNoMetadata, []string{"drbdsetup", "attach", name}, 119, 10,
 				fmt.Sprintf("%s: Failure: (119) No valid meta-data signature found.\n", name))
@@ -276,7 +280,21 @@ func (n *Node) up(name string) error {
 		r.members[p.NodeID] = true
 	}
 	n.res[name] = r
+	// DRBD's order for `up` (contract-real seqs, lines 1-21): the resource
+	// and its device; each peer's connection and peer device; the paths;
+	// then the disk is attached; then the connections start Connecting.
 	r.publishCreate()
+	peers := slices.Clone(r.cfg.Peers)
+	slices.SortFunc(peers, func(a, b drbd.Peer) int { return a.NodeID - b.NodeID })
+	for _, p := range peers {
+		r.conns[p.NodeID] = &conn{peer: p, cstate: connStandAlone, peerRole: roleUnknown, repl: replOff, peerDisk: DiskUnknown}
+		for _, kind := range []string{"connection", "peer-device"} {
+			r.publishCreateWhere(func(o *object) bool { return o.kind == kind && o.peerID() == p.NodeID })
+		}
+	}
+	for _, p := range peers {
+		r.publishCreateWhere(func(o *object) bool { return o.kind == "path" && o.peerID() == p.NodeID })
+	}
 	if md != nil {
 		if err := r.attach(md); err != nil {
 			delete(n.res, name)
@@ -284,8 +302,13 @@ func (n *Node) up(name string) error {
 			return err
 		}
 	}
-	for _, p := range r.cfg.Peers {
-		r.addConn(p)
+	for _, p := range peers {
+		k := r.conns[p.NodeID]
+		k.cstate = connUnconnected
+		r.publish()
+		k.cstate = connConnecting
+		k.nextTry = n.c.now
+		r.publish()
 	}
 	n.c.settle()
 	return nil
@@ -344,6 +367,7 @@ func (r *resource) addConn(p drbd.Peer) {
 	k.cstate = connUnconnected
 	r.publish()
 	k.cstate = connConnecting
+	k.nextTry = r.n.c.now
 	r.publish()
 }
 
@@ -392,13 +416,14 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 			k.cstate = connUnconnected
 			r.publish()
 			k.cstate = connConnecting
+			k.nextTry = n.c.now
 			k.splitBrain, k.standAloneMsg = false, ""
 			r.publish()
 		}
 	}
 	switch {
 	case r.cfg.Disk != nil && r.file == nil:
-		md := n.mds[r.cfg.Disk.BackingDevice]
+		md := n.metadataOf(r.cfg.Disk.BackingDevice)
 		if md == nil {
 			return cmdErr(drbd.ErrNoMetadata, []string{"drbdsetup", "attach", name}, 119, 10,
 				fmt.Sprintf("%s: Failure: (119) No valid meta-data signature found.\n", name))
@@ -442,23 +467,27 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		}
 	}
 	held := len(op) > 0
+	r.leaving = !held
 	upToDatePeerStays := false
 	for _, k := range r.conns {
 		if k.connected() && k.peerDisk == DiskUpToDate {
 			upToDatePeerStays = true
 		}
 	}
-	// The outdating belongs to the detach, which a held device never
-	// reaches (the real node1 stayed UpToDate).
-	if !held && r.attached() && r.disk == DiskUpToDate && upToDatePeerStays {
-		r.setDisk(DiskOutdated)
-		r.publish()
+	// The leaving replica is Outdated for its peers and in its metadata,
+	// so that the survivors continue without it; its own events show the
+	// detach as DRBD prints it (UpToDate, Detaching, Diskless: node1's
+	// kernel log in the real recording). A held device never gets that far
+	// (the real node1 stayed UpToDate).
+	outdate := !held && r.attached() && r.disk == DiskUpToDate && upToDatePeerStays
+	if outdate {
+		r.md.disk = DiskOutdated
 	}
 	for _, k := range r.sortedConns() {
 		if k.connected() {
 			if pr := n.c.peerResource(r, k); pr != nil {
 				if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
-					if r.disk == DiskOutdated {
+					if outdate {
 						pr.outdated()[r.nodeID()] = true
 						if pr.md != nil {
 							pr.md.peer(r.nodeID()).outdated = true
@@ -474,6 +503,12 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		n.c.settle()
 		return stateErr(drbd.ErrDeviceInUse, "down", name, -2, "Need access to UpToDate data", r.openedDetail(op))
 	}
+	if r.attached() {
+		r.disk = DiskDetaching
+		r.publish()
+		r.disk = DiskDiskless
+		r.publish()
+	}
 	n.destroy(r)
 	n.c.settle()
 	return nil
@@ -482,7 +517,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 // destroy removes a running resource (after Down, or on crash).
 func (n *Node) destroy(r *resource) {
 	r.teardownDevice()
-	r.releaseHeld()
+	r.releaseHeld(true)
 	if r.file != nil {
 		_ = r.file.Close()
 	}
@@ -613,7 +648,7 @@ func (r *resource) openers() []drbd.Opener {
 	}
 	if len(out) == 0 && r.heldDev != nil {
 		// The last opener closed it: losetup -d's autoclear has freed it.
-		r.releaseHeld()
+		r.releaseHeld(true)
 	}
 	return out
 }
@@ -709,7 +744,8 @@ func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 	return nil
 }
 
-// Resize re-reads the backing device size (grown volumes).
+// Resize re-reads the backing device size (grown volumes); a Primary's
+// block device grows with it.
 func (n *Node) Resize(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "resize", name); err != nil {
 		return err
@@ -735,6 +771,13 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			nb := newBitmap(r.md.blocks())
 			copy(nb, pm.bits)
 			pm.bits = nb
+		}
+		if err := r.growDevice(); err != nil {
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
+		}
+		// Internal metadata moves to the new end of the device.
+		if err := r.md.sign(); err != nil {
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "resize", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	n.c.settle()
@@ -835,7 +878,7 @@ func (n *Node) Crash() {
 	for _, name := range sortedKeys(n.res) {
 		r := n.res[name]
 		r.teardownDevice()
-		r.releaseHeld()
+		r.releaseHeld(false)
 		if r.file != nil {
 			_ = r.file.Close()
 		}

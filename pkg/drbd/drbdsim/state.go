@@ -15,6 +15,7 @@ type DiskState string
 const (
 	DiskDiskless     DiskState = "Diskless"
 	DiskAttaching    DiskState = "Attaching"
+	DiskDetaching    DiskState = "Detaching"
 	DiskFailed       DiskState = "Failed"
 	DiskInconsistent DiskState = "Inconsistent"
 	DiskOutdated     DiskState = "Outdated"
@@ -99,6 +100,10 @@ func (b bitmap) first() int64 {
 type metadata struct {
 	backing  string
 	maxPeers int
+	// id is written on the device itself at create-md (mdsig.go), so the
+	// metadata belongs to the device, not to its path: a path reused for a
+	// new device (a loop device number handed out again) has none.
+	id uint64
 	// sizeBytes is the usable size: the backing device minus internal
 	// metadata (activity log, superblock, one bitmap per peer slot).
 	sizeBytes int64
@@ -192,6 +197,9 @@ type resource struct {
 	// Statistics in KiB, as drbdsetup prints them.
 	read, written, alWrites, bmWrites int64
 
+	// leaving: `down` is disconnecting it; it may no longer be promoted.
+	leaving bool
+
 	// dev is a Primary's block device with Options.LoopDevices (device.go).
 	dev *device
 	// heldDev: the device this resource had when it was demoted while a
@@ -222,6 +230,12 @@ type conn struct {
 	standAloneMsg string
 	splitBrain    bool
 
+	// pathUp: the path (TCP) is established while the connection is not
+	// yet reported Connected: connections that a node makes at the same
+	// moment show all their paths first (contract-real.node3.seq, 20-21).
+	pathUp bool
+	// nextTry: when this side next tries to connect while Connecting.
+	nextTry time.Time
 	// wfUntil: while WFBitMapS/T, when the bitmap exchange completes.
 	wfUntil time.Time
 	// rsTotal is the number of blocks the running resync started with.

@@ -9,14 +9,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestQuietMatchesFull drives volumes through random perturbations of steady states —
-// the facts the fast path looks at, one or two at a time — and after every Process
-// compares the engine (fast path on) with the full path on a copy of the same input.
-// After the perturbations the cluster heals and placement acts until the volume is
-// quiet again (or stuck: some perturbations leave conflicts only a person resolves).
-func TestQuietMatchesFull(t *testing.T) {
+// TestReusedEngineMatchesFresh drives volumes through random perturbations of steady
+// states, one to three at a time, and after every Process compares the engine, whose
+// scratch buffers and index have served every call before, with a fresh engine on a
+// copy of the same input: nothing of one call may leak into the next (the engine is
+// level-based, and a restarted controller must decide exactly the same). After the
+// perturbations the cluster heals and placement acts until the volume is steady again
+// (or stuck: some perturbations leave conflicts only a person resolves).
+func TestReusedEngineMatchesFresh(t *testing.T) {
 	layouts := [][2]int{{0, 0}, {0, 1}, {1, 0}, {1, 1}, {2, 1}, {2, 2}}
-	total, hits := 0, 0
+	total := 0
 	rng := rand.New(rand.NewSource(1))
 	for round := 0; round < 250; round++ {
 		l := layouts[rng.Intn(len(layouts))]
@@ -29,13 +31,11 @@ func TestQuietMatchesFull(t *testing.T) {
 				ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
 			full := *in
 			full.RV = w.rv.DeepCopy()
-			before := w.eng.quietHits
 			res, err := w.eng.Process(in)
-			checkFullPath(t, w.reg, w.features, &full, w.rv, res, err)
+			checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
 			w.last = res
 			w.force, w.fdetach, w.cq = nil, nil, nil
 			total++
-			hits += w.eng.quietHits - before
 		}
 		step() // the steady volume itself
 		{
@@ -44,7 +44,7 @@ func TestQuietMatchesFull(t *testing.T) {
 				perturb(t, w, rng)
 				step()
 			}
-			// ...then the cluster heals and placement acts until the volume is quiet.
+			// ...then the cluster heals and placement acts until the volume is steady.
 			for i := 0; i < 12; i++ {
 				for _, r := range w.rvrs {
 					r.Status.Conditions = nil
@@ -61,10 +61,7 @@ func TestQuietMatchesFull(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d steps, fast path answered %d", total, hits)
-	if hits < total/10 {
-		t.Fatalf("the fast path answered only %d of %d steps: the test does not exercise it", hits, total)
-	}
+	t.Logf("%d reconciles compared", total)
 }
 
 func perturb(t *testing.T, w *world, rng *rand.Rand) {

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/csi"
+	"github.com/meshvol/meshvol/pkg/datamesh"
+	"github.com/meshvol/meshvol/pkg/version"
+)
+
+const controllerUsage = `usage: meshvol controller [flags]
+
+Runs the meshvol control plane: the volume, storage pool and node lifecycle
+reconcilers (pkg/controller). One instance is active at a time (leader election on a
+Lease); it needs the meshvol CRDs (config/crd) installed and exits non-zero, saying
+why, when they are missing or the apiserver cannot be reached.
+
+flags:
+`
+
+// controllerFlags are the subcommand's settings.
+type controllerFlags struct {
+	kubeconfig     string
+	namespace      string
+	metricsAddr    string
+	probeAddr      string
+	leaderElect    bool
+	leaderID       string
+	grace          time.Duration
+	portRange      string
+	minorRange     string
+	hmac           string
+	taintLostNodes bool
+	workers        int
+	shadowDiskful  bool
+	startTimeout   time.Duration
+	verbosity      int
+	csiEndpoint    string
+}
+
+func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
+	f := &controllerFlags{}
+	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ns := os.Getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = v1.DefaultNamespace
+	}
+	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"),
+		"path to a kubeconfig; empty means the in-cluster service account (default $KUBECONFIG)")
+	fs.StringVar(&f.namespace, "namespace", ns,
+		"namespace of the per-volume DRBD Secrets, the agents' Leases and the leader-election Lease; $POD_NAMESPACE sets the default when present")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080",
+		"address of the Prometheus /metrics endpoint (meshvol_controller_* and controller-runtime's reconcile metrics); \"0\" turns it off")
+	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081",
+		"address of /healthz (the process is alive) and /readyz (its caches are synced); empty turns them off")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true,
+		"elect one active controller through a coordination.k8s.io Lease; turn off only when a single replica runs")
+	fs.StringVar(&f.leaderID, "leader-election-id", controller.LeaderElectionID, "name of the leader-election Lease")
+	fs.DurationVar(&f.grace, "agent-grace-period", 10*time.Second,
+		"how long past its expiry a node agent's Lease may go unrenewed before the node's replicas are marked AgentReady=False and, when no live peer reaches them, force-removed and replaced")
+	fs.StringVar(&f.portRange, "port-range", "7000-7999", "DRBD TCP ports, LOW-HIGH, one per volume, unique in the cluster")
+	fs.StringVar(&f.minorRange, "minor-range", "1000-1048575", "DRBD device minors, LOW-HIGH (within 0-1048575), one per volume, unique in the cluster")
+	fs.StringVar(&f.hmac, "hmac-algorithms", "sha256,sha1,md5",
+		"DRBD cram-hmac-alg preference list; a volume gets the first its pool's nodes offer (their agents report what the kernel has)")
+	fs.BoolVar(&f.taintLostNodes, "taint-lost-nodes", false,
+		"taint a node meshvol decided is lost with node.kubernetes.io/out-of-service=nodeshutdown:NoExecute, so Kubernetes moves its pods and detaches its volumes, and remove the taint when the node is back and clean (docs/node-lifecycle.md: read the safety argument first)")
+	fs.IntVar(&f.workers, "workers", 4, "volumes reconciled at once, each with its own datamesh engine")
+	fs.BoolVar(&f.shadowDiskful, "shadow-diskful", false,
+		"the cluster's DRBD has the non-voting disk option (ShadowDiskful replicas); upstream DRBD 9.2 does not")
+	fs.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second,
+		"how long to try reaching the apiserver and finding the CRDs at start before giving up")
+	fs.IntVar(&f.verbosity, "v", 0, "log verbosity: 0 logs what changed (placements, phase changes, errors), higher adds reconcile detail; logs are JSON lines on stderr")
+	fs.StringVar(&f.csiEndpoint, "csi-endpoint", "", csiEndpointUsage+" (the CSI controller service runs on every replica, leader or not)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), controllerUsage)
+		fs.PrintDefaults()
+	}
+	return fs, f
+}
+
+func parseRange(name, s string) (int32, int32, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	a, err1 := strconv.ParseInt(lo, 10, 32)
+	b, err2 := strconv.ParseInt(hi, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("--%s %q: must be LOW-HIGH, two numbers", name, s)
+	}
+	return int32(a), int32(b), nil
+}
+
+func (f *controllerFlags) options() (controller.Options, error) {
+	o := controller.Options{
+		Namespace: f.namespace, AgentGracePeriod: f.grace, TaintLostNodes: f.taintLostNodes, Workers: f.workers,
+		Features: datamesh.Features{ShadowDiskful: f.shadowDiskful},
+	}
+	var err error
+	if o.PortMin, o.PortMax, err = parseRange("port-range", f.portRange); err != nil {
+		return o, err
+	}
+	if o.MinorMin, o.MinorMax, err = parseRange("minor-range", f.minorRange); err != nil {
+		return o, err
+	}
+	for _, a := range strings.Split(f.hmac, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			o.HMACAlgorithms = append(o.HMACAlgorithms, a)
+		}
+	}
+	if f.grace <= 0 {
+		return o, fmt.Errorf("--agent-grace-period %s: must be positive", f.grace)
+	}
+	if f.workers < 1 {
+		return o, fmt.Errorf("--workers %d: must be at least 1", f.workers)
+	}
+	if err := o.Validate(); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// runController runs `meshvol controller` until ctx ends; it returns the exit code.
+func runController(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, f := newControllerFlagSet(stderr)
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return 0
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "meshvol controller: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	opts, err := f.options()
+	if err != nil {
+		fmt.Fprintf(stderr, "meshvol controller: %v\n", err)
+		return 2
+	}
+	ctrl.SetLogger(jsonLogger(stderr, f.verbosity))
+	log := ctrl.Log.WithName("meshvol-controller")
+
+	cfg, err := restConfig(f.kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "meshvol controller: %v\n", err)
+		return 1
+	}
+	if err := preflight(ctx, cfg, f.startTimeout); err != nil {
+		fmt.Fprintf(stderr, "meshvol controller: %v\n", err)
+		return 1
+	}
+	mgr, err := controller.NewManager(cfg, opts, controller.ManagerOptions{
+		MetricsAddr: f.metricsAddr, ProbeAddr: f.probeAddr, LeaderElection: f.leaderElect, LeaderElectionID: f.leaderID,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "meshvol controller: setting up: %v\n", err)
+		return 1
+	}
+	log.Info("starting", "version", version.Get().Version, "namespace", opts.Namespace, "leaderElection", f.leaderElect,
+		"agentGracePeriod", opts.AgentGracePeriod.String(), "taintLostNodes", opts.TaintLostNodes)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	waitCSI := serveCSI(ctx, cancel, f.csiEndpoint, func(ctx context.Context) error {
+		return csi.RunController(ctx, csi.ControllerOptions{Endpoint: f.csiEndpoint, Config: cfg, Scheme: csiScheme(),
+			Namespace: opts.Namespace, Log: log})
+	})
+	err = mgr.Start(ctx)
+	cancel()
+	if cerr := waitCSI(); cerr != nil {
+		fmt.Fprintf(stderr, "meshvol controller: %v\n", cerr)
+		return 1
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "meshvol controller: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// jsonLogger writes structured logs as one JSON object per line (logr's funcr: no
+// logging library beyond logr itself).
+func jsonLogger(w io.Writer, verbosity int) logr.Logger {
+	return funcr.NewJSON(func(obj string) { fmt.Fprintln(w, obj) }, funcr.Options{
+		LogTimestamp: true, TimestampFormat: time.RFC3339Nano, Verbosity: verbosity, LogCaller: funcr.Error,
+	})
+}
+
+// preflight checks, until timeout, that the apiserver answers and serves meshvol's five
+// kinds: a controller that cannot work says so and exits instead of logging watch errors
+// for ever.
+func preflight(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
+	c := rest.CopyConfig(cfg)
+	c.Timeout = 5 * time.Second
+	dc, err := discovery.NewDiscoveryClientForConfig(c)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	want := []string{"replicatedvolumes", "replicatedvolumereplicas", "replicatedvolumeattachments", "replicatedstorageclasses", "replicatedstoragepools"}
+	for {
+		var last error
+		if _, err := dc.ServerVersion(); err != nil {
+			last = fmt.Errorf("cannot reach the apiserver at %s: %v", cfg.Host, err)
+		} else if list, err := dc.ServerResourcesForGroupVersion(v1.SchemeGroupVersion.String()); err != nil {
+			last = fmt.Errorf("the apiserver at %s does not serve %s (%v): install meshvol's CRDs first (kubectl apply -f config/crd)", cfg.Host, v1.SchemeGroupVersion, err)
+		} else {
+			var missing []string
+			for _, w := range want {
+				found := false
+				for _, r := range list.APIResources {
+					found = found || r.Name == w
+				}
+				if !found {
+					missing = append(missing, w)
+				}
+			}
+			if len(missing) == 0 {
+				return nil
+			}
+			last = fmt.Errorf("the apiserver at %s lacks the CRDs for %s in %s: install them (kubectl apply -f config/crd)", cfg.Host, strings.Join(missing, ", "), v1.SchemeGroupVersion)
+		}
+		if time.Now().After(deadline) {
+			return last
+		}
+		select {
+		case <-ctx.Done():
+			return last
+		case <-time.After(time.Second):
+		}
+	}
+}

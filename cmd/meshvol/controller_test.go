@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/meshvol/meshvol/pkg/testenv"
+)
+
+func TestControllerHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"controller", "--help"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	for _, flag := range []string{"-agent-grace-period", "-taint-lost-nodes", "-leader-elect", "-metrics-bind-address",
+		"-health-probe-bind-address", "-port-range", "-minor-range", "-hmac-algorithms", "-namespace", "-kubeconfig"} {
+		if !strings.Contains(out.String(), flag) {
+			t.Errorf("--help does not explain %s", flag)
+		}
+	}
+}
+
+func TestControllerBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--port-range", "9-2"}, {"--port-range", "x"}, {"--hmac-algorithms", "crc32"}, {"--agent-grace-period", "-1s"}, {"extra"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(append([]string{"controller"}, args...), &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+		if errb.Len() == 0 {
+			t.Errorf("%v: no explanation", args)
+		}
+	}
+}
+
+// writeKubeconfig writes cfg as a kubeconfig file.
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	kc.CurrentContext = "x"
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestControllerUnreachableAPIServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	kc := writeKubeconfig(t, &rest.Config{Host: "https://" + addr})
+	var out, errb bytes.Buffer
+	code := runController(context.Background(), []string{"--kubeconfig", kc, "--start-timeout", "1s"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "cannot reach the apiserver at https://"+addr) {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// Against a real apiserver: without the CRDs the controller refuses to start and says
+// what to install; with them it starts, becomes ready, and stops cleanly.
+func TestControllerStartsAgainstAPIServer(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{CRDDirs: []string{}})
+	kc := writeKubeconfig(t, env.Config)
+	var out, errb bytes.Buffer
+	code := runController(context.Background(), []string{"--kubeconfig", kc, "--start-timeout", "1s"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "install meshvol's CRDs first") {
+		t.Fatalf("without CRDs: exit %d, stderr %q", code, errb.String())
+	}
+
+	dirs, err := testenv.DefaultCRDDirs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: dirs, Scheme: env.Scheme}); err != nil {
+		t.Fatal(err)
+	}
+	probe := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	errb.Reset()
+	go func() {
+		done <- runController(ctx, []string{"--kubeconfig", kc, "--namespace", "default", "--metrics-bind-address", "0",
+			"--health-probe-bind-address", probe, "--leader-elect=true"}, &out, &errb)
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + probe + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready: %v; stderr %s", err, tail(errb.String()))
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("exited %d before it was ready: %s", code, tail(errb.String()))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d after a clean stop: %s", code, tail(errb.String()))
+	}
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func tail(s string) string {
+	if len(s) > 2000 {
+		return "…" + s[len(s)-2000:]
+	}
+	return s
+}

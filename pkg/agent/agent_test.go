@@ -1,0 +1,553 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/meshvol/meshvol/pkg/agent"
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd/drbdsim"
+	"github.com/meshvol/meshvol/pkg/localcluster"
+	"github.com/meshvol/meshvol/pkg/testenv"
+)
+
+// These tests run real agents (pkg/localcluster without a controller) on a
+// real apiserver, with drbdsim and file pools on loop devices. The test plays
+// the controller: it writes RV status (the datamesh) the way the controller
+// will, and reads what the agents report in RVR status and what each
+// simulated kernel runs.
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env, testenv.Options{})) }
+
+const size = 64 << 20
+
+// rig is one in-process cluster and one volume on it.
+type rig struct {
+	t   *testing.T
+	ctx context.Context
+	c   *localcluster.Cluster
+	cl  client.Client
+	rv  string
+}
+
+func newRig(t *testing.T, nodes int, tweak func(*agent.Config)) *rig {
+	t.Helper()
+	return newRigWith(t, nodes, localcluster.Options{Agent: tweak})
+}
+
+func newRigWith(t *testing.T, nodes int, opts localcluster.Options) *rig {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("file pools need loop devices (root)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	name := testenv.Name(t)
+	prefix := name[len(name)-10:]
+	opts.Env, opts.Nodes, opts.NamePrefix = env, nodes, "n"+prefix
+	c, err := localcluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	r := &rig{t: t, ctx: ctx, c: c, cl: c.Client, rv: "v" + prefix}
+	if _, err := c.CreatePool(ctx, "pool-"+prefix); err != nil {
+		t.Fatal(err)
+	}
+	rv := &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: r.rv}, Spec: v1.ReplicatedVolumeSpec{
+		Size:              *resource.NewQuantity(size, resource.BinarySI),
+		ConfigurationMode: v1.ConfigurationModeManual,
+		ManualConfiguration: &v1.ReplicatedVolumeConfiguration{
+			StoragePool: "pool-" + prefix, FailuresToTolerate: 1, GuaranteedMinimumDataRedundancy: 1},
+	}}
+	r.must(r.cl.Create(ctx, rv))
+	return r
+}
+
+func (r *rig) must(err error) {
+	r.t.Helper()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *rig) pool() string { return "pool-" + r.rv[1:] }
+
+func (r *rig) node(i int) *localcluster.Node { return r.c.Nodes[i] }
+
+// addReplica creates the RVR of node i as the controller's placement would.
+func (r *rig) addReplica(i int, typ v1.ReplicaType) string {
+	n := r.node(i)
+	rvr := &v1.ReplicatedVolumeReplica{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:       r.rv + "-" + n.Name,
+			Labels:     map[string]string{v1.LabelVolume: r.rv, v1.LabelNode: n.Name},
+			Finalizers: []string{v1.FinalizerAgent},
+		},
+		Spec: v1.ReplicatedVolumeReplicaSpec{ReplicatedVolumeName: r.rv, NodeName: n.Name, Type: typ},
+	}
+	if typ == v1.ReplicaTypeDiskful {
+		rvr.Spec.Storage = &v1.ReplicaStorage{Pool: r.pool()}
+	}
+	r.must(r.cl.Create(r.ctx, rvr))
+	return rvr.Name
+}
+
+func (r *rig) rvr(name string) *v1.ReplicatedVolumeReplica {
+	r.t.Helper()
+	o := &v1.ReplicatedVolumeReplica{}
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: name}, o))
+	return o
+}
+
+// publish changes the datamesh as the controller would and bumps the revision.
+func (r *rig) publish(change func(st *v1.ReplicatedVolumeStatus)) int64 {
+	r.t.Helper()
+	for {
+		rv := &v1.ReplicatedVolume{}
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
+		change(&rv.Status)
+		rv.Status.DatameshRevision++
+		err := r.cl.Status().Update(r.ctx, rv)
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		r.must(err)
+		return rv.Status.DatameshRevision
+	}
+}
+
+// member makes a datamesh member of the RVR, with the addresses it reported.
+func (r *rig) member(name string, typ v1.MemberType, id int32) v1.DatameshMember {
+	rvr := r.rvr(name)
+	return v1.DatameshMember{Name: name, Type: typ, NodeName: rvr.Spec.NodeName, Addresses: rvr.Status.Addresses, NodeID: id}
+}
+
+// eventually polls cond until it returns "" or the deadline passes.
+func (r *rig) eventually(what string, d time.Duration, cond func() string) {
+	r.t.Helper()
+	deadline := time.Now().Add(d)
+	last := ""
+	for time.Now().Before(deadline) {
+		if last = cond(); last == "" {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.t.Fatalf("%s: not within %s: %s", what, d, last)
+}
+
+// confirmed waits until every named replica reports revision ≥ rev and the
+// condition DRBDConfigured=True (and, when disk is set, that disk state).
+func (r *rig) confirmed(rev int64, disk v1.DiskState, names ...string) {
+	r.t.Helper()
+	r.eventually(fmt.Sprintf("revision %d confirmed", rev), 60*time.Second, func() string {
+		for _, n := range names {
+			o := r.rvr(n)
+			c := meta.FindStatusCondition(o.Status.Conditions, v1.ConditionDRBDConfigured)
+			switch {
+			case o.Status.DatameshRevision < rev:
+				return fmt.Sprintf("%s reports revision %d (%v)", n, o.Status.DatameshRevision, c)
+			case c == nil || c.Status != metav1.ConditionTrue:
+				return fmt.Sprintf("%s: %v", n, c)
+			case disk != "" && o.Status.DiskState != disk:
+				return fmt.Sprintf("%s: disk %s", n, o.Status.DiskState)
+			}
+		}
+		return ""
+	})
+}
+
+func formation(st *v1.ReplicatedVolumeStatus, rev int64) {
+	st.DatameshTransitions = []v1.DatameshTransition{{
+		Type: v1.TransitionFormation, Group: v1.GroupFormation, PlanID: "formation", PlanVersion: 1,
+		Steps: []v1.DatameshTransitionStep{
+			{Name: "✦ → layout", Status: v1.StepCompleted, DatameshRevision: rev},
+			{Name: "D → UpToDate", Status: v1.StepActive},
+		},
+	}}
+}
+
+// form3D creates three Diskful replicas and publishes them as a 3D datamesh
+// (q=2, qmr=2) with a Formation transition; it returns the replica names.
+func (r *rig) form3D() []string {
+	r.t.Helper()
+	names := []string{r.addReplica(0, v1.ReplicaTypeDiskful), r.addReplica(1, v1.ReplicaTypeDiskful), r.addReplica(2, v1.ReplicaTypeDiskful)}
+	r.eventually("replicas report addresses, not yet members", 30*time.Second, func() string {
+		for _, n := range names {
+			o := r.rvr(n)
+			c := meta.FindStatusCondition(o.Status.Conditions, v1.ConditionDRBDConfigured)
+			if len(o.Status.Addresses) == 0 || c == nil || c.Reason != v1.ReasonPendingDatameshJoin {
+				return fmt.Sprintf("%s: addresses %v, %v", n, o.Status.Addresses, c)
+			}
+		}
+		return ""
+	})
+	var members []v1.DatameshMember
+	for i, n := range names {
+		members = append(members, r.member(n, v1.MemberTypeDiskful, int32(i)))
+	}
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) {
+		st.Datamesh = v1.Datamesh{Members: members, Quorum: 2, QuorumMinimumRedundancy: 2, Port: 7000, Minor: 1000}
+		formation(st, st.DatameshRevision+1)
+	})
+	r.confirmed(rev, v1.DiskStateUpToDate, names...)
+	r.publish(func(st *v1.ReplicatedVolumeStatus) { st.DatameshTransitions = nil })
+	return names
+}
+
+// Formation: replicas report their addresses before they join, configure
+// when published, skip the initial sync at day 0 (all UpToDate without a
+// resync), confirm the revision only once the kernel runs it, and every
+// node's DRBD runs the q/qmr the datamesh says.
+func TestFormationConfiguresEveryNode(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	for i := range 3 {
+		sh, err := r.node(i).Show(r.ctx, r.rv)
+		r.must(err)
+		if sh == nil || sh.Options["quorum"] != "2" || sh.Options["quorum-minimum-redundancy"] != "2" || len(sh.Connections) != 2 {
+			t.Fatalf("%s runs %+v, want quorum 2, qmr 2, two connections", r.node(i).Name, sh)
+		}
+		st, err := r.node(i).Sim.Status(r.ctx, r.rv)
+		r.must(err)
+		for _, c := range st[0].Connections {
+			if c.PeerDevices[0].ReplicationState != "Established" {
+				t.Errorf("%s → %s: replication %s, want Established (no initial resync at day 0)", r.node(i).Name, c.Name, c.PeerDevices[0].ReplicationState)
+			}
+		}
+	}
+	o := r.rvr(names[0])
+	if o.Status.BackingVolume == nil || o.Status.BackingVolume.Size.Value() < size {
+		t.Errorf("backing volume %+v, want at least %d bytes", o.Status.BackingVolume, size)
+	}
+	if len(o.Status.Peers) != 2 || o.Status.Peers[0].ConnectionState != "Connected" {
+		t.Errorf("peers %+v, want two Connected", o.Status.Peers)
+	}
+	if o.Status.Quorum == nil || !*o.Status.Quorum {
+		t.Errorf("quorum %v, want true", o.Status.Quorum)
+	}
+}
+
+// Attach and detach: the member the datamesh marks attached is promoted and
+// confirms only then; detaching demotes; a demotion refused because the
+// device is open is retried, never forced (drbdsim refuses when the loop
+// device is held; here the refusal is injected as DRBD's -12).
+func TestAttachDetach(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[1].Attached = true })
+	r.confirmed(rev, "", names...)
+	if o := r.rvr(names[1]); o.Status.Role != v1.RolePrimary {
+		t.Fatalf("%s role %s after attach, want Primary", names[1], o.Status.Role)
+	}
+	r.must(r.node(1).Sim.Write(r.ctx, r.rv, 0, bytes.Repeat([]byte{7}, 4096)))
+
+	r.node(1).Sim.InjectFault("secondary", drbdsim.Fault{Err: errors.New("r: State change failed: (-12) Device is held open by someone")})
+	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[1].Attached = false })
+	r.eventually("demotion refused is reported", 30*time.Second, func() string {
+		o := r.rvr(names[1])
+		c := meta.FindStatusCondition(o.Status.Conditions, agent.ConditionDRBDRole)
+		if c == nil || c.Reason != agent.ReasonDemoteRefused || o.Status.DatameshRevision >= rev {
+			return fmt.Sprintf("role condition %v, revision %d", c, o.Status.DatameshRevision)
+		}
+		return ""
+	})
+	r.node(1).Sim.ClearFault("secondary")
+	r.confirmed(rev, "", names...)
+	if o := r.rvr(names[1]); o.Status.Role != v1.RoleSecondary {
+		t.Fatalf("role %s after detach, want Secondary", o.Status.Role)
+	}
+}
+
+// A replica added to a volume that holds data resyncs (no day-0 skip outside
+// formation), and afterwards holds every acknowledged write.
+func TestAddAfterWritesResyncs(t *testing.T) {
+	r := newRig(t, 4, nil)
+	names := r.form3D()
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = true })
+	r.confirmed(rev, "", names...)
+	for i := range 64 {
+		r.must(r.node(0).Sim.Write(r.ctx, r.rv, int64(i)*4096*16, bytes.Repeat([]byte{byte(i + 1)}, 4096)))
+	}
+	n4 := r.addReplica(3, v1.ReplicaTypeDiskful)
+	r.eventually("addresses", 30*time.Second, func() string {
+		if len(r.rvr(n4).Status.Addresses) == 0 {
+			return "none yet"
+		}
+		return ""
+	})
+	m := r.member(n4, v1.MemberTypeDiskful, 3)
+	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members = append(st.Datamesh.Members, m) })
+	sawSync := false
+	r.eventually("new replica UpToDate", 60*time.Second, func() string {
+		o := r.rvr(n4)
+		for _, p := range o.Status.Peers {
+			if strings.HasPrefix(p.ReplicationState, "Sync") || strings.HasPrefix(p.ReplicationState, "WFBitMap") {
+				sawSync = true
+			}
+		}
+		if o.Status.DiskState != v1.DiskStateUpToDate || o.Status.DatameshRevision < rev {
+			return fmt.Sprintf("disk %s revision %d", o.Status.DiskState, o.Status.DatameshRevision)
+		}
+		return ""
+	})
+	if lost := r.c.Sim.LostAckedWrites(r.rv); len(lost) > 0 {
+		t.Fatalf("acknowledged writes lost: %v", lost)
+	}
+	got, err := r.node(3).Sim.Read(r.ctx, r.rv, 63*4096*16, 4096)
+	r.must(err)
+	if got[0] != 64 {
+		t.Fatalf("the new replica reads %d at the last written block, want 64 (it skipped the sync?)", got[0])
+	}
+	t.Logf("resync observed in status: %v", sawSync)
+}
+
+// Restart is invisible to IO: the agent of the Primary restarts while a
+// writer runs; the resource is never taken down and no write fails.
+func TestAgentRestartAdoptsRunningResource(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = true })
+	r.confirmed(rev, "", names...)
+
+	stream, err := r.node(0).Sim.Events(r.ctx)
+	r.must(err)
+	defer stream.Close()
+	var events bytes.Buffer
+	var evMu sync.Mutex
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := stream.Read(buf)
+			evMu.Lock()
+			events.Write(buf[:n])
+			evMu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var writes, failures atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := int64(0); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := r.node(0).Sim.Write(r.ctx, r.rv, (i%256)*4096, bytes.Repeat([]byte{byte(i)}, 4096)); err != nil {
+				failures.Add(1)
+			}
+			writes.Add(1)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	r.must(r.c.RestartAgent(r.node(0).Name))
+	r.must(r.c.RestartAgent(r.node(1).Name))
+	// A new revision after the restart is applied by the new agents.
+	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.QuorumMinimumRedundancy = 1 })
+	r.confirmed(rev, "", names...)
+	close(stop)
+	<-done
+	evMu.Lock()
+	ev := events.String()
+	evMu.Unlock()
+	for _, line := range strings.Split(ev, "\n") {
+		// The resource itself (not a peer's connection line) must never go
+		// down or lose its Primary role.
+		if strings.Contains(line, " destroy resource ") || (strings.Contains(line, " resource ") && strings.Contains(line, "role:Secondary")) {
+			t.Fatalf("the Primary's resource went down or was demoted during the agent restart: %s", line)
+		}
+	}
+	if failures.Load() > 0 {
+		t.Fatalf("%d of %d writes failed across the agent restart", failures.Load(), writes.Load())
+	}
+	t.Logf("%d writes across two agent restarts and a new revision, none failed", writes.Load())
+}
+
+// A hung DRBD command becomes a condition (ConfigurationFailed naming the
+// timeout), not a stuck worker, and the revision is not confirmed; once the
+// command works again, the revision is applied.
+func TestHungCommandBecomesCondition(t *testing.T) {
+	r := newRig(t, 3, func(c *agent.Config) { c.CommandTimeout = time.Second })
+	names := r.form3D()
+	r.node(2).Sim.InjectFault("adjust", drbdsim.Fault{Hang: true})
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.QuorumMinimumRedundancy = 1 })
+	r.eventually("hung adjust reported", 30*time.Second, func() string {
+		o := r.rvr(names[2])
+		c := meta.FindStatusCondition(o.Status.Conditions, v1.ConditionDRBDConfigured)
+		if c == nil || c.Reason != v1.ReasonConfigurationFailed || !strings.Contains(c.Message, "timed out") || o.Status.DatameshRevision >= rev {
+			return fmt.Sprintf("%v revision %d", c, o.Status.DatameshRevision)
+		}
+		return ""
+	})
+	t.Logf("condition: %s", meta.FindStatusCondition(r.rvr(names[2]).Status.Conditions, v1.ConditionDRBDConfigured).Message)
+	r.node(2).Sim.ClearFault("adjust")
+	r.confirmed(rev, "", names...)
+}
+
+// Deletion: a replica removed from the datamesh and deleted is taken down,
+// its backing volume deleted and its finalizer released; nothing remains.
+func TestDeleteTearsDown(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	r.publish(func(st *v1.ReplicatedVolumeStatus) {
+		st.Datamesh.Members = nil
+		st.Datamesh.Quorum, st.Datamesh.QuorumMinimumRedundancy = 0, 0
+	})
+	for _, n := range names {
+		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
+	}
+	r.eventually("replicas gone", 60*time.Second, func() string {
+		for _, n := range names {
+			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
+				return n + " still exists"
+			}
+		}
+		return ""
+	})
+	for _, n := range r.c.Nodes {
+		res, err := n.Resources(r.ctx)
+		r.must(err)
+		if len(res) > 0 || len(n.Files()) > 0 {
+			t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
+		}
+	}
+	if left := r.c.Leftovers(); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+// Steady state writes nothing: after formation, no RVR is modified for a
+// while (the Lease is the only periodic write, and it is not an RVR).
+func TestSteadyStateWritesNothing(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	time.Sleep(time.Second) // let the last reports land
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	r.must(err)
+	w, err := wc.Watch(r.ctx, &v1.ReplicatedVolumeReplicaList{}, client.MatchingLabels{v1.LabelVolume: r.rv})
+	r.must(err)
+	defer w.Stop()
+	var modified []string
+	timeout := time.After(10 * time.Second)
+loop:
+	for {
+		select {
+		case ev := <-w.ResultChan():
+			if ev.Type == watch.Modified {
+				o := ev.Object.(*v1.ReplicatedVolumeReplica)
+				modified = append(modified, o.Name)
+			}
+		case <-timeout:
+			break loop
+		}
+	}
+	slices.Sort(modified)
+	if len(modified) > 0 {
+		t.Fatalf("in 10 s of steady state the replicas %v were modified %d times, want 0", slices.Compact(modified), len(modified))
+	}
+	_ = names
+}
+
+// Growing the volume: the agents grow each backing volume, then DRBD, and
+// confirm the revision only once the device offers the new size.
+func TestGrowVolume(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	bigger := resource.NewQuantity(2*size, resource.BinarySI)
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Size = bigger })
+	r.confirmed(rev, "", names...)
+	for i, n := range names {
+		o := r.rvr(n)
+		if o.Status.BackingVolume == nil || o.Status.BackingVolume.Size.Value() < 2*size {
+			t.Errorf("%s: backing volume %+v, want at least %d bytes", n, o.Status.BackingVolume, 2*size)
+		}
+		st, err := r.node(i).Sim.Status(r.ctx, r.rv)
+		r.must(err)
+		if got := st[0].Devices[0].Size * 1024; got < 2*size {
+			t.Errorf("%s: DRBD device %d bytes, want at least %d", r.node(i).Name, got, 2*size)
+		}
+	}
+}
+
+// The device path the agent reports is a real, replicated block device
+// (drbdsim's FUSE-backed device): a file written through a filesystem and
+// fsynced on the Primary survives the Primary's crash and reads back on the
+// peer the datamesh attaches next.
+func TestFilesystemSurvivesPrimaryCrash(t *testing.T) {
+	for _, bin := range []string{"mkfs.ext4", "mount", "umount", "losetup"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	r := newRigWith(t, 3, localcluster.Options{LoopDevices: true})
+	names := r.form3D()
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = true })
+	r.confirmed(rev, "", names...)
+	dev := r.rvr(names[0]).Status.DevicePath
+	run := func(name string, args ...string) {
+		t.Helper()
+		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	run("mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev)
+	mnt := t.TempDir()
+	run("mount", dev, mnt)
+	want := bytes.Repeat([]byte("meshvol "), 4096)
+	f, err := os.Create(mnt + "/data")
+	r.must(err)
+	_, err = f.Write(want)
+	r.must(err)
+	r.must(f.Sync())
+	r.must(f.Close())
+
+	// The Primary's node crashes with the filesystem mounted.
+	r.must(r.c.CrashNode(r.node(0).Name))
+	_ = exec.Command("umount", "-l", mnt).Run()
+	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) {
+		st.Datamesh.Members[0].Attached = false
+		st.Datamesh.Members[1].Attached = true
+	})
+	r.confirmed(rev, "", names[1], names[2])
+	dev = r.rvr(names[1]).Status.DevicePath
+	mnt2 := t.TempDir()
+	run("mount", dev, mnt2)
+	defer exec.Command("umount", mnt2).Run()
+	got, err := os.ReadFile(mnt2 + "/data")
+	r.must(err)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the fsynced file reads back %d bytes, not what was written", len(got))
+	}
+	if lost := r.c.Sim.LostAckedWrites(r.rv); len(lost) > 0 {
+		t.Fatalf("acknowledged writes lost: %v", lost)
+	}
+}

@@ -1,0 +1,86 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh"
+)
+
+const reasonAccessNodeUnavailable = "AccessNodeUnavailable"
+
+// writeAttachments writes each RVA's status from the engine's verdict (phase, the
+// Attached condition, and the attached replica's device path), and releases the
+// finalizer of a deleted RVA once its node is confirmed detached.
+func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.ReplicatedVolume, atts []datamesh.AttachmentStatus, accessRefused map[string]string) error {
+	verdicts := map[string]datamesh.AttachmentStatus{}
+	for _, a := range atts {
+		verdicts[a.Name] = a
+	}
+	for _, rva := range v.rvas {
+		a, ok := verdicts[rva.Name]
+		if !ok {
+			// The engine did not run (allocation or configuration holds the volume).
+			a = datamesh.AttachmentStatus{Name: rva.Name, NodeName: rva.Spec.NodeName, Phase: v1.AttachmentPending,
+				Message: "Waiting for the volume: " + string(work.Status.Phase)}
+			if c := meta.FindStatusCondition(work.Status.Conditions, ConditionReady); c != nil {
+				a.Message = "Waiting for the volume: " + c.Message
+			}
+		}
+		want := rva.Status.DeepCopy()
+		want.ObservedGeneration = rva.Generation
+		want.Phase = a.Phase
+		want.DevicePath = ""
+		reason := string(a.Phase)
+		msg := a.Message
+		if refusal, ok := accessRefused[rva.Spec.NodeName]; ok && a.Phase == v1.AttachmentPending {
+			reason, msg = reasonAccessNodeUnavailable, refusal
+		}
+		if a.Phase == v1.AttachmentAttached {
+			for _, r := range v.rvrs {
+				if r.Spec.NodeName == rva.Spec.NodeName {
+					want.DevicePath = r.Status.DevicePath
+				}
+			}
+		}
+		meta.SetStatusCondition(&want.Conditions, metav1.Condition{Type: ConditionAttached, Status: boolStatus(a.Phase == v1.AttachmentAttached),
+			Reason: reason, Message: msg, ObservedGeneration: rva.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+		if !equality.Semantic.DeepEqual(&rva.Status, want) {
+			if err := applyStatus(ctx, c.client, "ReplicatedVolumeAttachment", rva.Name, "", want); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("writing status of attachment %s: %w", rva.Name, err)
+			}
+		}
+		if rva.DeletionTimestamp != nil && slices.Contains(rva.Finalizers, v1.FinalizerController) && detachedOn(work, rva.Spec.NodeName) {
+			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", rva.Name, rva.ResourceVersion, false, rva.Finalizers)); err != nil {
+				return fmt.Errorf("removing finalizer of attachment %s: %w", rva.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// detachedOn: no member on node is attached and no Attach, Detach or ForceDetach of one
+// is in flight: the node cannot be Primary any more.
+func detachedOn(rv *v1.ReplicatedVolume, node string) bool {
+	for _, m := range rv.Status.Datamesh.Members {
+		if m.NodeName != node {
+			continue
+		}
+		if m.Attached {
+			return false
+		}
+		for _, t := range rv.Status.DatameshTransitions {
+			if t.ReplicaName == m.Name && (t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach || t.Type == v1.TransitionForceDetach) {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,232 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+// Node facts come from two places: the Node object (labels, zone, cordon) and the agent's
+// Lease (liveness, and the facts the agent reports on its annotations: addresses, zone,
+// HMAC algorithms, per-pool capacity). docs/contract.md says why the Lease carries them.
+
+// Liveness is the controller's verdict on one node's agent.
+type Liveness struct {
+	// Live: the Lease is held and not expired (placement puts replicas only here).
+	Live bool
+	// Lost: the Lease is missing or expired for longer than the grace period: the
+	// node's replicas are marked AgentReady=False and may be force-removed.
+	Lost bool
+	// Reason is AgentReady's reason: LeaseValid, LeaseExpired or LeaseMissing.
+	Reason string
+	// Message explains the verdict for people.
+	Message string
+	// Next is when the verdict changes by the clock alone (zero: never, without a
+	// new write to the Lease).
+	Next time.Time
+}
+
+// LeaseLiveness judges a node's agent Lease at now. A nil lease is missing. grace is how
+// long past expiry the node stays "not live but not lost": long enough for an agent
+// restart or a short apiserver hiccup, short enough that a dead node's volumes are
+// repaired quickly.
+func LeaseLiveness(l *coordinationv1.Lease, now time.Time, grace time.Duration) Liveness {
+	if l == nil {
+		return Liveness{Lost: true, Reason: v1.ReasonAgentLeaseMissing, Message: "no agent Lease for this node"}
+	}
+	renew := leaseRenewTime(l)
+	if renew.IsZero() || l.Spec.LeaseDurationSeconds == nil {
+		return Liveness{Lost: true, Reason: v1.ReasonAgentLeaseExpired, Message: "the agent Lease " + l.Name + " has never been renewed"}
+	}
+	expires := renew.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+	lostAt := expires.Add(grace)
+	switch {
+	case now.Before(expires):
+		return Liveness{Live: true, Reason: v1.ReasonAgentLeaseValid, Message: "the agent renews Lease " + l.Name, Next: expires}
+	case now.Before(lostAt):
+		// Expired, within the grace period: not a place for new replicas, not lost yet.
+		return Liveness{Reason: v1.ReasonAgentLeaseValid, Message: "the agent Lease " + l.Name + " expired at " +
+			expires.UTC().Format(time.RFC3339) + "; within the grace period", Next: lostAt}
+	}
+	return Liveness{Lost: true, Reason: v1.ReasonAgentLeaseExpired, Message: "the agent Lease " + l.Name + " expired at " +
+		expires.UTC().Format(time.RFC3339) + ", more than " + grace.String() + " ago"}
+}
+
+func leaseRenewTime(l *coordinationv1.Lease) time.Time {
+	switch {
+	case l.Spec.RenewTime != nil:
+		return l.Spec.RenewTime.Time
+	case l.Spec.AcquireTime != nil:
+		return l.Spec.AcquireTime.Time
+	}
+	return time.Time{}
+}
+
+// NodeNameOfLease returns the node an agent Lease belongs to ("" if it is not one).
+func NodeNameOfLease(l *coordinationv1.Lease) string {
+	if !strings.HasPrefix(l.Name, v1.AgentLeasePrefix) {
+		return ""
+	}
+	return strings.TrimPrefix(l.Name, v1.AgentLeasePrefix)
+}
+
+// PoolCapacity is one "capacity.storage.meshvol.io/<pool>" annotation.
+type PoolCapacity struct {
+	Total, Free int64
+}
+
+// ParseCapacity reads "total=<bytes>,free=<bytes>".
+func ParseCapacity(s string) (PoolCapacity, error) {
+	var c PoolCapacity
+	var haveTotal, haveFree bool
+	for _, part := range strings.Split(s, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return c, fmt.Errorf("capacity %q: %q is not key=value", s, part)
+		}
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil || n < 0 {
+			return c, fmt.Errorf("capacity %q: %s must be a non-negative number of bytes", s, k)
+		}
+		switch k {
+		case "total":
+			c.Total, haveTotal = n, true
+		case "free":
+			c.Free, haveFree = n, true
+		}
+	}
+	if !haveTotal || !haveFree {
+		return c, fmt.Errorf("capacity %q: needs total= and free=", s)
+	}
+	return c, nil
+}
+
+// FormatCapacity writes the annotation value ParseCapacity reads (for agents and tests).
+func FormatCapacity(c PoolCapacity) string {
+	return "total=" + strconv.FormatInt(c.Total, 10) + ",free=" + strconv.FormatInt(c.Free, 10)
+}
+
+// splitList reads a comma-separated annotation.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Cordoned reports whether placement must keep new replicas off the node: the meshvol
+// cordon label (any value but "false") or a cordoned Node (spec.unschedulable, which
+// `kubectl cordon` and `kubectl drain` set).
+func Cordoned(n *corev1.Node) bool {
+	if n == nil {
+		return false
+	}
+	if v, ok := n.Labels[v1.LabelCordon]; ok && v != "false" {
+		return true
+	}
+	return n.Spec.Unschedulable
+}
+
+// nodeZone is the node's zone: its topology label, else what its agent reports.
+func nodeZone(n *corev1.Node, l *coordinationv1.Lease) string {
+	if n != nil {
+		if z := n.Labels[v1.LabelZone]; z != "" {
+			return z
+		}
+	}
+	if l != nil {
+		return l.Annotations[v1.AnnotationZone]
+	}
+	return ""
+}
+
+// EligibleNodes computes a pool's status.eligibleNodes: the Nodes that match the pool's
+// nodeSelector and zones (and, for LVM pools, are listed in volumeGroups), with their
+// zone, readiness (the agent is live and reports the pool's capacity), cordon and
+// capacity. Sorted by name (the status list is a map keyed by name; a stable order keeps
+// a rewrite from being a change).
+func EligibleNodes(rsp *v1.ReplicatedStoragePool, nodes []corev1.Node, leases map[string]*coordinationv1.Lease, now time.Time, grace time.Duration) ([]v1.EligibleNode, error) {
+	var sel labels.Selector
+	if rsp.Spec.NodeSelector != nil {
+		var err error
+		if sel, err = metav1.LabelSelectorAsSelector(rsp.Spec.NodeSelector); err != nil {
+			return nil, fmt.Errorf("spec.nodeSelector: %w", err)
+		}
+	}
+	var out []v1.EligibleNode
+	for i := range nodes {
+		n := &nodes[i]
+		if sel != nil && !sel.Matches(labels.Set(n.Labels)) {
+			continue
+		}
+		if rsp.Spec.Type != v1.PoolTypeFile && !slices.ContainsFunc(rsp.Spec.VolumeGroups, func(g v1.PoolVolumeGroup) bool { return g.NodeName == n.Name }) {
+			continue
+		}
+		l := leases[n.Name]
+		zone := nodeZone(n, l)
+		if len(rsp.Spec.Zones) > 0 && !slices.Contains(rsp.Spec.Zones, zone) {
+			continue
+		}
+		e := v1.EligibleNode{NodeName: n.Name, Zone: zone, Unschedulable: Cordoned(n)}
+		live := LeaseLiveness(l, now, grace).Live
+		if l != nil {
+			if s, ok := l.Annotations[v1.AnnotationPoolCapacityPrefix+rsp.Name]; ok {
+				if c, err := ParseCapacity(s); err == nil {
+					e.TotalCapacity = resource.NewQuantity(c.Total, resource.BinarySI)
+					e.FreeCapacity = resource.NewQuantity(c.Free, resource.BinarySI)
+					e.Ready = live
+				}
+			}
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b v1.EligibleNode) int { return strings.Compare(a.NodeName, b.NodeName) })
+	return out, nil
+}
+
+// EligibleChanged reports whether a pool's eligible nodes changed in a way a person or
+// placement cares about: a node came or went, its zone, readiness or cordon changed, or
+// its capacity moved by at least min(1 % of total, 1 GiB). Smaller capacity moves are
+// not written: they would rewrite the pool's status on every replica created.
+func EligibleChanged(old, cur []v1.EligibleNode) bool {
+	if len(old) != len(cur) {
+		return true
+	}
+	for i := range old {
+		a, b := &old[i], &cur[i]
+		if a.NodeName != b.NodeName || a.Zone != b.Zone || a.Ready != b.Ready || a.Unschedulable != b.Unschedulable {
+			return true
+		}
+		if (a.TotalCapacity == nil) != (b.TotalCapacity == nil) || (a.FreeCapacity == nil) != (b.FreeCapacity == nil) {
+			return true
+		}
+		if a.TotalCapacity == nil || a.FreeCapacity == nil {
+			continue
+		}
+		if a.TotalCapacity.Value() != b.TotalCapacity.Value() {
+			return true
+		}
+		threshold := min(b.TotalCapacity.Value()/100, int64(1)<<30)
+		d := a.FreeCapacity.Value() - b.FreeCapacity.Value()
+		if d < 0 {
+			d = -d
+		}
+		if d >= threshold && d > 0 {
+			return true
+		}
+	}
+	return false
+}

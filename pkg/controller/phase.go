@@ -1,0 +1,218 @@
+package controller
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+)
+
+// The phase machine (seed 002's rigor: every phase has one rule, every rule reads only
+// what the status and the replicas report, so the phase is a function and not a memory):
+//
+//	Deleting       the RV has a deletionTimestamp, whatever else holds
+//	Pending        no configuration yet, or formation has not started (placement,
+//	               allocation or the pool hold it: the other conditions say which)
+//	Forming        the Formation transition runs
+//	Failed         formed, and no member reports quorum, or no UpToDate Diskful copy is
+//	               reachable (every reporting D is something else, or no agent reports)
+//	Degraded       formed, usable, fewer UpToDate Diskful than the layout wants (a member
+//	               is syncing, not reporting, force-removed, or not placed yet)
+//	Reconfiguring  formed, every wanted copy UpToDate, transitions still in flight
+//	Ready          formed, the layout's Diskful all UpToDate, nothing in flight
+//
+// Ready is also a condition (type Ready) whose reason is the phase and whose message
+// names the replicas and why.
+
+// PhaseVerdict is the phase with the Ready condition's reason and message.
+type PhaseVerdict struct {
+	Phase   v1.VolumePhase
+	Message string
+}
+
+// ComputePhase judges a volume. reporting(name) says whether the replica's agent is
+// reporting (AgentReady not False); rvrs maps replica names to replicas.
+func ComputePhase(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeReplica, reporting func(*v1.ReplicatedVolumeReplica) bool, pendingWhy string) PhaseVerdict {
+	st := &rv.Status
+	if rv.DeletionTimestamp != nil {
+		return PhaseVerdict{Phase: v1.VolumePhaseDeleting, Message: "The volume is being deleted"}
+	}
+	for i := range st.DatameshTransitions {
+		if t := &st.DatameshTransitions[i]; t.Type == v1.TransitionFormation {
+			msg := "Forming the datamesh"
+			for _, s := range t.Steps {
+				if s.Status != v1.StepCompleted {
+					msg += ": " + s.Name
+					if s.Message != "" {
+						msg += ": " + s.Message
+					}
+					break
+				}
+			}
+			return PhaseVerdict{Phase: v1.VolumePhaseForming, Message: msg}
+		}
+	}
+	if st.Configuration == nil || len(st.Datamesh.Members) == 0 {
+		if st.DatameshRevision > 0 && st.Configuration != nil {
+			return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "The datamesh has no members left: every copy was force-removed"}
+		}
+		if pendingWhy == "" {
+			pendingWhy = "Waiting for the configuration and the first replicas"
+		}
+		return PhaseVerdict{Phase: v1.VolumePhasePending, Message: pendingWhy}
+	}
+	cfg := layout.Layout{FTT: int(st.Configuration.FailuresToTolerate), GMDR: int(st.Configuration.GuaranteedMinimumDataRedundancy)}
+	need := cfg.DiskfulCount()
+
+	var upToDate int
+	var problems []string // "r2: Inconsistent (syncing 40%)"
+	anyQuorumReport, anyQuorate, anyReporting := false, false, false
+	for _, m := range st.Datamesh.Members {
+		r := rvrs[m.Name]
+		switch {
+		case r == nil:
+			if m.Type.IsVoter() {
+				problems = append(problems, m.Name+": replica object is gone")
+			}
+			continue
+		case !reporting(r):
+			problems = append(problems, m.Name+": agent on "+m.NodeName+" is not reporting")
+			continue
+		}
+		anyReporting = true
+		if r.Status.Quorum != nil && (m.Type.IsVoter() || m.Type == v1.MemberTypeTieBreaker || m.Type == v1.MemberTypeAccess) {
+			anyQuorumReport = true
+			anyQuorate = anyQuorate || *r.Status.Quorum
+		}
+		if m.Type != v1.MemberTypeDiskful {
+			if m.Type == v1.MemberTypeLiminalDiskful {
+				problems = append(problems, m.Name+": joining as Diskful")
+			}
+			continue
+		}
+		if r.Status.DiskState == v1.DiskStateUpToDate {
+			upToDate++
+			continue
+		}
+		p := m.Name + ": " + string(orUnknown(r.Status.DiskState))
+		if pct, ok := resyncPercent(r); ok {
+			p += " (syncing " + strconv.Itoa(int(pct)) + "%)"
+		}
+		problems = append(problems, p)
+	}
+	sort.Strings(problems)
+	detail := ""
+	if len(problems) > 0 {
+		detail = ": " + strings.Join(problems, "; ")
+	}
+	switch {
+	case !anyReporting:
+		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No replica's agent is reporting" + detail}
+	case upToDate == 0:
+		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No UpToDate Diskful copy is reachable" + detail}
+	case anyQuorumReport && !anyQuorate:
+		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No replica has quorum" + detail}
+	case upToDate < need:
+		return PhaseVerdict{Phase: v1.VolumePhaseDegraded, Message: strconv.Itoa(upToDate) + "/" + strconv.Itoa(need) +
+			" Diskful UpToDate (layout " + cfg.String() + ")" + detail}
+	case len(st.DatameshTransitions) > 0:
+		var names []string
+		for _, t := range st.DatameshTransitions {
+			n := string(t.Type)
+			if t.ReplicaName != "" {
+				n += " " + t.ReplicaName
+			}
+			names = append(names, n)
+		}
+		return PhaseVerdict{Phase: v1.VolumePhaseReconfiguring, Message: "In flight: " + strings.Join(names, ", ")}
+	}
+	return PhaseVerdict{Phase: v1.VolumePhaseReady, Message: strconv.Itoa(upToDate) + "/" + strconv.Itoa(need) + " Diskful UpToDate (layout " + cfg.String() + ")"}
+}
+
+func orUnknown(d v1.DiskState) v1.DiskState {
+	if d == "" {
+		return "no disk state reported"
+	}
+	return d
+}
+
+// resyncPercent is the least progress among the replica's resyncs.
+func resyncPercent(r *v1.ReplicatedVolumeReplica) (int32, bool) {
+	best, ok := int32(101), false
+	for _, p := range r.Status.Peers {
+		if p.Resync != nil && p.Resync.PercentDone < best {
+			best, ok = p.Resync.PercentDone, true
+		}
+	}
+	return best, ok
+}
+
+// LayoutString describes the members for `kubectl get rv`: "3D", "2D+1TB", "2D+1TB+1A".
+func LayoutString(ms []v1.DatameshMember) string {
+	counts := map[string]int{}
+	for _, m := range ms {
+		switch m.Type {
+		case v1.MemberTypeDiskful, v1.MemberTypeLiminalDiskful:
+			counts["D"]++
+		case v1.MemberTypeShadowDiskful, v1.MemberTypeLiminalShadowDiskful:
+			counts["sD"]++
+		case v1.MemberTypeTieBreaker:
+			counts["TB"]++
+		case v1.MemberTypeAccess:
+			counts["A"]++
+		}
+	}
+	var parts []string
+	for _, k := range []string{"D", "sD", "TB", "A"} {
+		if counts[k] > 0 {
+			parts = append(parts, strconv.Itoa(counts[k])+k)
+		}
+	}
+	return strings.Join(parts, "+")
+}
+
+// ReadyMembers is "<in sync>/<members>": a Diskful member is in sync when UpToDate, any
+// other when its agent reports having applied some revision.
+func ReadyMembers(ms []v1.DatameshMember, rvrs map[string]*v1.ReplicatedVolumeReplica, reporting func(*v1.ReplicatedVolumeReplica) bool) string {
+	n := 0
+	for _, m := range ms {
+		r := rvrs[m.Name]
+		if r == nil || !reporting(r) {
+			continue
+		}
+		if m.Type.HasDisk() {
+			if r.Status.DiskState == v1.DiskStateUpToDate {
+				n++
+			}
+		} else if r.Status.DatameshRevision > 0 {
+			n++
+		}
+	}
+	return strconv.Itoa(n) + "/" + strconv.Itoa(len(ms))
+}
+
+// SyncProgress is the least-synced Diskful member's progress: "100%" when all are
+// UpToDate, "" before any member exists.
+func SyncProgress(ms []v1.DatameshMember, rvrs map[string]*v1.ReplicatedVolumeReplica) string {
+	if len(ms) == 0 {
+		return ""
+	}
+	least := int32(100)
+	for _, m := range ms {
+		if !m.Type.HasDisk() {
+			continue
+		}
+		r := rvrs[m.Name]
+		if r == nil || r.Status.DiskState == v1.DiskStateUpToDate {
+			continue
+		}
+		pct, ok := resyncPercent(r)
+		if !ok {
+			pct = 0
+		}
+		least = min(least, pct)
+	}
+	return strconv.Itoa(int(least)) + "%"
+}

@@ -1,0 +1,185 @@
+package controller
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+func TestAllocatorUniqueAndRebuilt(t *testing.T) {
+	a := NewAllocator(7000, 7002, 5, 6)
+	x, err := a.Get("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := a.Get("x"); again != x {
+		t.Fatalf("second Get for x gave %v, first %v: a volume keeps its values", again, x)
+	}
+	y, err := a.Get("y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y.Port == x.Port || y.Minor == x.Minor {
+		t.Fatalf("x %v and y %v share a value", x, y)
+	}
+	// Minors 5-6 are used up: a third volume gets a condition-worthy error, not a panic.
+	_, err = a.Get("z")
+	var ex *ExhaustedError
+	if !errors.As(err, &ex) || ex.What != "minor" {
+		t.Fatalf("third volume: got %v, want minor exhaustion", err)
+	}
+	if !strings.Contains(err.Error(), "no free DRBD minor in 5-6") {
+		t.Errorf("message %q does not say what ran out", err)
+	}
+	// Release, then reuse only after the rest of the range went round.
+	a.Release("x")
+	z, err := a.Get("z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z.Port == y.Port || z.Minor == y.Minor {
+		t.Fatalf("z %v collides with y %v", z, y)
+	}
+
+	// A restarted controller rebuilds from statuses: never the same value twice.
+	b := NewAllocator(7000, 7010, 5, 100)
+	rv := func(name string, port, minor int32) v1.ReplicatedVolume {
+		r := v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		r.Status.Datamesh.Port, r.Status.Datamesh.Minor = port, minor
+		return r
+	}
+	if c := b.Load([]v1.ReplicatedVolume{rv("p", 7000, 5), rv("q", 7001, 6), {ObjectMeta: metav1.ObjectMeta{Name: "unallocated"}}}); len(c) != 0 {
+		t.Fatalf("conflicts %v", c)
+	}
+	n, err := b.Get("new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Port < 7002 || n.Minor < 7 {
+		t.Fatalf("after Load the new volume got %v, a value p or q holds", n)
+	}
+	if p, _ := b.Get("p"); p.Port != 7000 || p.Minor != 5 {
+		t.Fatalf("p lost its values: %v", p)
+	}
+	if c := b.Load([]v1.ReplicatedVolume{rv("dup", 7000, 50)}); len(c) != 1 {
+		t.Fatalf("a port held twice must be reported, got %v", c)
+	}
+}
+
+func TestLeaseLiveness(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	lease := func(renewedAgo time.Duration) *coordinationv1.Lease {
+		d := int32(10)
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "meshvol-node-a"},
+			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: now.Add(-renewedAgo)}}}
+	}
+	for _, tc := range []struct {
+		l          *coordinationv1.Lease
+		live, lost bool
+		reason     string
+	}{
+		{lease(3 * time.Second), true, false, v1.ReasonAgentLeaseValid},
+		{lease(15 * time.Second), false, false, v1.ReasonAgentLeaseValid},
+		{lease(21 * time.Second), false, true, v1.ReasonAgentLeaseExpired},
+		{nil, false, true, v1.ReasonAgentLeaseMissing},
+	} {
+		lv := LeaseLiveness(tc.l, now, 10*time.Second)
+		if lv.Live != tc.live || lv.Lost != tc.lost || lv.Reason != tc.reason {
+			t.Errorf("%+v: got live=%v lost=%v reason=%s", tc, lv.Live, lv.Lost, lv.Reason)
+		}
+	}
+}
+
+func TestEligibleNodes(t *testing.T) {
+	now := time.Now()
+	d := int32(10)
+	mkLease := func(node, capacity string) *coordinationv1.Lease {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: v1.AgentLeasePrefix + node, Annotations: map[string]string{}},
+			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: now}}}
+		if capacity != "" {
+			l.Annotations[v1.AnnotationPoolCapacityPrefix+"fast"] = capacity
+		}
+		return l
+	}
+	nodes := []corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{v1.LabelZone: "z1", "disk": "ssd"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "b", Labels: map[string]string{v1.LabelZone: "z2", "disk": "ssd", v1.LabelCordon: "true"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "c", Labels: map[string]string{v1.LabelZone: "z3", "disk": "hdd"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "d", Labels: map[string]string{v1.LabelZone: "z1", "disk": "ssd"}}},
+	}
+	leases := map[string]*coordinationv1.Lease{
+		"a": mkLease("a", "total=100,free=60"), "b": mkLease("b", "total=100,free=100"), "c": mkLease("c", "total=1,free=1"),
+		"d": mkLease("d", ""),
+	}
+	rsp := &v1.ReplicatedStoragePool{ObjectMeta: metav1.ObjectMeta{Name: "fast"}, Spec: v1.ReplicatedStoragePoolSpec{Type: v1.PoolTypeFile,
+		File: &v1.FilePool{Directory: "/var/lib/meshvol"}, NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"disk": "ssd"}}}}
+	got, err := EligibleNodes(rsp, nodes, leases, now, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].NodeName != "a" || got[1].NodeName != "b" || got[2].NodeName != "d" {
+		t.Fatalf("eligible %+v, want a, b, d (c does not match the selector)", got)
+	}
+	if !got[0].Ready || got[0].FreeCapacity.Value() != 60 || got[0].Zone != "z1" {
+		t.Errorf("a: %+v", got[0])
+	}
+	if !got[1].Unschedulable {
+		t.Errorf("b is cordoned: %+v", got[1])
+	}
+	if got[2].Ready {
+		t.Errorf("d reports no capacity for the pool, so it is not ready: %+v", got[2])
+	}
+
+	// Capacity drift below min(1%, 1GiB) is not a change; a node's readiness is.
+	q := func(v int64) *resource.Quantity { return resource.NewQuantity(v, resource.BinarySI) }
+	base := []v1.EligibleNode{{NodeName: "a", Ready: true, TotalCapacity: q(1000 << 30), FreeCapacity: q(500 << 30)}}
+	small := []v1.EligibleNode{{NodeName: "a", Ready: true, TotalCapacity: q(1000 << 30), FreeCapacity: q(500<<30 - 512<<20)}}
+	big := []v1.EligibleNode{{NodeName: "a", Ready: true, TotalCapacity: q(1000 << 30), FreeCapacity: q(498 << 30)}}
+	unready := []v1.EligibleNode{{NodeName: "a", Ready: false, TotalCapacity: q(1000 << 30), FreeCapacity: q(500 << 30)}}
+	if EligibleChanged(base, small) {
+		t.Error("512Mi on a 1000Gi pool is below the threshold")
+	}
+	if !EligibleChanged(base, big) || !EligibleChanged(base, unready) {
+		t.Error("2Gi drift and a readiness change must be written")
+	}
+}
+
+func TestChooseAlgorithm(t *testing.T) {
+	pref := []string{"sha256", "sha1", "md5"}
+	for _, tc := range []struct {
+		offers [][]string
+		want   string
+	}{
+		{nil, "sha256"},
+		{[][]string{{"sha256", "sha1"}, {"sha1", "sha256"}}, "sha256"},
+		{[][]string{{"sha256", "sha1"}, {"sha1", "md5"}}, "sha1"},
+		{[][]string{{"md5"}, {"sha1"}, {"sha1"}}, "sha1"},
+	} {
+		if got, _ := ChooseAlgorithm(pref, tc.offers); got != tc.want {
+			t.Errorf("ChooseAlgorithm(%v) = %s, want %s", tc.offers, got, tc.want)
+		}
+	}
+	if _, ok := ChooseAlgorithm(pref, [][]string{{"crc32c"}}); ok {
+		t.Error("no preferred algorithm offered must be refused")
+	}
+}
+
+func TestParseCapacity(t *testing.T) {
+	c, err := ParseCapacity(FormatCapacity(PoolCapacity{Total: 10, Free: 4}))
+	if err != nil || c.Total != 10 || c.Free != 4 {
+		t.Fatalf("round trip: %+v %v", c, err)
+	}
+	for _, bad := range []string{"", "total=1", "total=x,free=1", "free=-1,total=3"} {
+		if _, err := ParseCapacity(bad); err == nil {
+			t.Errorf("ParseCapacity(%q) accepted it", bad)
+		}
+	}
+}

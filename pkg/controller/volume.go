@@ -1,0 +1,525 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh"
+)
+
+// RV condition types the controller writes besides Ready.
+const (
+	// ConditionConfigured: the configuration source (class or manual) and its pool resolve.
+	ConditionConfigured = "Configured"
+	// ConditionScheduled: placement found nodes for every replica the engine wants.
+	ConditionScheduled = "Scheduled"
+	// ConditionAllocated: the volume has its DRBD port, minor and shared Secret.
+	ConditionAllocated = "Allocated"
+	// ConditionReady: the phase, with a message naming the replicas and why.
+	ConditionReady = "Ready"
+	// ConditionDeleting: what the deletion of the volume waits for.
+	ConditionDeleting = "Deleting"
+	// ConditionAttached is the RVA's condition.
+	ConditionAttached = "Attached"
+)
+
+// Event reasons of the controller's own (the engine's come with Result.Events).
+const (
+	EventReplicaPlaced     = "ReplicaPlaced"
+	EventPlacementFailed   = "PlacementFailed"
+	EventReplicaDeleted    = "ReplicaDeleted"
+	EventNodeLost          = "NodeLost"
+	EventConfigurationBad  = "InvalidConfiguration"
+	EventAllocationFailed  = "AllocationFailed"
+	EventVolumeTornDown    = "DatameshTornDown"
+	EventPhaseChanged      = "PhaseChanged"
+	reasonPlaced           = "Placed"
+	reasonResolved         = "Resolved"
+	reasonClassNotFound    = "StorageClassNotFound"
+	reasonPoolNotFound     = "StoragePoolNotFound"
+	reasonInvalidInput     = "InvalidInput"
+	reasonAllocated        = "Allocated"
+	reasonWaitingForDetach = "WaitingForDetach"
+	reasonWaitingReplicas  = "WaitingForReplicas"
+)
+
+func rvrName(rv, node string) string { return rv + "-" + node }
+
+// SecretName is the name of a volume's shared-secret Secret.
+func SecretName(rv string) string { return "drbd-" + rv }
+
+func (c *Controller) setupVolume(mgr ctrl.Manager) error {
+	c.recorder = mgr.GetEventRecorderFor(v1.FieldManagerController)
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("volume").
+		For(&v1.ReplicatedVolume{}).
+		Watches(&v1.ReplicatedVolumeReplica{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return volumeRequest(o.(*v1.ReplicatedVolumeReplica).Spec.ReplicatedVolumeName)
+		})).
+		Watches(&v1.ReplicatedVolumeAttachment{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return volumeRequest(o.(*v1.ReplicatedVolumeAttachment).Spec.ReplicatedVolumeName)
+		})).
+		Watches(&v1.ReplicatedStorageClass{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfClass)).
+		Watches(&v1.ReplicatedStoragePool{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfPool),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfNode), builder.WithPredicates(nodeFactsChanged())).
+		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfLease), builder.WithPredicates(c.leaseFactsChanged())).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return volumeRequest(o.GetLabels()[v1.LabelVolume])
+		})).
+		WatchesRawSource(source.Channel(c.volumes, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: c.opts.Workers}).
+		Complete(reconcile.Func(c.reconcileVolume))
+}
+
+func volumeRequest(name string) []reconcile.Request {
+	if name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: name}}}
+}
+
+// wakeVolume asks for a reconcile of the volume from outside a watch.
+func (c *Controller) wakeVolume(name string) {
+	select {
+	case c.volumes <- event.GenericEvent{Object: &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: name}}}:
+	default:
+		// The channel is full: a burst is under way and every volume in it will be
+		// reconciled; the periodic resync of controller-runtime catches the rest.
+	}
+}
+
+// volume is what one reconcile of a volume read from the caches.
+type volume struct {
+	rv       *v1.ReplicatedVolume
+	rsc      *v1.ReplicatedStorageClass
+	rsp      *v1.ReplicatedStoragePool
+	poolName string
+	// configWhy is why the configuration source does not resolve ("" when it does),
+	// configReason the condition reason.
+	configWhy, configReason string
+	rvrs                    []*v1.ReplicatedVolumeReplica
+	rvas                    []*v1.ReplicatedVolumeAttachment
+	nodes                   map[string]*corev1.Node
+	leases                  map[string]*coordinationv1.Lease
+	eligible                []v1.EligibleNode
+	now                     time.Time
+}
+
+func (v *volume) liveness(node string) Liveness {
+	return LeaseLiveness(v.leases[node], v.now, 0)
+}
+
+func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume, error) {
+	v := &volume{rv: rv, now: c.opts.Now(), nodes: map[string]*corev1.Node{}, leases: map[string]*coordinationv1.Lease{}}
+	var rvrs v1.ReplicatedVolumeReplicaList
+	if err := c.reader.List(ctx, &rvrs, client.MatchingFields{indexVolume: rv.Name}); err != nil {
+		return nil, err
+	}
+	for i := range rvrs.Items {
+		v.rvrs = append(v.rvrs, &rvrs.Items[i])
+	}
+	slices.SortFunc(v.rvrs, func(a, b *v1.ReplicatedVolumeReplica) int { return strings.Compare(a.Name, b.Name) })
+	var rvas v1.ReplicatedVolumeAttachmentList
+	if err := c.reader.List(ctx, &rvas, client.MatchingFields{indexVolume: rv.Name}); err != nil {
+		return nil, err
+	}
+	for i := range rvas.Items {
+		v.rvas = append(v.rvas, &rvas.Items[i])
+	}
+	slices.SortFunc(v.rvas, func(a, b *v1.ReplicatedVolumeAttachment) int { return strings.Compare(a.Name, b.Name) })
+
+	if rv.Spec.ConfigurationMode != v1.ConfigurationModeManual && rv.Spec.ReplicatedStorageClassName != "" {
+		rsc := &v1.ReplicatedStorageClass{}
+		switch err := c.reader.Get(ctx, types.NamespacedName{Name: rv.Spec.ReplicatedStorageClassName}, rsc); {
+		case apierrors.IsNotFound(err):
+			v.configWhy = fmt.Sprintf("spec.replicatedStorageClassName: storage class %q does not exist", rv.Spec.ReplicatedStorageClassName)
+			v.configReason = reasonClassNotFound
+		case err != nil:
+			return nil, err
+		default:
+			v.rsc = rsc
+		}
+	}
+	switch {
+	case rv.Status.Configuration != nil:
+		v.poolName = rv.Status.Configuration.StoragePool
+	case rv.Spec.ConfigurationMode == v1.ConfigurationModeManual && rv.Spec.ManualConfiguration != nil:
+		v.poolName = rv.Spec.ManualConfiguration.StoragePool
+	case v.rsc != nil:
+		v.poolName = v.rsc.Spec.StoragePool
+	}
+	if v.poolName != "" {
+		rsp := &v1.ReplicatedStoragePool{}
+		switch err := c.reader.Get(ctx, types.NamespacedName{Name: v.poolName}, rsp); {
+		case apierrors.IsNotFound(err):
+			field := "spec.manualConfiguration.storagePool"
+			if v.rsc != nil {
+				field = "storage class " + v.rsc.Name + " spec.storagePool"
+			}
+			v.configWhy = fmt.Sprintf("%s: storage pool %q does not exist", field, v.poolName)
+			v.configReason = reasonPoolNotFound
+		case err != nil:
+			return nil, err
+		default:
+			v.rsp = rsp
+		}
+	}
+	var nodes corev1.NodeList
+	if err := c.reader.List(ctx, &nodes); err != nil {
+		return nil, err
+	}
+	for i := range nodes.Items {
+		v.nodes[nodes.Items[i].Name] = &nodes.Items[i]
+	}
+	var leases coordinationv1.LeaseList
+	if err := c.reader.List(ctx, &leases, client.InNamespace(c.opts.Namespace)); err != nil {
+		return nil, err
+	}
+	for i := range leases.Items {
+		if n := NodeNameOfLease(&leases.Items[i]); n != "" {
+			v.leases[n] = &leases.Items[i]
+		}
+	}
+	if v.rsp != nil {
+		var err error
+		if v.eligible, err = EligibleNodes(v.rsp, nodes.Items, v.leases, v.now, c.opts.AgentGracePeriod); err != nil {
+			v.configWhy = fmt.Sprintf("storage pool %s: %v", v.rsp.Name, err)
+			v.configReason = reasonInvalidInput
+		}
+	}
+	return v, nil
+}
+
+func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx).WithValues("rv", req.Name)
+	rv := &v1.ReplicatedVolume{}
+	if err := c.reader.Get(ctx, req.NamespacedName, rv); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.alloc.Release(req.Name)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if err := c.ensureAllocations(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	v, err := c.read(ctx, rv)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	deleting := rv.DeletionTimestamp != nil
+	if !deleting && !slices.Contains(rv.Finalizers, v1.FinalizerController) {
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, true, nil)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding finalizer: %w", err)
+		}
+		// The write changed the RV: its event brings the next reconcile, which works
+		// from the new resourceVersion (a status written now would only conflict).
+		return ctrl.Result{}, nil
+	}
+	if deleting && !slices.Contains(rv.Finalizers, v1.FinalizerController) {
+		return ctrl.Result{}, nil // not ours any more
+	}
+	for _, a := range v.rvas {
+		if a.DeletionTimestamp == nil && !slices.Contains(a.Finalizers, v1.FinalizerController) {
+			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion, true, nil)); err != nil {
+				return ctrl.Result{}, fmt.Errorf("adding finalizer to attachment %s: %w", a.Name, err)
+			}
+		}
+	}
+
+	// Liveness: AgentReady on every replica, and the engine's copies carry it.
+	engineRVRs, requeue, err := c.markLiveness(ctx, v)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	work := rv.DeepCopy()
+	st := &work.Status
+	conds := &st.Conditions
+	gen := rv.Generation
+	setCond := func(t string, ok bool, reason, msg string) {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen,
+			LastTransitionTime: metav1.NewTime(v.now)})
+	}
+	if v.configWhy != "" {
+		setCond(ConditionConfigured, false, v.configReason, v.configWhy)
+	} else if v.poolName != "" {
+		setCond(ConditionConfigured, true, reasonResolved, "Configuration resolves; storage pool "+v.poolName)
+	}
+
+	var events []datamesh.Event
+	if deleting && c.readyToTearDown(v) {
+		res, err := c.tearDown(ctx, v, work)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if res != nil {
+			return *res, nil
+		}
+		return ctrl.Result{}, nil
+	}
+
+	// Allocation before the first member joins: port, minor, Secret, size.
+	pendingWhy := ""
+	allocated := true
+	if v.poolName != "" && v.rsp != nil && !deleting {
+		if why, reason, err := c.allocate(ctx, v, work); err != nil {
+			return ctrl.Result{}, err
+		} else if why != "" {
+			allocated = false
+			pendingWhy = why
+			if setCondChanged(conds, ConditionAllocated, false, reason, why, gen, v.now) {
+				c.recorder.Event(rv, corev1.EventTypeWarning, EventAllocationFailed, why)
+			}
+		} else {
+			setCond(ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
+				st.Datamesh.Port, st.Datamesh.Minor, c.opts.Namespace, SecretName(rv.Name), st.Datamesh.SharedSecret.Algorithm))
+		}
+	}
+
+	var res datamesh.Result
+	var wanted []datamesh.WantedReplica
+	var atts []datamesh.AttachmentStatus
+	ranEngine := false
+	if allocated || st.DatameshRevision > 0 {
+		eng, release, err := c.takeEngine(ctx)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		forceLeave, forceDetach := c.lostMembers(v, engineRVRs)
+		in := &datamesh.Input{
+			RV: work, RSC: v.rsc, RVRs: engineRVRs, RVAs: v.rvas, Pool: c.enginePool(v), Now: v.now,
+			ForceLeave: forceLeave, ForceDetach: forceDetach,
+		}
+		res, err = eng.Process(in)
+		// Result's slices belong to the engine: copy what we keep before lending it on.
+		wanted = slices.Clone(res.Wanted)
+		atts = slices.Clone(res.Attachments)
+		events = slices.Clone(res.Events)
+		release()
+		if err != nil {
+			// Bad input (a status written by someone else): say so and wait for a change.
+			msg := err.Error()
+			if setCondChanged(conds, ConditionConfigured, false, reasonInvalidInput, msg, gen, v.now) {
+				c.recorder.Event(rv, corev1.EventTypeWarning, EventConfigurationBad, msg)
+			}
+			work = rv.DeepCopy()
+			meta.SetStatusCondition(&work.Status.Conditions, metav1.Condition{Type: ConditionConfigured, Status: metav1.ConditionFalse,
+				Reason: reasonInvalidInput, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.NewTime(v.now)})
+			return ctrl.Result{}, c.writeStatus(ctx, rv, work)
+		}
+		ranEngine = true
+		for _, n := range forceLeave {
+			log.Info("replica's node is lost: force-leave", "rvr", n)
+		}
+	}
+
+	// Placement acts on what the engine wants.
+	accessRefused := map[string]string{}
+	if ranEngine && !deleting {
+		why, err := c.place(ctx, v, work, wanted, accessRefused)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if why != "" && pendingWhy == "" {
+			pendingWhy = why
+		}
+	}
+	if deleting {
+		c.deletionCondition(v, work)
+	}
+
+	c.summarize(v, work, engineRVRs, pendingWhy)
+	prevPhase := rv.Status.Phase
+	if err := c.writeStatus(ctx, rv, work); err != nil {
+		if apierrors.IsConflict(err) {
+			// The RV changed since the cache showed it: the status computed here may rest
+			// on a stale revision, so it is dropped and computed again from the new one.
+			return ctrl.Result{Requeue: true}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if work.Status.Phase != prevPhase {
+		phaseChanges.WithLabelValues(string(work.Status.Phase)).Inc()
+	}
+	for _, e := range events {
+		c.recorder.Event(rv, string(e.Type), e.Reason, e.Message)
+	}
+	if err := c.writeAttachments(ctx, v, work, atts, accessRefused); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// setCondChanged sets a condition and reports whether its status, reason or message
+// changed (events go out on a change, not on every reconcile).
+func setCondChanged(conds *[]metav1.Condition, t string, ok bool, reason, msg string, gen int64, now time.Time) bool {
+	s := metav1.ConditionFalse
+	if ok {
+		s = metav1.ConditionTrue
+	}
+	old := meta.FindStatusCondition(*conds, t)
+	changed := old == nil || old.Status != s || old.Reason != reason || old.Message != msg
+	meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen,
+		LastTransitionTime: metav1.NewTime(now)})
+	return changed
+}
+
+// writeStatus applies work's status if it differs from what rv (the cache) holds. The
+// apply carries rv's resourceVersion: a status computed from a stale read fails with a
+// Conflict instead of overwriting a newer one (two reconciles of one volume on stale
+// caches must never publish two different datameshes under one revision).
+func (c *Controller) writeStatus(ctx context.Context, rv, work *v1.ReplicatedVolume) error {
+	work.Status.ObservedGeneration = rv.Generation
+	if equality.Semantic.DeepEqual(rv.Status, work.Status) {
+		return nil
+	}
+	return applyStatus(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, &work.Status)
+}
+
+// summarize computes the phase, the Ready condition and the kubectl columns.
+func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs []*v1.ReplicatedVolumeReplica, pendingWhy string) {
+	byName := map[string]*v1.ReplicatedVolumeReplica{}
+	for _, r := range engineRVRs {
+		byName[r.Name] = r
+	}
+	if pendingWhy == "" && v.configWhy != "" {
+		pendingWhy = v.configWhy
+	}
+	verdict := ComputePhase(work, byName, reportingAgent, pendingWhy)
+	st := &work.Status
+	st.Phase = verdict.Phase
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionReady,
+		Status: boolStatus(verdict.Phase == v1.VolumePhaseReady), Reason: string(verdict.Phase), Message: verdict.Message,
+		ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+	st.Layout = LayoutString(st.Datamesh.Members)
+	st.ReadyMembers = ReadyMembers(st.Datamesh.Members, byName, reportingAgent)
+	st.SyncProgress = SyncProgress(st.Datamesh.Members, byName)
+}
+
+func boolStatus(b bool) metav1.ConditionStatus {
+	if b {
+		return metav1.ConditionTrue
+	}
+	return metav1.ConditionFalse
+}
+
+// reportingAgent: the replica's AgentReady is not False.
+func reportingAgent(r *v1.ReplicatedVolumeReplica) bool {
+	c := meta.FindStatusCondition(r.Status.Conditions, v1.ConditionAgentReady)
+	return c == nil || c.Status != metav1.ConditionFalse
+}
+
+// enginePool is the engine's view of the pool: the eligible nodes, plus the nodes of the
+// volume's diskless replicas outside the pool (an Access replica goes where a workload
+// runs, which need not be a storage node), ready when their agent is live.
+func (c *Controller) enginePool(v *volume) *datamesh.Pool {
+	if v.rsp == nil {
+		return nil
+	}
+	p := &datamesh.Pool{Name: v.rsp.Name, Nodes: slices.Clone(v.eligible)}
+	for _, e := range v.eligible {
+		p.Available = p.Available || e.Ready
+	}
+	for _, r := range v.rvrs {
+		if r.Spec.NodeName == "" || r.Spec.Type == v1.ReplicaTypeDiskful || r.Spec.Type == v1.ReplicaTypeShadowDiskful || p.FindNode(r.Spec.NodeName) != nil {
+			continue
+		}
+		p.Nodes = append(p.Nodes, v1.EligibleNode{NodeName: r.Spec.NodeName, Zone: nodeZone(v.nodes[r.Spec.NodeName], v.leases[r.Spec.NodeName]),
+			Ready: v.liveness(r.Spec.NodeName).Live})
+	}
+	return p
+}
+
+// applyRVR creates or updates a replica with every field the controller owns on it:
+// labels, the agent's finalizer, the owner reference and the spec. The same function
+// serves create and retype, so an apply never drops a field the controller set before.
+// A retype passes the replica's resourceVersion, so it never recreates a replica that is
+// gone.
+func (c *Controller) applyRVR(ctx context.Context, rv *v1.ReplicatedVolume, node string, t v1.ReplicaType, storage *v1.ReplicaStorage, resourceVersion string) error {
+	u := applyObject("ReplicatedVolumeReplica", "", rvrName(rv.Name, node), resourceVersion)
+	u.SetLabels(map[string]string{v1.LabelVolume: rv.Name, v1.LabelNode: node})
+	u.SetFinalizers([]string{v1.FinalizerAgent})
+	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}})
+	spec := map[string]any{"replicatedVolumeName": rv.Name, "nodeName": node, "type": string(t)}
+	if storage != nil && (t == v1.ReplicaTypeDiskful || t == v1.ReplicaTypeShadowDiskful) {
+		m, err := toMap(storage)
+		if err != nil {
+			return err
+		}
+		spec["storage"] = m
+	}
+	u.Object["spec"] = spec
+	return c.client.Patch(ctx, u, client.Apply, applyOpts...)
+}
+
+// storageFor is where a Diskful replica on node keeps its backing volume.
+func storageFor(rsp *v1.ReplicatedStoragePool, node string) *v1.ReplicaStorage {
+	s := &v1.ReplicaStorage{Pool: rsp.Name}
+	switch rsp.Spec.Type {
+	case v1.PoolTypeFile:
+		if rsp.Spec.File != nil {
+			s.Directory = rsp.Spec.File.Directory
+		}
+	default:
+		for _, g := range rsp.Spec.VolumeGroups {
+			if g.NodeName == node {
+				s.VolumeGroup, s.ThinPool = g.Name, g.ThinPool
+			}
+		}
+	}
+	return s
+}
+
+// waitForCache waits until the cache shows every object in want (present) or shows it
+// gone or deleting: the next reconcile must not act on a view without this one's
+// writes (it would place a second replica for the same want).
+func (c *Controller) waitForCache(ctx context.Context, names []string, present bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for _, n := range names {
+		for time.Now().Before(deadline) {
+			r := &v1.ReplicatedVolumeReplica{}
+			err := c.reader.Get(ctx, types.NamespacedName{Name: n}, r)
+			if present && err == nil {
+				break
+			}
+			if !present && (apierrors.IsNotFound(err) || (err == nil && r.DeletionTimestamp != nil)) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}

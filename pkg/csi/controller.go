@@ -1,0 +1,785 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+	"github.com/meshvol/meshvol/pkg/drbd"
+)
+
+// MaxPeers is the number of bitmap slots the agent gives DRBD's internal metadata
+// (pkg/agent); capacity answers subtract the metadata this many slots need.
+const MaxPeers = 7
+
+// PublishContextDevicePath is the publish_context key carrying the device path.
+const PublishContextDevicePath = "devicePath"
+
+// annotationReadonly on an RVA records ControllerPublish's readonly flag, so a retry
+// with a different flag is told AlreadyExists instead of silently succeeding.
+const annotationReadonly = "storage.meshvol.io/csi-readonly"
+
+// Controller is the CSI controller service.
+type Controller struct {
+	csipb.UnimplementedControllerServer
+	// Client reads from informer caches (RV, RVA, RVR, RSC, RSP, and Leases in
+	// Namespace) and writes to the apiserver; NewControllerClient builds one.
+	Client client.Client
+	// Namespace is the controller's namespace, where agents renew their Leases.
+	Namespace string
+
+	guard inflight
+}
+
+func (c *Controller) ControllerGetCapabilities(context.Context, *csipb.ControllerGetCapabilitiesRequest) (*csipb.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csipb.ControllerServiceCapability
+	for _, t := range []csipb.ControllerServiceCapability_RPC_Type{
+		csipb.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csipb.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+		csipb.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csipb.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
+		csipb.ControllerServiceCapability_RPC_VOLUME_CONDITION,
+		csipb.ControllerServiceCapability_RPC_GET_VOLUME,
+		csipb.ControllerServiceCapability_RPC_PUBLISH_READONLY,
+	} {
+		caps = append(caps, &csipb.ControllerServiceCapability{Type: &csipb.ControllerServiceCapability_Rpc{
+			Rpc: &csipb.ControllerServiceCapability_RPC{Type: t}}})
+	}
+	return &csipb.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// internal wraps an API error that is none of the caller's doing.
+func internal(what string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return status.Errorf(codes.DeadlineExceeded, "%s: %v", what, err)
+	}
+	return status.Errorf(codes.Unavailable, "%s: %v", what, err)
+}
+
+func (c *Controller) getRV(ctx context.Context, name string) (*v1.ReplicatedVolume, error) {
+	rv := &v1.ReplicatedVolume{}
+	if len(validation.IsDNS1123Label(name)) > 0 {
+		// Not an RV name, so no such volume; do not ask the cache about it.
+		return nil, nil
+	}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, rv); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, internal("reading ReplicatedVolume "+name, err)
+	}
+	return rv, nil
+}
+
+func (c *Controller) attachmentsOf(ctx context.Context, rv string) ([]v1.ReplicatedVolumeAttachment, error) {
+	var l v1.ReplicatedVolumeAttachmentList
+	if err := c.Client.List(ctx, &l, client.MatchingLabels{v1.LabelVolume: rv}); err != nil {
+		return nil, internal("listing ReplicatedVolumeAttachments of "+rv, err)
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
+	return l.Items, nil
+}
+
+// formed reports whether the volume's first datamesh is in place (docs/contract.md
+// "CSI"), and if not, what it waits for.
+func formed(rv *v1.ReplicatedVolume) (bool, string) {
+	st := &rv.Status
+	for _, t := range st.DatameshTransitions {
+		if t.Type == v1.TransitionFormation {
+			for _, s := range t.Steps {
+				if s.Status != v1.StepCompleted {
+					return false, fmt.Sprintf("formation step %q: %s", s.Name, s.Message)
+				}
+			}
+			return false, "formation is finishing"
+		}
+	}
+	if st.DatameshRevision == 0 || len(st.Datamesh.Members) == 0 {
+		msg := "waiting for the controller to configure and place it"
+		for _, r := range st.DatameshReplicaRequests {
+			if r.Message != "" {
+				msg = r.Name + ": " + r.Message
+				break
+			}
+		}
+		if st.Phase != "" {
+			msg = "phase " + string(st.Phase) + ", " + msg
+		}
+		return false, msg
+	}
+	return true, ""
+}
+
+// volumeSize is the size to report: the DRBD device's when the controller has
+// published one at least as large as the spec, else the spec's.
+func volumeSize(rv *v1.ReplicatedVolume) int64 {
+	spec := rv.Spec.Size.Value()
+	if s := rv.Status.Datamesh.Size; s != nil && s.Value() >= spec {
+		return s.Value()
+	}
+	return spec
+}
+
+// rscLayout is the number of diskful replicas a class asks for.
+func rscLayout(rsc *v1.ReplicatedStorageClass) (layout.Layout, error) {
+	if rsc.Spec.Replication != nil {
+		return layout.FromReplication(string(*rsc.Spec.Replication))
+	}
+	var l layout.Layout
+	if rsc.Spec.FailuresToTolerate != nil {
+		l.FTT = int(*rsc.Spec.FailuresToTolerate)
+	}
+	if rsc.Spec.GuaranteedMinimumDataRedundancy != nil {
+		l.GMDR = int(*rsc.Spec.GuaranteedMinimumDataRedundancy)
+	}
+	return l, l.Validate()
+}
+
+func volumeAccessOf(rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass) v1.VolumeAccess {
+	if cfg := rv.Status.Configuration; cfg != nil && cfg.VolumeAccess != "" {
+		return cfg.VolumeAccess
+	}
+	if rsc != nil && rsc.Spec.VolumeAccess != "" {
+		return rsc.Spec.VolumeAccess
+	}
+	return v1.VolumeAccessPreferablyLocal
+}
+
+func (c *Controller) getRSC(ctx context.Context, name string) (*v1.ReplicatedStorageClass, error) {
+	rsc := &v1.ReplicatedStorageClass{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, rsc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, invalid("parameters[%q]: ReplicatedStorageClass %q does not exist", v1.CSIParameterStorageClass, name)
+		}
+		return nil, internal("reading ReplicatedStorageClass "+name, err)
+	}
+	return rsc, nil
+}
+
+// poolNode is one eligible node of a pool with what a volume could use there.
+type poolNode struct {
+	name, zone string
+	usable     int64 // after DRBD metadata
+	known      bool  // the controller reported free capacity
+}
+
+// poolNodes lists the ready, schedulable nodes of the class's pool inside its zones.
+func (c *Controller) poolNodes(ctx context.Context, rsc *v1.ReplicatedStorageClass) ([]poolNode, error) {
+	rsp := &v1.ReplicatedStoragePool{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: rsc.Spec.StoragePool}, rsp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, internal("reading ReplicatedStoragePool "+rsc.Spec.StoragePool, err)
+	}
+	var out []poolNode
+	for _, n := range rsp.Status.EligibleNodes {
+		if !n.Ready || n.Unschedulable {
+			continue
+		}
+		if len(rsc.Spec.Zones) > 0 && !slices.Contains(rsc.Spec.Zones, n.Zone) {
+			continue
+		}
+		p := poolNode{name: n.NodeName, zone: n.Zone}
+		if n.FreeCapacity != nil {
+			p.known = true
+			p.usable = drbd.UsableBytes(n.FreeCapacity.Value(), MaxPeers)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// segmentMatches says whether a node in zone lies inside segment s.
+func segmentMatches(s v1.TopologySegment, node, zone string) bool {
+	return (s.NodeName == "" || s.NodeName == node) && (s.Zone == "" || s.Zone == zone)
+}
+
+// checkCapacity refuses, with ResourceExhausted, a volume that no set of the pool's
+// nodes can hold: the layout needs its diskful replicas on distinct nodes, each with
+// the size plus DRBD metadata free, and with volumeAccess Local one of them inside a
+// requisite segment. A node whose free space the controller has not reported yet
+// counts as fitting: only what is known not to fit is refused, placement decides
+// the rest.
+func (c *Controller) checkCapacity(ctx context.Context, rsc *v1.ReplicatedStorageClass, r createRequest) error {
+	l, err := rscLayout(rsc)
+	if err != nil {
+		return status.Errorf(codes.FailedPrecondition, "ReplicatedStorageClass %q: %v", rsc.Name, err)
+	}
+	nodes, err := c.poolNodes(ctx, rsc)
+	if err != nil {
+		return err
+	}
+	need := l.DiskfulCount()
+	var fit []poolNode
+	for _, n := range nodes {
+		if !n.known || n.usable >= r.size {
+			fit = append(fit, n)
+		}
+	}
+	size := resource.NewQuantity(r.size, resource.BinarySI).String()
+	if len(fit) < need {
+		return status.Errorf(codes.ResourceExhausted,
+			"capacity: pool %q has %d ready node(s) with room for a %s volume (plus DRBD metadata); layout %s needs %d diskful replicas on distinct nodes",
+			rsc.Spec.StoragePool, len(fit), size, l, need)
+	}
+	if r.hints != nil && len(r.hints.Requisite) > 0 && rsc.Spec.VolumeAccess == v1.VolumeAccessLocal {
+		for _, n := range fit {
+			for _, s := range r.hints.Requisite {
+				if segmentMatches(s, n.name, n.zone) {
+					return nil
+				}
+			}
+		}
+		return status.Errorf(codes.ResourceExhausted,
+			"accessibility_requirements.requisite: volumeAccess is Local and no node of pool %q inside the requisite segments has room for a %s volume",
+			rsc.Spec.StoragePool, size)
+	}
+	return nil
+}
+
+func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRequest) (*csipb.CreateVolumeResponse, error) {
+	r, err := validateCreate(req)
+	if err != nil {
+		return nil, err
+	}
+	release, err := c.guard.acquire(r.rvName, "CreateVolume")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rsc, err := c.getRSC(ctx, r.rsc)
+	if err != nil {
+		return nil, err
+	}
+	rv, err := c.getRV(ctx, r.rvName)
+	if err != nil {
+		return nil, err
+	}
+	created := false
+	if rv != nil {
+		if err := compatible(rv, r, req.GetCapacityRange()); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := c.checkCapacity(ctx, rsc, r); err != nil {
+			return nil, err
+		}
+		if rv, err = c.createRV(ctx, r); err != nil {
+			return nil, err
+		}
+		created = true
+	}
+	var why string
+	err = waitFor(ctx, func() (bool, error) {
+		cur, err := c.getRV(ctx, r.rvName)
+		if err != nil {
+			return false, err
+		}
+		if cur == nil && created {
+			// The informer has not seen our create yet.
+			why = "the new volume is not in the informer cache yet"
+			return false, nil
+		}
+		if cur == nil || cur.DeletionTimestamp != nil {
+			return false, status.Errorf(codes.Aborted, "volume %q was deleted while it was being created; retry", r.rvName)
+		}
+		rv = cur
+		var ok bool
+		ok, why = formed(cur)
+		return ok, nil
+	})
+	if err != nil {
+		if !errors.Is(err, errTimedOut) {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still forming (%s); a retry waits for it", r.rvName, why)
+	}
+	top, err := c.accessibleTopology(ctx, rv, rsc)
+	if err != nil {
+		return nil, err
+	}
+	return &csipb.CreateVolumeResponse{Volume: &csipb.Volume{
+		VolumeId:           rv.Name,
+		CapacityBytes:      reportedSize(rv, req.GetCapacityRange()),
+		AccessibleTopology: top,
+	}}, nil
+}
+
+// reportedSize is volumeSize unless that exceeds the request's limit (a device
+// rounded up past it), when the spec's size, which the request allowed, is reported.
+func reportedSize(rv *v1.ReplicatedVolume, cr *csipb.CapacityRange) int64 {
+	s := volumeSize(rv)
+	if lim := cr.GetLimitBytes(); lim > 0 && s > lim {
+		return rv.Spec.Size.Value()
+	}
+	return s
+}
+
+// compatible decides whether an existing RV answers a repeated CreateVolume.
+func compatible(rv *v1.ReplicatedVolume, r createRequest, cr *csipb.CapacityRange) error {
+	if r.hashed && rv.Annotations[v1.AnnotationCSIVolumeName] != r.csiName {
+		return status.Errorf(codes.AlreadyExists, "name: volume id %q already belongs to another CreateVolume name", rv.Name)
+	}
+	if rv.DeletionTimestamp != nil {
+		return status.Errorf(codes.Aborted, "name: volume %q is being deleted; retry once it is gone", rv.Name)
+	}
+	if rv.Spec.ReplicatedStorageClassName != r.rsc {
+		return status.Errorf(codes.AlreadyExists, "parameters[%q]: volume %q exists with ReplicatedStorageClass %q, not %q",
+			v1.CSIParameterStorageClass, rv.Name, rv.Spec.ReplicatedStorageClassName, r.rsc)
+	}
+	if !sizeFits(rv.Spec.Size.Value(), cr) {
+		return status.Errorf(codes.AlreadyExists, "capacity_range: volume %q exists with size %d, outside [%d, %d]",
+			rv.Name, rv.Spec.Size.Value(), cr.GetRequiredBytes(), cr.GetLimitBytes())
+	}
+	if r.caps.multiNode && rv.Spec.MaxAttachments < 2 {
+		return status.Errorf(codes.AlreadyExists, "volume_capabilities: volume %q exists without multi-node access", rv.Name)
+	}
+	return nil
+}
+
+func (c *Controller) createRV(ctx context.Context, r createRequest) (*v1.ReplicatedVolume, error) {
+	rv := &v1.ReplicatedVolume{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: r.rvName,
+			// Set at creation so the controller can never lose the race with a delete.
+			Finalizers: []string{v1.FinalizerController},
+		},
+		Spec: v1.ReplicatedVolumeSpec{
+			Size:                       *resource.NewQuantity(r.size, resource.BinarySI),
+			ConfigurationMode:          v1.ConfigurationModeAuto,
+			ReplicatedStorageClassName: r.rsc,
+			MaxAttachments:             1,
+			PlacementHints:             r.hints,
+		},
+	}
+	if r.caps.multiNode {
+		rv.Spec.MaxAttachments = 2
+	}
+	if r.hashed {
+		rv.Annotations = map[string]string{v1.AnnotationCSIVolumeName: r.csiName}
+	}
+	if err := c.Client.Create(ctx, rv, client.FieldOwner(v1.FieldManagerCSI)); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			// Created meanwhile by someone else (the cache lagged): let the retry decide.
+			return nil, status.Errorf(codes.Aborted, "name: volume %q appeared while it was being created; retry", r.rvName)
+		}
+		if apierrors.IsInvalid(err) {
+			return nil, invalid("creating ReplicatedVolume %q: %v", r.rvName, err)
+		}
+		return nil, internal("creating ReplicatedVolume "+r.rvName, err)
+	}
+	return rv, nil
+}
+
+// agentNodes lists nodes that run an agent, from their Leases.
+func (c *Controller) agentNodes(ctx context.Context) ([]string, error) {
+	var l coordinationv1.LeaseList
+	if err := c.Client.List(ctx, &l, client.InNamespace(c.Namespace)); err != nil {
+		return nil, internal("listing agent Leases", err)
+	}
+	var out []string
+	for _, le := range l.Items {
+		if n, ok := strings.CutPrefix(le.Name, v1.AgentLeasePrefix); ok && n != "" {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// accessibleTopology: for volumeAccess Local the nodes with a diskful member; else
+// every node with an agent (an Access replica can be made there) plus the members.
+func (c *Controller) accessibleTopology(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass) ([]*csipb.Topology, error) {
+	set := map[string]bool{}
+	for _, m := range rv.Status.Datamesh.Members {
+		if m.Type == v1.MemberTypeDiskful || volumeAccessOf(rv, rsc) != v1.VolumeAccessLocal {
+			set[m.NodeName] = true
+		}
+	}
+	if volumeAccessOf(rv, rsc) != v1.VolumeAccessLocal {
+		nodes, err := c.agentNodes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range nodes {
+			set[n] = true
+		}
+	}
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]*csipb.Topology, 0, len(names))
+	for _, n := range names {
+		out = append(out, &csipb.Topology{Segments: map[string]string{v1.TopologyKeyNode: n}})
+	}
+	return out, nil
+}
+
+func (c *Controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	release, err := c.guard.acquire(id, "DeleteVolume")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rv, err := c.getRV(ctx, id)
+	if err != nil || rv == nil {
+		return &csipb.DeleteVolumeResponse{}, err
+	}
+	rvas, err := c.attachmentsOf(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if len(rvas) > 0 {
+		var nodes []string
+		for _, a := range rvas {
+			nodes = append(nodes, a.Spec.NodeName)
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "volume_id: volume %q is published to node(s) %s; unpublish it first", id, strings.Join(nodes, ", "))
+	}
+	if rv.DeletionTimestamp == nil {
+		if err := c.Client.Delete(ctx, rv, client.Preconditions{UID: &rv.UID}); err != nil && !apierrors.IsNotFound(err) {
+			if apierrors.IsConflict(err) {
+				return nil, status.Errorf(codes.Aborted, "volume_id: volume %q was replaced while being deleted; retry", id)
+			}
+			return nil, internal("deleting ReplicatedVolume "+id, err)
+		}
+	}
+	err = waitFor(ctx, func() (bool, error) {
+		cur, err := c.getRV(ctx, id)
+		if cur != nil {
+			rv = cur
+		}
+		return cur == nil, err
+	})
+	if err != nil {
+		if !errors.Is(err, errTimedOut) {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is being deleted (%s); a retry waits for it", id, deletionProgress(rv))
+	}
+	return &csipb.DeleteVolumeResponse{}, nil
+}
+
+func deletionProgress(rv *v1.ReplicatedVolume) string {
+	return fmt.Sprintf("%d datamesh member(s) left, finalizers %v", len(rv.Status.Datamesh.Members), rv.Finalizers)
+}
+
+// rvaName is the attachment of a volume to a node (docs/contract.md).
+func rvaName(rv, node string) string { return rv + "-" + node }
+
+func (c *Controller) leaseExists(ctx context.Context, node string) (bool, error) {
+	var le coordinationv1.Lease
+	err := c.Client.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: v1.AgentLeasePrefix + node}, &le)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, internal("reading the agent Lease of "+node, err)
+	}
+	return true, nil
+}
+
+func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.ControllerPublishVolumeRequest) (*csipb.ControllerPublishVolumeResponse, error) {
+	id, node := req.GetVolumeId(), req.GetNodeId()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	if node == "" {
+		return nil, invalid("node_id: required")
+	}
+	if err := checkCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+		return nil, err
+	}
+	release, err := c.guard.acquire(id, "ControllerPublishVolume")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rv, err := c.getRV(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if rv == nil {
+		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
+	}
+	if len(validation.IsDNS1123Subdomain(node)) > 0 {
+		return nil, status.Errorf(codes.NotFound, "node_id: %q is not a node name, so no meshvol agent runs there", node)
+	}
+	if ok, err := c.leaseExists(ctx, node); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, status.Errorf(codes.NotFound, "node_id: no meshvol agent runs on node %q (no Lease %s/%s%s)", node, c.Namespace, v1.AgentLeasePrefix, node)
+	}
+	if rv.DeletionTimestamp != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume_id: volume %q is being deleted", id)
+	}
+	mode := req.GetVolumeCapability().GetAccessMode().GetMode()
+	if mode == csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER && rv.Spec.MaxAttachments < 2 {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume_capability.access_mode: volume %q was not created for multi-node access", id)
+	}
+	ro := fmt.Sprint(req.GetReadonly())
+	rvas, err := c.attachmentsOf(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	name := rvaName(id, node)
+	var mine *v1.ReplicatedVolumeAttachment
+	var others []string
+	created := false
+	for i := range rvas {
+		if rvas[i].Spec.NodeName == node {
+			mine = &rvas[i]
+		} else {
+			others = append(others, rvas[i].Spec.NodeName)
+		}
+	}
+	if mine != nil {
+		if mine.DeletionTimestamp != nil {
+			return nil, status.Errorf(codes.Aborted, "volume %q is being unpublished from node %q; retry", id, node)
+		}
+		if mine.Annotations[annotationReadonly] != ro {
+			return nil, status.Errorf(codes.AlreadyExists, "readonly: volume %q is published to node %q with readonly=%s", id, node, mine.Annotations[annotationReadonly])
+		}
+	} else {
+		max := int(rv.Spec.MaxAttachments)
+		if max < 1 {
+			max = 1
+		}
+		if len(others) >= max {
+			return nil, status.Errorf(codes.FailedPrecondition, "node_id: volume %q is already published to node(s) %s and allows %d attachment(s)",
+				id, strings.Join(others, ", "), max)
+		}
+		rva := &v1.ReplicatedVolumeAttachment{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:        name,
+				Labels:      map[string]string{v1.LabelVolume: id, v1.LabelNode: node},
+				Annotations: map[string]string{annotationReadonly: ro},
+				Finalizers:  []string{v1.FinalizerController},
+			},
+			Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: id, NodeName: node},
+		}
+		if err := c.Client.Create(ctx, rva, client.FieldOwner(v1.FieldManagerCSI)); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				return nil, status.Errorf(codes.Aborted, "ReplicatedVolumeAttachment %q appeared meanwhile; retry", name)
+			}
+			return nil, internal("creating ReplicatedVolumeAttachment "+name, err)
+		}
+		created = true
+	}
+	var last v1.ReplicatedVolumeAttachmentStatus
+	var dev string
+	err = waitFor(ctx, func() (bool, error) {
+		var a v1.ReplicatedVolumeAttachment
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, &a); err != nil {
+			if apierrors.IsNotFound(err) && created {
+				return false, nil // the informer has not seen our create yet
+			}
+			if apierrors.IsNotFound(err) {
+				return false, status.Errorf(codes.Aborted, "ReplicatedVolumeAttachment %q was deleted while publishing; retry", name)
+			}
+			return false, internal("reading ReplicatedVolumeAttachment "+name, err)
+		}
+		last = a.Status
+		dev = a.Status.DevicePath
+		return a.Status.Phase == v1.AttachmentAttached && dev != "", nil
+	})
+	if err != nil {
+		if !errors.Is(err, errTimedOut) {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is not attached to node %q yet (%s); a retry waits for it", id, node, attachProgress(last))
+	}
+	return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{PublishContextDevicePath: dev}}, nil
+}
+
+func attachProgress(st v1.ReplicatedVolumeAttachmentStatus) string {
+	msg := "phase " + string(st.Phase)
+	if st.Phase == "" {
+		msg = "the controller has not picked it up"
+	}
+	for _, cnd := range st.Conditions {
+		if cnd.Type == "Attached" && cnd.Message != "" {
+			msg += ": " + cnd.Message
+		}
+	}
+	return msg
+}
+
+func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.ControllerUnpublishVolumeRequest) (*csipb.ControllerUnpublishVolumeResponse, error) {
+	id, node := req.GetVolumeId(), req.GetNodeId()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	release, err := c.guard.acquire(id, "ControllerUnpublishVolume")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rvas, err := c.attachmentsOf(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	for i := range rvas {
+		a := &rvas[i]
+		if node != "" && a.Spec.NodeName != node {
+			continue
+		}
+		gone = append(gone, a.Name)
+		if a.DeletionTimestamp == nil {
+			if err := c.Client.Delete(ctx, a); err != nil && !apierrors.IsNotFound(err) {
+				return nil, internal("deleting ReplicatedVolumeAttachment "+a.Name, err)
+			}
+		}
+	}
+	var left string
+	err = waitFor(ctx, func() (bool, error) {
+		for _, n := range gone {
+			var a v1.ReplicatedVolumeAttachment
+			err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &a)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return false, internal("reading ReplicatedVolumeAttachment "+n, err)
+			}
+			left = n + ": " + attachProgress(a.Status)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		if !errors.Is(err, errTimedOut) {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still detaching (%s); a retry waits for it", id, left)
+	}
+	return &csipb.ControllerUnpublishVolumeResponse{}, nil
+}
+
+func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.ControllerExpandVolumeRequest) (*csipb.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, invalid("capacity_range: required")
+	}
+	if req.GetVolumeCapability() != nil {
+		if err := checkCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+			return nil, err
+		}
+	}
+	want, err := requiredSize(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	release, err := c.guard.acquire(id, "ControllerExpandVolume")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rv, err := c.getRV(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if rv == nil {
+		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
+	}
+	if cur := rv.Spec.Size.Value(); cur >= want {
+		want = cur
+	} else if err := c.applySize(ctx, id, want); err != nil {
+		return nil, err
+	}
+	var why string
+	err = waitFor(ctx, func() (bool, error) {
+		cur, err := c.getRV(ctx, id)
+		if err != nil || cur == nil {
+			if cur == nil && err == nil {
+				err = status.Errorf(codes.NotFound, "volume_id: volume %q was deleted while expanding", id)
+			}
+			return false, err
+		}
+		rv = cur
+		var ok bool
+		ok, why, err = c.grown(ctx, cur, want)
+		return ok, err
+	})
+	if err != nil {
+		if !errors.Is(err, errTimedOut) {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still growing to %d bytes (%s); a retry waits for it", id, want, why)
+	}
+	return &csipb.ControllerExpandVolumeResponse{
+		CapacityBytes:         volumeSize(rv),
+		NodeExpansionRequired: req.GetVolumeCapability().GetBlock() == nil,
+	}, nil
+}
+
+// applySize raises spec.size with a server-side apply of that one field.
+func (c *Controller) applySize(ctx context.Context, name string, size int64) error {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion(v1.SchemeGroupVersion.String())
+	u.SetKind("ReplicatedVolume")
+	u.SetName(name)
+	if err := unstructured.SetNestedField(u.Object, resource.NewQuantity(size, resource.BinarySI).String(), "spec", "size"); err != nil {
+		return internal("building the size patch", err)
+	}
+	err := c.Client.Patch(ctx, u, client.Apply, client.FieldOwner(v1.FieldManagerCSI), client.ForceOwnership)
+	if apierrors.IsInvalid(err) {
+		return invalid("capacity_range: %v", err)
+	}
+	if err != nil {
+		return internal("raising the size of ReplicatedVolume "+name, err)
+	}
+	return nil
+}
+
+// grown: the controller has published a DRBD size of at least want and every diskful
+// member's backing volume is at least that large.
+func (c *Controller) grown(ctx context.Context, rv *v1.ReplicatedVolume, want int64) (bool, string, error) {
+	if s := rv.Status.Datamesh.Size; s == nil || s.Value() < want {
+		return false, "the controller has not published the new DRBD size", nil
+	}
+	for _, m := range rv.Status.Datamesh.Members {
+		if !m.Type.HasDisk() {
+			continue
+		}
+		var r v1.ReplicatedVolumeReplica
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: m.Name}, &r); err != nil {
+			if apierrors.IsNotFound(err) {
+				return false, "replica " + m.Name + " is not visible yet", nil
+			}
+			return false, "", internal("reading ReplicatedVolumeReplica "+m.Name, err)
+		}
+		if b := r.Status.BackingVolume; b == nil || b.Size.Value() < want {
+			return false, "replica " + m.Name + "'s backing volume has not grown", nil
+		}
+	}
+	return true, "", nil
+}

@@ -1,0 +1,57 @@
+package csi
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshvol/meshvol/pkg/testenv"
+)
+
+// One real kube-apiserver for the package: the controller-service tests play the
+// controller's part on it, the node-service tests keep their RVRs there.
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env, testenv.Options{})) }
+
+// serve runs s on a fresh unix socket through Serve and returns a connection to it.
+func serve(t *testing.T, s Services) *grpc.ClientConn {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "csi.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, "unix://"+sock, s, logr.Discard()) }()
+	conn, err := grpc.NewClient("unix://"+sock,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		if _, err := os.Stat(sock); !os.IsNotExist(err) {
+			t.Errorf("Serve left its socket behind: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	return conn
+}
+
+var _ = csipb.NewIdentityClient

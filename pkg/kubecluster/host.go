@@ -1,0 +1,582 @@
+package kubecluster
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// What a cluster touches outside its own directory, and how it leaves the
+// machine as it found it.
+//
+// Some of the host is shared by every kubelet and containerd whatever their
+// configuration: the kubelet's device plugin socket
+// (/var/lib/kubelet/device-plugins/kubelet.sock), its legacy log links in
+// /var/log/containers, the runc shims' sockets in /run/containerd/s and runc's
+// state in /run/containerd/runc, network namespaces in /run/netns, the kernel
+// settings the kubelet enforces (vm.overcommit_memory, kernel.panic, ...) and
+// the cgroup hierarchies. Two clusters on one machine would fight over these,
+// so one cluster runs at a time (hostLock), and the host's state before the
+// cluster started is saved in hostStateDir: a cluster whose process was
+// killed is cleaned up by the next one from that record.
+
+// hostStateDir holds the machine-wide lock and the saved host state.
+const hostStateDir = "/run/meshvol-kubecluster"
+
+// cgroupParent is the cgroup (in every hierarchy) under which each node has
+// its own: /meshvol-kubecluster/<node>, the node's kubelet cgroupRoot.
+const cgroupParent = "meshvol-kubecluster"
+
+// The kernel settings the kubelet sets at start (its
+// setupKernelTunables), restored at teardown.
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// Host paths the kubelet or containerd create whatever they are told.
+var sharedPaths = []string{
+	"/var/lib/kubelet/device-plugins/kubelet.sock",
+	"/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+	"/var/lib/kubelet/device-plugins",
+	"/var/lib/kubelet",
+	"/var/log/containers",
+	"/run/containerd/s",
+	"/run/containerd/runc/k8s.io",
+	"/run/containerd/runc",
+	"/run/containerd",
+	"/run/netns",
+}
+
+// hostState is what the machine looked like before the cluster started.
+type hostState struct {
+	Dir     string            // the cluster's directory
+	PID     int               // the process that started it
+	Sysctls map[string]string // path under /proc/sys → value
+	Existed map[string]bool   // sharedPaths that existed
+	// Entries of the shared directories before the start: only new ones
+	// are the cluster's.
+	Entries map[string][]string
+}
+
+var sharedDirs = []string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/netns", "/var/log/containers"}
+
+// hostLock takes the machine-wide lock. With wait false it fails at once
+// when another cluster holds it, naming that cluster's process.
+func hostLock(wait bool, log func(string, ...any)) (*os.File, error) {
+	if err := os.MkdirAll(hostStateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("kubecluster: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(hostStateDir, "lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("kubecluster: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(f.Name())
+		if !wait {
+			f.Close()
+			return nil, fmt.Errorf("%w: held by %s (lock %s)", ErrBusy, strings.TrimSpace(string(holder)), f.Name())
+		}
+		log("waiting for the cluster of %s to end (machine-wide lock %s)", strings.TrimSpace(string(holder)), f.Name())
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("kubecluster: lock %s: %w", f.Name(), err)
+		}
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("pid %d (%s), since %s\n", os.Getpid(), filepath.Base(os.Args[0]), time.Now().Format(time.RFC3339))), 0)
+	return f, nil
+}
+
+// ErrBusy is returned by Start when another cluster runs on this machine.
+var ErrBusy = errors.New("another meshvol Kubernetes cluster (sandbox or e2e suite) is running on this machine")
+
+func statePath() string { return filepath.Join(hostStateDir, "state.json") }
+
+func captureHostState(dir string) (*hostState, error) {
+	st := &hostState{Dir: dir, PID: os.Getpid(), Sysctls: map[string]string{}, Existed: map[string]bool{}, Entries: map[string][]string{}}
+	for _, k := range kubeletSysctls {
+		b, err := os.ReadFile(filepath.Join("/proc/sys", k))
+		if err != nil {
+			return nil, fmt.Errorf("kubecluster: reading the kernel setting %s: %w", k, err)
+		}
+		st.Sysctls[k] = strings.TrimSpace(string(b))
+	}
+	for _, p := range sharedPaths {
+		_, err := os.Lstat(p)
+		st.Existed[p] = err == nil
+	}
+	for _, d := range sharedDirs {
+		st.Entries[d] = listDir(d)
+	}
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(statePath(), b, 0o644); err != nil {
+		return nil, fmt.Errorf("kubecluster: saving the host state: %w", err)
+	}
+	return st, nil
+}
+
+func loadHostState() (*hostState, error) {
+	b, err := os.ReadFile(statePath())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st hostState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("kubecluster: %s: %w", statePath(), err)
+	}
+	return &st, nil
+}
+
+func listDir(d string) []string {
+	ents, _ := os.ReadDir(d)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+func newEntries(d string, before []string) []string {
+	old := map[string]bool{}
+	for _, n := range before {
+		old[n] = true
+	}
+	var added []string
+	for _, n := range listDir(d) {
+		if !old[n] {
+			added = append(added, n)
+		}
+	}
+	return added
+}
+
+// cleanHost puts the machine back as st recorded it: every process in the
+// cluster's cgroups killed, every mount under its directory unmounted, the
+// shared host paths it created removed, the kernel settings restored, its
+// cgroups removed. It is what Stop does after stopping the components, and
+// what Start does first when a killed cluster left a record behind. It goes
+// on after an error and returns them all.
+func cleanHost(st *hostState) error {
+	var errs []error
+	if err := killCgroupTree(cgroupParent); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unmountUnder(st.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	// Sockets of shims that were killed: a live shim (another containerd's)
+	// still accepts connections and is left alone.
+	for _, n := range newEntries("/run/containerd/s", st.Entries["/run/containerd/s"]) {
+		p := filepath.Join("/run/containerd/s", n)
+		if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
+			c.Close()
+			continue
+		}
+		errs = appendErr(errs, os.Remove(p))
+	}
+	// runc's state of the containers the cluster ran: only those whose
+	// process is gone.
+	for _, n := range newEntries("/run/containerd/runc/k8s.io", st.Entries["/run/containerd/runc/k8s.io"]) {
+		p := filepath.Join("/run/containerd/runc/k8s.io", n)
+		if runcAlive(p) {
+			continue
+		}
+		errs = appendErr(errs, os.RemoveAll(p))
+	}
+	for _, n := range newEntries("/run/netns", st.Entries["/run/netns"]) {
+		p := filepath.Join("/run/netns", n)
+		_ = unix.Unmount(p, unix.MNT_DETACH)
+		errs = appendErr(errs, os.Remove(p))
+	}
+	for _, n := range newEntries("/var/log/containers", st.Entries["/var/log/containers"]) {
+		p := filepath.Join("/var/log/containers", n)
+		if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, st.Dir+"/") {
+			errs = appendErr(errs, os.Remove(p))
+		}
+	}
+	// The shared paths the cluster created, files first, then directories
+	// if they are empty (something else may have put files there since).
+	for _, p := range sharedPaths {
+		if st.Existed[p] {
+			continue
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if fi.IsDir() {
+			if err := os.Remove(p); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		errs = appendErr(errs, os.Remove(p))
+	}
+	for k, v := range st.Sysctls {
+		p := filepath.Join("/proc/sys", k)
+		if cur, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(cur)) == v {
+			continue
+		}
+		errs = appendErr(errs, os.WriteFile(p, []byte(v), 0o644))
+	}
+	errs = appendErr(errs, removeCgroupTree(cgroupParent))
+	return errors.Join(errs...)
+}
+
+func appendErr(errs []error, err error) []error {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// runcAlive says whether the init process runc recorded in a container's
+// state directory still runs.
+func runcAlive(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return false
+	}
+	var s struct {
+		Pid int `json:"init_process_pid"`
+	}
+	if json.Unmarshal(b, &s) != nil || s.Pid <= 0 {
+		return false
+	}
+	return unix.Kill(s.Pid, 0) == nil
+}
+
+// leftovers lists what of the cluster is still on the machine after
+// cleanHost: the check that teardown left nothing behind.
+func leftovers(st *hostState) []string {
+	var left []string
+	for _, h := range cgroupHierarchies() {
+		if _, err := os.Stat(filepath.Join(h, cgroupParent)); err == nil {
+			left = append(left, "cgroup "+filepath.Join(h, cgroupParent))
+		}
+	}
+	for _, m := range mountsUnder(st.Dir) {
+		left = append(left, "mount "+m)
+	}
+	for _, d := range sharedDirs {
+		for _, n := range newEntries(d, st.Entries[d]) {
+			p := filepath.Join(d, n)
+			switch d {
+			case "/run/containerd/s":
+				if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
+					c.Close()
+					continue // a live shim of another containerd
+				}
+			case "/run/containerd/runc/k8s.io":
+				if runcAlive(p) {
+					continue
+				}
+			case "/var/log/containers":
+				if target, err := os.Readlink(p); err != nil || !strings.HasPrefix(target, st.Dir+"/") {
+					continue
+				}
+			}
+			left = append(left, "file "+p)
+		}
+	}
+	for _, p := range sharedPaths {
+		if _, err := os.Lstat(p); err == nil && !st.Existed[p] {
+			left = append(left, "file "+p)
+		}
+	}
+	for k, v := range st.Sysctls {
+		if cur, err := os.ReadFile(filepath.Join("/proc/sys", k)); err == nil && strings.TrimSpace(string(cur)) != v {
+			left = append(left, fmt.Sprintf("sysctl %s=%s (was %s)", strings.ReplaceAll(k, "/", "."), strings.TrimSpace(string(cur)), v))
+		}
+	}
+	for _, pid := range processesWithRoot(st.Dir) {
+		left = append(left, fmt.Sprintf("process %d (%s)", pid, procName(pid)))
+	}
+	if out, err := iptablesKubeChains(); err == nil && len(out) > 0 {
+		left = append(left, "iptables chains "+strings.Join(out, " "))
+	}
+	sort.Strings(left)
+	return left
+}
+
+// processesWithRoot lists processes whose command line mentions dir: the
+// cluster's components and their shims name their directories in their
+// arguments.
+func processesWithRoot(dir string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	self := os.Getpid()
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(b), dir+"/") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func procName(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return strings.TrimSpace(string(b))
+}
+
+// iptablesKubeChains lists KUBE-* chains in the filter, nat and mangle
+// tables. The nodes run with makeIPTablesUtilChains off, so the kubelet
+// creates none; a chain found here is a regression worth a loud test
+// failure, since it would change the host's firewall.
+func iptablesKubeChains() ([]string, error) {
+	var chains []string
+	for _, table := range []string{"filter", "nat", "mangle"} {
+		out, err := execOutput("iptables", "-w", "-t", table, "-S")
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "-N" && strings.HasPrefix(f[1], "KUBE-") {
+				chains = append(chains, table+"/"+f[1])
+			}
+		}
+	}
+	return chains, nil
+}
+
+// cgroupHierarchies lists the mount points of the cgroup (v1) and cgroup2
+// hierarchies.
+func cgroupHierarchies() []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var hs []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		for i, fld := range fields {
+			if fld == "-" && i+1 < len(fields) && (fields[i+1] == "cgroup" || fields[i+1] == "cgroup2") {
+				hs = append(hs, unescapeMount(fields[4]))
+				break
+			}
+		}
+	}
+	return hs
+}
+
+// makeCgroup creates path (relative to each hierarchy's root) in every
+// hierarchy, with cpuset's cpus and mems copied from the parent (a new
+// cpuset cgroup has none, and no process could run in it).
+func makeCgroup(path string) error {
+	for _, h := range cgroupHierarchies() {
+		dir := h
+		for _, elem := range strings.Split(path, "/") {
+			parent := dir
+			dir = filepath.Join(dir, elem)
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("kubecluster: creating cgroup %s: %w", dir, err)
+			}
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+					continue
+				}
+				if cur, _ := os.ReadFile(filepath.Join(dir, f)); len(strings.TrimSpace(string(cur))) > 0 {
+					continue
+				}
+				v, err := os.ReadFile(filepath.Join(parent, f))
+				if err != nil {
+					return fmt.Errorf("kubecluster: %w", err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
+					return fmt.Errorf("kubecluster: %s: %w", filepath.Join(dir, f), err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// cgroupProcsFiles are the cgroup.procs files of path in every hierarchy,
+// for a process to write its own PID to before it execs a component.
+func cgroupProcsFiles(path string) []string {
+	var fs []string
+	for _, h := range cgroupHierarchies() {
+		fs = append(fs, filepath.Join(h, path, "cgroup.procs"))
+	}
+	return fs
+}
+
+// killCgroupTree kills every process in path and below, at once, and waits
+// until they are gone. The unified hierarchy's cgroup.kill does it
+// atomically (no process can fork away meanwhile); without it, the
+// processes are killed until none is left.
+func killCgroupTree(path string) error {
+	hs := cgroupHierarchies()
+	for _, h := range hs {
+		kill := filepath.Join(h, path, "cgroup.kill")
+		if _, err := os.Stat(kill); err == nil {
+			if err := os.WriteFile(kill, []byte("1"), 0o644); err != nil {
+				return fmt.Errorf("kubecluster: %s: %w", kill, err)
+			}
+			break
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pids := cgroupTreePIDs(path)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kubecluster: processes %v in cgroup %s survived SIGKILL for 30 s", pids, path)
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cgroupTreePIDs lists the processes in path and below, in any hierarchy.
+func cgroupTreePIDs(path string) []int {
+	seen := map[int]bool{}
+	for _, h := range cgroupHierarchies() {
+		root := filepath.Join(h, path)
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			if err != nil {
+				return nil
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					seen[pid] = true
+				}
+			}
+			return nil
+		})
+	}
+	pids := make([]int, 0, len(seen))
+	for pid := range seen {
+		pids = append(pids, pid)
+	}
+	sort.Ints(pids)
+	return pids
+}
+
+// removeCgroupTree removes path and every cgroup below it, deepest first,
+// in every hierarchy. The cgroups must be empty of processes.
+func removeCgroupTree(path string) error {
+	var errs []error
+	for _, h := range cgroupHierarchies() {
+		root := filepath.Join(h, path)
+		var dirs []string
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			// A cgroup whose last process just died may be busy a moment.
+			var err error
+			for try := 0; try < 50; try++ {
+				if err = unix.Rmdir(dirs[i]); err == nil || errors.Is(err, unix.ENOENT) {
+					err = nil
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("kubecluster: removing cgroup %s: %w", dirs[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists the mount points under dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var ms []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			ms = append(ms, mp)
+		}
+	}
+	sort.Slice(ms, func(i, j int) bool { return len(ms[i]) > len(ms[j]) })
+	return ms
+}
+
+// unmountUnder detaches every mount under dir, deepest first, until none is
+// left (one mount point can be stacked several times).
+func unmountUnder(dir string) error {
+	for try := 0; try < 10; try++ {
+		ms := mountsUnder(dir)
+		if len(ms) == 0 {
+			return nil
+		}
+		for _, m := range ms {
+			_ = unix.Unmount(m, unix.MNT_DETACH)
+		}
+	}
+	if ms := mountsUnder(dir); len(ms) > 0 {
+		return fmt.Errorf("kubecluster: could not unmount %v", ms)
+	}
+	return nil
+}
+
+// unescapeMount undoes the octal escapes of /proc/self/mountinfo (\040 for
+// a space, ...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

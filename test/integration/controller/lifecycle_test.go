@@ -1,0 +1,248 @@
+package controller_test
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
+)
+
+type eventList []corev1.Event
+
+func (cl *cluster) events(name string) eventList {
+	var list corev1.EventList
+	must(cl.t, cl.c.List(cl.ctx, &list, client.MatchingFields{"involvedObject.name": name}))
+	return list.Items
+}
+
+func (l eventList) has(reason, substr string) bool {
+	return slices.ContainsFunc(l, func(e corev1.Event) bool { return e.Reason == reason && strings.Contains(e.Message, substr) })
+}
+
+func (l eventList) String() string {
+	var s []string
+	for _, e := range l {
+		s = append(s, e.Reason+": "+e.Message)
+	}
+	return strings.Join(s, "\n")
+}
+
+// formed drives a volume through formation as agents would and waits for Ready.
+func (cl *cluster) formed(rv string, replicas int) *v1.ReplicatedVolume {
+	cl.t.Helper()
+	cl.eventually(cl.t, "replicas placed", func() (bool, string) { return len(cl.rvrs(rv)) == replicas, "" })
+	var cur *v1.ReplicatedVolume
+	cl.eventually(cl.t, rv+" Ready", func() (bool, string) {
+		cur = cl.rv(rv)
+		cl.agentConfirm(rv, cur.Status.DatameshRevision, nil)
+		return cur.Status.Phase == v1.VolumePhaseReady, phaseOf(cur)
+	})
+	return cur
+}
+
+// A controller restarted in the middle of formation resumes from the status: the
+// volume keeps its port and minor, and a volume created after the restart never gets
+// one the first holds, even with many volumes racing.
+func TestRestartMidFormation(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
+	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
+	first := cl.volume("first", class, "1Gi")
+	cl.eventually(t, "first allocated and placed", func() (bool, string) {
+		cur := cl.rv(first.Name)
+		return cur.Status.Datamesh.Port != 0 && len(cl.rvrs(first.Name)) == 2, phaseOf(cur)
+	})
+	before := cl.rv(first.Name).Status.Datamesh
+	replicasBefore := cl.rvrs(first.Name)
+
+	cl.stop()
+	// Meanwhile the agents report addresses: formation will publish under the new one.
+	for _, r := range replicasBefore {
+		cl.agentStatus(r.Name, map[string]any{"addresses": []any{"10.0.0.7"}})
+	}
+	var names []string
+	for i := range 6 {
+		names = append(names, cl.volume(fmt.Sprintf("after%d", i), class, "1Gi").Name)
+	}
+	cl.start()
+
+	cl.eventually(t, "first formed by the new controller", func() (bool, string) {
+		cur := cl.rv(first.Name)
+		return len(cur.Status.Datamesh.Members) == 2, phaseOf(cur)
+	})
+	after := cl.rv(first.Name).Status.Datamesh
+	if after.Port != before.Port || after.Minor != before.Minor || after.SharedSecret.SecretName != before.SharedSecret.SecretName {
+		t.Fatalf("first was allocated again: before port %d minor %d, after port %d minor %d", before.Port, before.Minor, after.Port, after.Minor)
+	}
+	if got := cl.rvrs(first.Name); len(got) != 2 || got[0].UID != replicasBefore[0].UID || got[1].UID != replicasBefore[1].UID {
+		t.Fatalf("first's replicas were replaced across the restart")
+	}
+	ports, minors := map[int32]string{}, map[int32]string{}
+	for _, n := range append(names, first.Name) {
+		var dm v1.Datamesh
+		cl.eventually(t, n+" allocated", func() (bool, string) {
+			dm = cl.rv(n).Status.Datamesh
+			return dm.Port != 0, ""
+		})
+		if o, dup := ports[dm.Port]; dup {
+			t.Errorf("%s and %s share port %d", n, o, dm.Port)
+		}
+		if o, dup := minors[dm.Minor]; dup {
+			t.Errorf("%s and %s share minor %d", n, o, dm.Minor)
+		}
+		ports[dm.Port], minors[dm.Minor] = n, n
+	}
+}
+
+// A node whose Lease expires past the grace period: its replica is marked
+// AgentReady=False by the controller's own condition, and once no live peer reports a
+// connection to it, it is force-removed and a replacement is placed.
+//
+// With --taint-lost-nodes the lost node is tainted out-of-service, and untainted once it
+// is back and holds nothing stale.
+func TestNodeLost(t *testing.T) {
+	cl := newClusterWith(t, true, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
+	class := cl.class("3d", 1, 1, v1.TopologyIgnored)
+	rv := cl.volume("vol", class, "5Gi")
+	cur := cl.formed(rv.Name, 3)
+	var lost string
+	for _, m := range cur.Status.Datamesh.Members {
+		if m.NodeName == cl.node("c") {
+			lost = m.Name
+		}
+	}
+	if lost == "" {
+		t.Fatalf("no member on node c: %+v", cur.Status.Datamesh.Members)
+	}
+
+	// Node c dies; its peers, still connected for a moment, then lose it.
+	cl.setRenew("c", false)
+	cl.eventually(t, "AgentReady=False on "+lost, func() (bool, string) {
+		r := &v1.ReplicatedVolumeReplica{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: lost}, r))
+		c := meta.FindStatusCondition(r.Status.Conditions, v1.ConditionAgentReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonAgentLeaseExpired, cond(r.Status.Conditions, v1.ConditionAgentReady)
+	})
+	// The managed fields show the condition is the controller's alone.
+	r := &v1.ReplicatedVolumeReplica{}
+	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: lost}, r))
+	for _, mf := range r.ManagedFields {
+		if mf.Subresource == "status" && mf.Manager == v1.FieldManagerAgent && strings.Contains(string(mf.FieldsV1.Raw), `"k:{\"type\":\"AgentReady\"}"`) {
+			t.Errorf("the agent's field manager owns AgentReady: %s", mf.FieldsV1.Raw)
+		}
+	}
+	cl.eventually(t, "force-removed and replaced on d", func() (bool, string) {
+		cur = cl.rv(rv.Name)
+		cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, func(r *v1.ReplicatedVolumeReplica, st map[string]any) {
+			if r.Spec.NodeName == cl.node("c") {
+				return
+			}
+			var peers []any
+			for _, p := range st["peers"].([]any) {
+				if p.(map[string]any)["name"] == lost {
+					p = map[string]any{"name": lost, "connectionState": "Connecting"}
+				}
+				peers = append(peers, p)
+			}
+			st["peers"] = peers
+		})
+		cl.agentReleaseDeleted(rv.Name)
+		var nodes []string
+		for _, r := range cl.rvrs(rv.Name) {
+			if r.DeletionTimestamp == nil {
+				nodes = append(nodes, strings.TrimPrefix(r.Spec.NodeName, cl.prefix+"-"))
+			}
+		}
+		member := slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == lost })
+		return !member && slices.Equal(nodes, []string{"a", "b", "d"}) && cur.Status.Phase == v1.VolumePhaseReady,
+			fmt.Sprintf("replicas on %v, %s still member: %v, %s", nodes, lost, member, phaseOf(cur))
+	})
+	evs := cl.events(rv.Name)
+	if !evs.has("ForceRemoveStarted", lost) {
+		t.Errorf("no ForceRemoveStarted event for %s:\n%s", lost, evs)
+	}
+	// The dead node's replica is gone although no agent removed its finalizer: the
+	// controller did, the node being lost.
+	cl.eventually(t, lost+" deleted", func() (bool, string) {
+		err := cl.c.Get(cl.ctx, types.NamespacedName{Name: lost}, &v1.ReplicatedVolumeReplica{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	hasTaint := func() bool {
+		n := &corev1.Node{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: cl.node("c")}, n))
+		return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == controller.TaintOutOfService.Key && t.Value == "nodeshutdown" && t.Effect == corev1.TaintEffectNoExecute
+		})
+	}
+	cl.eventually(t, "node c tainted out-of-service", func() (bool, string) { return hasTaint(), "" })
+	// Node c comes back: nothing of the volume is left on it, so the taint goes.
+	cl.setRenew("c", true)
+	cl.eventually(t, "taint removed from node c", func() (bool, string) { return !hasTaint(), "" })
+	if ws := cl.writes.since(0, cl.node("c")); len(ws) != 2 {
+		t.Errorf("writes to node c: %v, want the taint and its removal", ws)
+	}
+}
+
+// The shared secret never appears in the volume's status, in events, in the
+// controller's logs or in its metrics.
+func TestSecretNeverLeaks(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
+	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
+	rv := cl.volume("vol", class, "1Gi")
+	cur := cl.formed(rv.Name, 2)
+	s := &corev1.Secret{}
+	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: cur.Status.Datamesh.SharedSecret.SecretName}, s))
+	secret := string(s.Data[v1.SecretKeySharedSecret])
+	raw, err := base64.RawURLEncoding.DecodeString(secret)
+	if err != nil || len(raw) != 32 {
+		t.Fatalf("the secret is not 32 random bytes, base64url: %v (%d bytes)", err, len(raw))
+	}
+	needles := []string{secret, base64.StdEncoding.EncodeToString([]byte(secret)), base64.StdEncoding.EncodeToString(raw), fmt.Sprintf("%x", raw)}
+
+	haystacks := map[string]string{}
+	for _, r := range cl.rvrs(rv.Name) {
+		haystacks["status of "+r.Name] = fmt.Sprintf("%+v", r.Status)
+	}
+	haystacks["rv"] = fmt.Sprintf("%+v %+v", cur.Status, cur.ObjectMeta)
+	haystacks["events"] = cl.events(rv.Name).String()
+	logs.Lock()
+	haystacks["logs"] = logs.String()
+	logs.Unlock()
+	haystacks["metrics"] = scrapeMetrics(t)
+	for where, text := range haystacks {
+		for _, n := range needles {
+			if strings.Contains(text, n) {
+				t.Errorf("the shared secret appears in %s", where)
+			}
+		}
+	}
+	if len(haystacks["logs"]) == 0 || !strings.Contains(haystacks["metrics"], "meshvol_controller_writes_total") {
+		t.Fatalf("nothing to search: logs %d bytes, metrics without meshvol's counters", len(haystacks["logs"]))
+	}
+}
+
+// scrapeMetrics reads controller-runtime's registry (what the metrics endpoint serves)
+// the way Prometheus does.
+func scrapeMetrics(t *testing.T) string {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}).ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("metrics: HTTP %d", rec.Code)
+	}
+	return rec.Body.String()
+}

@@ -1,0 +1,206 @@
+package controller_test
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
+)
+
+// A 3D volume from creation to Ready, attached, steady, then deleted with nothing left
+// behind; the controller's writes are counted per step.
+func TestVolumeLifecycle(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "z1", 100}, nodeSpec{"b", "z2", 100}, nodeSpec{"c", "z3", 100}, nodeSpec{"d", "z1", 5})
+	class := cl.class("3d", 1, 1, v1.TopologyTransZonal)
+	mark := cl.writes.mark()
+	rv := cl.volume("vol", class, "10Gi")
+	step := func(name string) {
+		ws := cl.writes.since(mark, rv.Name)
+		t.Logf("writes: %-44s %s", name, summarizeWrites(ws))
+		mark = cl.writes.mark()
+	}
+
+	// Placement and allocation.
+	var got *v1.ReplicatedVolume
+	cl.eventually(t, "three Diskful replicas on a, b, c", func() (bool, string) {
+		rs := cl.rvrs(rv.Name)
+		var nodes []string
+		for _, r := range rs {
+			if r.Spec.Type != v1.ReplicaTypeDiskful || !slices.Contains(r.Finalizers, v1.FinalizerAgent) ||
+				r.Labels[v1.LabelNode] != r.Spec.NodeName || r.Spec.Storage == nil || r.Spec.Storage.Pool != cl.pool {
+				return false, fmt.Sprintf("replica %s is not a labelled, finalized Diskful replica: %+v", r.Name, r.Spec)
+			}
+			nodes = append(nodes, r.Spec.NodeName)
+		}
+		want := []string{cl.node("a"), cl.node("b"), cl.node("c")}
+		got = cl.rv(rv.Name)
+		return slices.Equal(nodes, want) && got.Status.Datamesh.SharedSecret != nil, fmt.Sprintf("replicas on %v, want %v; rv %s", nodes, want, phaseOf(got))
+	})
+	dm := got.Status.Datamesh
+	if dm.Port < 7000 || dm.Port > 7999 || dm.Minor < 1000 || dm.SharedSecret.SecretName != "drbd-"+rv.Name ||
+		dm.SharedSecret.Algorithm != "sha256" || dm.SharedSecret.Key != v1.SecretKeySharedSecret || dm.Size == nil || dm.Size.String() != "10Gi" {
+		t.Fatalf("datamesh allocation: %+v", dm)
+	}
+	secret := &corev1.Secret{}
+	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: dm.SharedSecret.SecretName}, secret))
+	if n := len(secret.Data[v1.SecretKeySharedSecret]); n < 43 {
+		t.Fatalf("shared secret is %d characters, want the base64 of 32 random bytes", n)
+	}
+	if !slices.Contains(got.Finalizers, v1.FinalizerController) {
+		t.Fatalf("rv has no controller finalizer: %v", got.Finalizers)
+	}
+	if got.Status.Phase != v1.VolumePhaseForming {
+		t.Fatalf("phase %s, want Forming (replicas have no addresses yet)", phaseOf(got))
+	}
+	step("1 create: finalizer, allocation, Secret, 3 RVRs")
+
+	// The agents report their addresses: formation publishes the members.
+	for _, r := range cl.rvrs(rv.Name) {
+		cl.agentStatus(r.Name, map[string]any{"addresses": []any{"10.0.0.9"}})
+	}
+	cl.eventually(t, "members published", func() (bool, string) {
+		got = cl.rv(rv.Name)
+		return len(got.Status.Datamesh.Members) == 3 && got.Status.DatameshRevision > 0, phaseOf(got)
+	})
+	rev := got.Status.DatameshRevision
+	ids := map[int32]bool{}
+	for _, m := range got.Status.Datamesh.Members {
+		ids[m.NodeID] = true
+		if m.Type != v1.MemberTypeDiskful {
+			t.Errorf("member %s is %s, want Diskful", m.Name, m.Type)
+		}
+	}
+	if len(ids) != 3 || got.Status.Datamesh.Quorum != 2 || got.Status.Datamesh.QuorumMinimumRedundancy != 2 {
+		t.Fatalf("node-ids %v q %d qmr %d", ids, got.Status.Datamesh.Quorum, got.Status.Datamesh.QuorumMinimumRedundancy)
+	}
+	time.Sleep(300 * time.Millisecond) // let follow-up reconciles land in this step's count
+	step("2 addresses reported: members published")
+
+	// The agents confirm the revision and report UpToDate: formation completes.
+	cl.agentConfirm(rv.Name, rev, nil)
+	cl.eventually(t, "Ready", func() (bool, string) {
+		got = cl.rv(rv.Name)
+		return got.Status.Phase == v1.VolumePhaseReady, phaseOf(got)
+	})
+	if got.Status.Layout != "3D" || got.Status.ReadyMembers != "3/3" || got.Status.SyncProgress != "100%" {
+		t.Errorf("kubectl columns: layout %q members %q sync %q", got.Status.Layout, got.Status.ReadyMembers, got.Status.SyncProgress)
+	}
+	time.Sleep(300 * time.Millisecond)
+	step("3 revision confirmed, UpToDate: Ready")
+
+	// Steady: Leases renew, nothing changes, nothing is written.
+	// MESHVOL_STEADY=1m measures a whole steady minute.
+	steady := 10 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("MESHVOL_STEADY")); err == nil {
+		steady = d
+	}
+	time.Sleep(steady)
+	if ws := cl.writes.since(mark, rv.Name, cl.pool); len(ws) != 0 {
+		t.Fatalf("a steady volume caused writes in %s (volume and pool): %v", steady, ws)
+	}
+	step(fmt.Sprintf("4 steady %s (Leases renewing)", steady))
+
+	// Expansion: the new size is published as one revision.
+	grown := cl.rv(rv.Name)
+	grown.Spec.Size = resource.MustParse("20Gi")
+	must(t, cl.c.Update(cl.ctx, grown))
+	cl.eventually(t, "size 20Gi published", func() (bool, string) {
+		got = cl.rv(rv.Name)
+		return got.Status.Datamesh.Size.String() == "20Gi" && got.Status.DatameshRevision == rev+1,
+			fmt.Sprintf("size %s revision %d", got.Status.Datamesh.Size, got.Status.DatameshRevision)
+	})
+	cl.agentConfirm(rv.Name, rev+1, nil)
+	time.Sleep(300 * time.Millisecond)
+	step("5 expand to 20Gi")
+
+	// Attach on node a.
+	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rv.Name + "-" + cl.node("a")},
+		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: rv.Name, NodeName: cl.node("a")}}
+	must(t, cl.c.Create(cl.ctx, rva))
+	cl.eventually(t, "attached", func() (bool, string) {
+		got = cl.rv(rv.Name)
+		cl.agentConfirm(rv.Name, got.Status.DatameshRevision, nil)
+		a := &v1.ReplicatedVolumeAttachment{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, a))
+		return a.Status.Phase == v1.AttachmentAttached && a.Status.DevicePath == "/dev/drbd-sim/"+rv.Name+"-"+cl.node("a") &&
+				slices.Contains(a.Finalizers, v1.FinalizerController),
+			fmt.Sprintf("rva %s %s %v", a.Status.Phase, a.Status.DevicePath, cond(a.Status.Conditions, controller.ConditionAttached))
+	})
+	time.Sleep(300 * time.Millisecond)
+	step("6 attach (RVA finalizer, Attach, status)")
+
+	// Delete while attached: it waits, and says so.
+	must(t, cl.c.Delete(cl.ctx, rv))
+	cl.eventually(t, "deletion waits for the attachment", func() (bool, string) {
+		got = cl.rv(rv.Name)
+		c := cond(got.Status.Conditions, controller.ConditionDeleting)
+		return got.Status.Phase == v1.VolumePhaseDeleting && strings.Contains(c, "WaitingForDetach") && strings.Contains(c, rva.Name), c
+	})
+	if n := len(cl.rvrs(rv.Name)); n != 3 {
+		t.Fatalf("replicas deleted while the volume is attached: %d left", n)
+	}
+	must(t, cl.c.Delete(cl.ctx, rva))
+	cl.eventually(t, "volume gone", func() (bool, string) {
+		if cur := cl.rv(rv.Name); cur != nil {
+			cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, nil)
+			cl.agentReleaseDeleted(rv.Name)
+			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, controller.ConditionDeleting)
+		}
+		return true, ""
+	})
+	step("7 detach and delete")
+	if n := len(cl.rvrs(rv.Name)); n != 0 {
+		t.Errorf("%d replicas left behind", n)
+	}
+	err := cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: "drbd-" + rv.Name}, &corev1.Secret{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("Secret left behind: %v", err)
+	}
+	err = cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, &v1.ReplicatedVolumeAttachment{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("RVA left behind: %v", err)
+	}
+}
+
+// The CSI service creates RVs and RVAs with the controller's finalizer already set (its
+// field manager owns it then): the controller still removes it when it is done.
+func TestFinalizerSetByCreator(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100})
+	class := cl.class("one", 0, 0, v1.TopologyIgnored)
+	rv := &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: cl.prefix + "-csi", Finalizers: []string{v1.FinalizerController}},
+		Spec: v1.ReplicatedVolumeSpec{Size: resource.MustParse("1Gi"), ReplicatedStorageClassName: class}}
+	must(t, cl.c.Create(cl.ctx, rv, client.FieldOwner(v1.FieldManagerCSI)))
+	cl.formed(rv.Name, 1)
+	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rv.Name + "-a", Finalizers: []string{v1.FinalizerController}},
+		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: rv.Name, NodeName: cl.node("a")}}
+	must(t, cl.c.Create(cl.ctx, rva, client.FieldOwner(v1.FieldManagerCSI)))
+	cl.eventually(t, "attached", func() (bool, string) {
+		cl.agentConfirm(rv.Name, cl.rv(rv.Name).Status.DatameshRevision, nil)
+		a := &v1.ReplicatedVolumeAttachment{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, a))
+		return a.Status.Phase == v1.AttachmentAttached, string(a.Status.Phase)
+	})
+	must(t, cl.c.Delete(cl.ctx, rva))
+	must(t, cl.c.Delete(cl.ctx, rv))
+	cl.eventually(t, "both gone", func() (bool, string) {
+		if cur := cl.rv(rv.Name); cur != nil {
+			cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, nil)
+			cl.agentReleaseDeleted(rv.Name)
+			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, controller.ConditionDeleting)
+		}
+		err := cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, &v1.ReplicatedVolumeAttachment{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+}
