@@ -22,7 +22,7 @@ trap 'rm -f "$tmp"' EXIT
 	echo "kind: Namespace"
 	echo "metadata:"
 	echo "  name: meshvol-system"
-	"$HELM" template meshvol charts/meshvol --namespace meshvol-system --include-crds
+	"$HELM" template meshvol charts/meshvol --namespace meshvol-system --include-crds --kube-version v1.33.13
 } >"$tmp"
 mv "$tmp" "$out"
 trap - EXIT

@@ -57,7 +57,7 @@ func TestMeshvolImageRunsVersion(t *testing.T) {
 	if err := WriteArchive(img, "docker.io/meshvol/meshvol:test", archive); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out, err := Verify(ctx, archive)
 	if err != nil {

@@ -200,18 +200,18 @@ func namespaced(kind string) bool {
 }
 
 // TestSchemaRefusesBadValues: values.schema.json refuses a bad value at install time,
-// naming the field.
+// naming the field (helm names it as a JSON pointer, e.g. /controller/replicas).
 func TestSchemaRefusesBadValues(t *testing.T) {
 	for _, tc := range []struct{ name, values, want string }{
-		{"replicas zero", "controller:\n  replicas: 0\n", "controller.replicas"},
-		{"replicas a string", "controller:\n  replicas: two\n", "controller.replicas"},
-		{"pull policy typo", "image:\n  pullPolicy: Sometimes\n", "image.pullPolicy"},
+		{"replicas zero", "controller:\n  replicas: 0\n", "/controller/replicas"},
+		{"replicas a string", "controller:\n  replicas: two\n", "/controller/replicas"},
+		{"pull policy typo", "image:\n  pullPolicy: Sometimes\n", "/image/pullPolicy"},
 		{"unknown top-level key", "contoller:\n  replicas: 2\n", "contoller"},
-		{"relative kubelet dir", "node:\n  kubeletDir: var/lib/kubelet\n", "node.kubeletDir"},
-		{"grace period not a duration", "controller:\n  nodeGracePeriod: ten\n", "controller.nodeGracePeriod"},
-		{"pool type typo", "defaultStorage:\n  enabled: true\n  pool: {name: p, type: Lvm}\n", "defaultStorage.pool.type"},
+		{"relative kubelet dir", "node:\n  kubeletDir: var/lib/kubelet\n", "/node/kubeletDir"},
+		{"grace period not a duration", "controller:\n  nodeGracePeriod: ten\n", "/controller/nodeGracePeriod"},
+		{"pool type typo", "defaultStorage:\n  enabled: true\n  pool: {name: p, type: Lvm}\n", "/defaultStorage/pool/type"},
 		{"class FTT out of range", "defaultStorage:\n  classes:\n    - {name: x, failuresToTolerate: 3, guaranteedMinimumDataRedundancy: 1}\n", "failuresToTolerate"},
-		{"fsGroupPolicy typo", "csiDriver:\n  fsGroupPolicy: Files\n", "csiDriver.fsGroupPolicy"},
+		{"fsGroupPolicy typo", "csiDriver:\n  fsGroupPolicy: Files\n", "/csiDriver/fsGroupPolicy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := helm(t, tc.values, "template", "meshvol", chartDir(), "--namespace", namespace)

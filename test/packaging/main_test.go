@@ -81,6 +81,10 @@ func helm(t *testing.T, values string, args ...string) (string, error) {
 		}
 		args = append(args, "-f", f)
 	}
+	// The chart requires Kubernetes 1.30 or later; offline, helm assumes 1.20 unless told.
+	if args[0] == "template" || args[0] == "lint" {
+		args = append(args, "--kube-version", testenv.KubernetesVersion)
+	}
 	cmd := exec.Command(helmBin(t), args...)
 	// helm keeps caches and config under $HOME; keep them out of the user's.
 	home := t.TempDir()
