@@ -46,7 +46,9 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 		}
 		dm.Port, dm.Minor = al.Port, al.Minor
 	}
-	if dm.Size == nil {
+	// The DRBD size follows spec.size up (ControllerExpandVolume raises it); agents
+	// grow their backing volumes to it, then DRBD (docs/contract.md "CSI").
+	if dm.Size == nil || dm.Size.Cmp(v.rv.Spec.Size) < 0 {
 		q := v.rv.Spec.Size.DeepCopy()
 		dm.Size = &q
 	}
