@@ -38,12 +38,13 @@ func main() {
 	bin := flag.String("csi-sanity", "", "the csi-sanity binary (default <repo>/bin/k8s/csi-sanity)")
 	which := flag.String("layouts", "1d,2d-1tb,3d", "layouts to run, comma-separated: 1d, 2d-1tb, 3d")
 	focus := flag.String("focus", "", "passed to csi-sanity as --ginkgo.focus")
+	skip := flag.String("skip", "", "passed to csi-sanity as --ginkgo.skip")
 	logDir := flag.String("log-dir", "", "where each layout's full csi-sanity output goes (default <repo>/_output/sanity)")
 	flag.Parse()
-	os.Exit(run(*bin, *which, *focus, *logDir))
+	os.Exit(run(*bin, *which, *focus, *skip, *logDir))
 }
 
-func run(bin, which, focus, logDir string) int {
+func run(bin, which, focus, skip, logDir string) int {
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -178,6 +179,9 @@ func run(bin, which, focus, logDir string) int {
 		}
 		if focus != "" {
 			args = append(args, "--ginkgo.focus="+focus)
+		}
+		if skip != "" {
+			args = append(args, "--ginkgo.skip="+skip)
 		}
 		logFile := filepath.Join(logDir, name+".log")
 		out, err := os.Create(logFile)
