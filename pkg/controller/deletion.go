@@ -92,6 +92,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	}
 	// Only once the teardown revision is written do the replicas go: an agent must see
 	// its replica out of the datamesh before it sees the replica deleted.
+	var deleted []string
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp != nil {
 			continue
@@ -99,7 +100,9 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		if err := c.client.Delete(ctx, r, client.Preconditions{UID: &r.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("deleting replica %s: %w", r.Name, err)
 		}
+		deleted = append(deleted, r.Name)
 	}
+	c.waitForCache(ctx, deleted, false)
 	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
 		return nil, err
 	}
@@ -114,7 +117,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	}
 	c.alloc.Release(rv.Name)
 	if slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		if err := applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, false); err != nil && !apierrors.IsNotFound(err) {
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)); err != nil {
 			return nil, fmt.Errorf("removing finalizer: %w", err)
 		}
 	}

@@ -65,17 +65,6 @@ func (c *Controller) markLiveness(ctx context.Context, v *volume) ([]*v1.Replica
 			}
 		}
 		meta.SetStatusCondition(&cp.Status.Conditions, want)
-		if want.Status == metav1.ConditionFalse {
-			// The engine as first written reads a stale agent from the DRBDConfigured
-			// reason AgentNotReady; the copy says it both ways until it reads AgentReady.
-			// Nothing of this is written: DRBDConfigured belongs to the agent.
-			if dc := meta.FindStatusCondition(cp.Status.Conditions, v1.ConditionDRBDConfigured); dc != nil {
-				dc.Reason = v1.ReasonAgentNotReady
-			} else {
-				cp.Status.Conditions = append(cp.Status.Conditions, metav1.Condition{Type: v1.ConditionDRBDConfigured,
-					Status: metav1.ConditionUnknown, Reason: v1.ReasonAgentNotReady, Message: want.Message})
-			}
-		}
 	}
 	return out, requeue, nil
 }

@@ -57,7 +57,12 @@ type countingClient struct {
 	onWrite func(Write)
 }
 
-func (c *countingClient) count(obj client.Object, verb string) {
+// count records one write; a request the apiserver refused (a conflict, a validation
+// error) changed nothing and is not a write: the reconcile error metrics count those.
+func (c *countingClient) count(obj client.Object, verb string, err error) {
+	if err != nil {
+		return
+	}
 	kind := obj.GetObjectKind().GroupVersionKind().Kind
 	if kind == "" {
 		if gvk, err := apiutil.GVKForObject(obj, c.scheme); err == nil {
@@ -72,19 +77,19 @@ func (c *countingClient) count(obj client.Object, verb string) {
 
 func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	err := c.Client.Create(ctx, obj, opts...)
-	c.count(obj, "create")
+	c.count(obj, "create", err)
 	return err
 }
 
 func (c *countingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
 	err := c.Client.Delete(ctx, obj, opts...)
-	c.count(obj, "delete")
+	c.count(obj, "delete", err)
 	return err
 }
 
 func (c *countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	err := c.Client.Update(ctx, obj, opts...)
-	c.count(obj, "update")
+	c.count(obj, "update", err)
 	return err
 }
 
@@ -94,7 +99,7 @@ func (c *countingClient) Patch(ctx context.Context, obj client.Object, patch cli
 	if patch == client.Apply {
 		verb = "apply"
 	}
-	c.count(obj, verb)
+	c.count(obj, verb, err)
 	return err
 }
 
@@ -113,13 +118,13 @@ func (s *countingStatus) Patch(ctx context.Context, obj client.Object, patch cli
 	if patch == client.Apply {
 		verb = "status-apply"
 	}
-	s.c.count(obj, verb)
+	s.c.count(obj, verb, err)
 	return err
 }
 
 func (s *countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 	err := s.SubResourceWriter.Update(ctx, obj, opts...)
-	s.c.count(obj, "status-update")
+	s.c.count(obj, "status-update", err)
 	return err
 }
 

@@ -95,6 +95,12 @@ func desiredConfiguration(rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClas
 	if err := l.Validate(); err != nil {
 		return c, false, "configuration: " + err.Error()
 	}
+	if n := l.MinZones(); c.Topology == v1.TopologyTransZonal && len(c.Zones) > 0 && len(c.Zones) < n {
+		// The API refuses this too (CEL); a configuration that slipped through is not
+		// acted on: ZoneGMDR/ZoneFTT would block every replacement for ever.
+		return c, false, "configuration.zones: TransZonal " + l.String() + " (FTT=" + strconv.Itoa(l.FTT) + ", GMDR=" + strconv.Itoa(l.GMDR) +
+			") needs at least " + strconv.Itoa(n) + " zones to survive the loss of one, got " + strconv.Itoa(len(c.Zones))
+	}
 	return c, true, ""
 }
 

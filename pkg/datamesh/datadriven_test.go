@@ -333,6 +333,9 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		c.Topology = v1.Topology(argStr(t, d, "topology", string(c.Topology)))
 		c.VolumeAccess = v1.VolumeAccess(argStr(t, d, "access", string(c.VolumeAccess)))
 		w.rv.Spec.MaxAttachments = int32(argInt(t, d, "max-attachments", 1))
+		if d.HasArg("zones") {
+			c.Zones = strings.Split(argStr(t, d, "zones", ""), ",")
+		}
 		if d.HasArg("shadow") {
 			w.features.ShadowDiskful = true
 			w.eng = nil
@@ -507,6 +510,23 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		return "ok"
 	case "force-detach":
 		w.fdetach = append(w.fdetach, w.names(d)...)
+		return "ok"
+	case "override":
+		// override q=N qmr=M reason="..." sets spec.quorumOverride; override none removes it.
+		if d.HasArg("none") {
+			w.rv.Spec.QuorumOverride = nil
+			return "ok"
+		}
+		o := &v1.QuorumOverride{Reason: argStr(t, d, "reason", "test")}
+		if d.HasArg("q") {
+			q := int32(argInt(t, d, "q", 0))
+			o.Quorum = &q
+		}
+		if d.HasArg("qmr") {
+			q := int32(argInt(t, d, "qmr", 0))
+			o.QuorumMinimumRedundancy = &q
+		}
+		w.rv.Spec.QuorumOverride = o
 		return "ok"
 	case "change-quorum":
 		w.cq = &QuorumChange{Quorum: int32(argInt(t, d, "q", 0)), QuorumMinimumRedundancy: int32(argInt(t, d, "qmr", 0))}

@@ -6,6 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
 // Emergency operations (seed 000 §ForceRemoveReplica, "Transition parallelism"):
@@ -69,6 +70,10 @@ func (e *Engine) emergency() {
 			e.setRequestMessageString(r.Name, "Force-removal blocked: cannot confirm the member is unreachable: the agent of "+stale+" is not reporting")
 			continue
 		}
+		if msg := e.awaitReplacement(mi); msg != "" {
+			e.setRequestMessageString(r.Name, msg)
+			continue
+		}
 		batch = append(batch, i)
 	}
 	if len(batch) == 0 {
@@ -79,6 +84,20 @@ func (e *Engine) emergency() {
 		name := s.st.DatameshReplicaRequests[ri].Name
 		for ti := e.transitionOf(name, false); ti >= 0; ti = e.transitionOf(name, false) {
 			e.cancel(ti)
+		}
+	}
+	// A diskless member force-removed while another change of the diskless set is
+	// unconfirmed, with an even voter count: replicas disagree on which diskless members
+	// DRBD's tiebreaker needs a majority of (F6), and the removed one, if alive behind a
+	// partition, gives the side that still knows it its majority. So q is published one
+	// higher until the removal is confirmed: no side keeps quorum one vote short. A
+	// ChangeQuorum brings it back once everything is confirmed (settleLayout).
+	holdDiskless := false
+	if other, _ := e.disklessChangeInFlight(); other != "" && e.counts().voters%2 == 0 {
+		for _, ri := range batch {
+			if mi := e.memberIndex(s.st.DatameshReplicaRequests[ri].Name); mi >= 0 && isDiskless(e.mstate(mi)) {
+				holdDiskless = true
+			}
 		}
 	}
 	var started []int
@@ -109,11 +128,20 @@ func (e *Engine) emergency() {
 	}
 	qBefore := s.st.Datamesh.Quorum
 	e.afterMembershipChange()
-	if e.otherHoldActive(-1) {
-		// A voter transition in flight holds q raised: keep it (a higher q is never less
-		// safe, seed 000's own argument for emergency preemption; finding F6).
-		s.st.Datamesh.Quorum = max(s.st.Datamesh.Quorum, qBefore)
+	// A force removal never lowers q. Its step is not confirmed by the removed member,
+	// and until every other replica has confirmed it, some of them (the TieBreaker, say)
+	// still connect to that member. If it is in fact alive behind a partition, it keeps
+	// the old quorum with them (through the tiebreaker in 2D+1TB) while the survivors
+	// that applied a lower q are quorate too: two writers. The model checker found it
+	// with a lost node returning behind a partition while the configuration was lowered
+	// (2D+1TB → 1D: q would drop to 1 at once). A lower q follows as a ChangeQuorum once
+	// the removal is confirmed (settleLayout). The same keeps a voter transition's hold
+	// in force (finding F6).
+	s.st.Datamesh.Quorum = max(s.st.Datamesh.Quorum, qBefore)
+	if holdDiskless {
+		s.st.Datamesh.Quorum = min(max(s.st.Datamesh.Quorum, int32(e.counts().voters/2+2)), 32)
 	}
+	e.pin()
 	rev := e.bump()
 	for _, ti := range started {
 		ts := &s.st.DatameshTransitions[ti].Steps[0]
@@ -122,6 +150,113 @@ func (e *Engine) emergency() {
 	}
 	// Transitions that waited for the dead members may be done now: look again.
 	e.backward()
+}
+
+// awaitReplacement decides the order of replacing a lost voter (issue 8, item 7): it
+// returns why the force removal of member mi waits, or "".
+//
+// In an even voter set with a TieBreaker (2D+1TB losing a D) the survivors keep quorum
+// through DRBD's tiebreaker while the lost voter is still configured: one of two voters
+// plus the TB. Removing it leaves one voter under q=2 (the effective layout, and with it
+// q's floor, is held: docs/datamesh.md), and IO stops until a replacement D has joined.
+// So when the removal would take the survivors' quorum away and the layout wants a
+// replacement Diskful that is not yet ready to join, the removal waits for it: the
+// volume keeps serving IO meanwhile, however long placement takes (no free node, a
+// backing volume being created). Once a replacement is ready, the lost member is
+// removed and the replacement's AddReplica starts in the same reconcile; IO pauses only
+// for the few confirmation rounds until the new D's disk is attached.
+//
+// The other order — the replacement joins and syncs first, the lost member excluded
+// from the wait sets, then the removal — is not used: while the lost member is still
+// configured on the TieBreaker and the survivors, a voter step it never confirmed lets
+// it, if it is in fact alive behind a partition with the TB, keep the old quorum
+// through the tiebreaker while the survivors and the newcomer form a majority of the
+// new voter set: two writers (the model checker's "return behind a partition" finds
+// it). Holding q raised instead (TBHold) stops IO for the whole sync, which is worse
+// than the order above.
+func (e *Engine) awaitReplacement(mi int) string {
+	s := &e.s
+	m := &s.st.Datamesh.Members[mi]
+	if !e.mstate(mi).IsVoter() {
+		return ""
+	}
+	c := e.counts()
+	reporting := 0 // voters other than m whose agent reports and that are not being force-removed
+	for k := range s.st.Datamesh.Members {
+		if k == mi || !e.mstate(k).IsVoter() || e.forceLeaving(s.st.Datamesh.Members[k].Name) {
+			continue
+		}
+		if r := e.rvrOfMember(k); r != nil && !agentNotReady(r) {
+			reporting++
+		}
+	}
+	qNow := int(s.st.Datamesh.Quorum)
+	quorateNow := reporting >= qNow || (c.voters%2 == 0 && c.tb > 0 && reporting == qNow-1)
+	after := c.voters - 1
+	qAfter := layout.Quorum(after, e.effective().AfterMembershipChange(s.cfg, after, c.tb))
+	quorateAfter := reporting >= qAfter || (after%2 == 0 && c.tb > 0 && reporting == qAfter-1)
+	if !quorateNow || quorateAfter {
+		return ""
+	}
+	// A replacement is a Diskful replica object that is not a member and can join now.
+	// When the D members that stay already make the configured layout (it was lowered),
+	// no replacement is coming: nothing to wait for.
+	stay := 0
+	for j, r := range s.in.RVRs {
+		if r.DeletionTimestamp != nil || e.forceLeaving(r.Name) || r.Spec.Type != v1.ReplicaTypeDiskful {
+			continue
+		}
+		if s.rvrMember[j] >= 0 {
+			stay++
+		} else if e.joinReady(r, nil) == "" {
+			return ""
+		}
+	}
+	if stay >= s.cfg.DiskfulCount() {
+		return ""
+	}
+	return "Force-removal waits for a replacement Diskful replica ready to join: removing " + m.Name +
+		" now would leave " + strconv.Itoa(reporting) + " of " + strconv.Itoa(after) + " voters under q=" + strconv.Itoa(qAfter) +
+		" and stop IO, while the tiebreaker keeps the volume quorate until then"
+}
+
+// voterForceLeaving names a lost voter that is not gone yet, or "": a voter member with
+// a ForceLeave request, or one whose ForceRemoveReplica is not confirmed by every
+// other replica. A new voter joins only after that (awaitReplacement): until the
+// removal is confirmed, a replica that has not applied it still connects to the lost
+// member, and a voter step published meanwhile gives a half-applied datamesh in which
+// the lost member, if alive behind a partition, keeps the old quorum with that replica
+// while the survivors and the newcomer form a quorum of the new one (the model
+// checker's "returns behind a partition", 3D and 2D+1TB).
+func (e *Engine) voterForceLeaving() string {
+	s := &e.s
+	ts := s.st.DatameshTransitions
+	for i := range ts {
+		if t := &ts[i]; t.Type == v1.TransitionForceRemoveReplica && StateOfMember(t.FromType).IsVoter() {
+			return t.ReplicaName
+		}
+	}
+	if !s.anyForce {
+		return ""
+	}
+	for mi := range s.st.Datamesh.Members {
+		if name := s.st.Datamesh.Members[mi].Name; e.mstate(mi).IsVoter() && e.forceLeaving(name) {
+			return name
+		}
+	}
+	return ""
+}
+
+// forceRemovalUnconfirmed: a ForceRemoveReplica is published and not yet confirmed by
+// every other replica. While it is, no step lowers q (see emergency).
+func (e *Engine) forceRemovalUnconfirmed() bool {
+	ts := e.s.st.DatameshTransitions
+	for i := range ts {
+		if ts[i].Type == v1.TransitionForceRemoveReplica {
+			return true
+		}
+	}
+	return false
 }
 
 // appendTransition adds a transition for plan p without publishing it.

@@ -41,6 +41,15 @@ func (e *Engine) membership() {
 			e.setRequestMessageString(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (one voter transition at a time)")
 			continue
 		}
+		if p.Group == v1.GroupVotingMembership && p.From == StateNew {
+			if lost := e.voterForceLeaving(); lost != "" {
+				// A lost voter leaves before its replacement joins (awaitReplacement):
+				// a voter step the lost member never confirms would either wait for it
+				// for ever or, with a q held raised, stop IO for the whole sync.
+				e.setRequestMessageString(req.Name, "Waiting for the force removal of "+lost+" (a lost voter leaves before a new voter joins)")
+				continue
+			}
+		}
 		if (p.From == StateTB || p.To == StateTB) && voting != "" {
 			// A TieBreaker appearing or leaving while the voter set is half changed would
 			// change what DRBD's tiebreaker allows under a q chosen without it.

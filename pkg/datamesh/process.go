@@ -52,6 +52,7 @@ type scratch struct {
 	anyForce     bool   // some replica request is a ForceLeave
 	openRequests bool   // some replica asks for something not done yet
 	liveMembers  uint64 // members (by index) on a node some live RVA asks for
+	overrideLive bool   // spec.quorumOverride is what the datamesh runs (pin keeps it)
 }
 
 // Process runs one reconcile of the volume:
@@ -135,6 +136,11 @@ func (e *Engine) reset(in *Input) {
 	s.nodeTab.valid, s.membersSorted = false, false
 	s.changed, s.waiting, s.quorumBusy, s.anyForce, s.openRequests = false, false, false, false, false
 	s.liveMembers = 0
+	s.overrideLive = false
+	if oq, oqmr := e.override(); oq > 0 || oqmr > 0 {
+		dm := &s.st.Datamesh
+		s.overrideLive = (oq == 0 || int(dm.Quorum) == oq) && (oqmr == 0 || int(dm.QuorumMinimumRedundancy) == oqmr)
+	}
 	s.arena = nil // the previous call's block now belongs to the status it was written to
 	s.countsValid = false
 }
@@ -401,6 +407,7 @@ func (e *Engine) afterMembershipChange() {
 	eff := e.effective().AfterMembershipChange(e.s.cfg, c.voters, c.tb)
 	e.setEffective(eff)
 	e.s.st.Datamesh.Quorum = int32(layout.Quorum(c.voters, eff))
+	e.pin()
 }
 
 // setQMR publishes qmr and moves the effective layout with it.
@@ -410,6 +417,7 @@ func (e *Engine) setQMR(qmr int) {
 	e.setEffective(eff)
 	e.s.st.Datamesh.QuorumMinimumRedundancy = int32(qmr)
 	e.s.st.Datamesh.Quorum = int32(layout.Quorum(c.voters, eff))
+	e.pin()
 }
 
 // now returns the call's timestamp for startedAt/completedAt. Every stamp of one call is

@@ -216,21 +216,68 @@ func (e *Engine) quorumTarget(c counts) (q, qmr int, next, eff layout.Layout) {
 	s := &e.s
 	eff = e.effective()
 	qmr = int(s.st.Datamesh.QuorumMinimumRedundancy)
-	if s.cfg.GMDR != eff.GMDR || qmr != layout.QMR(eff) {
+	oq, oqmr := e.override()
+	switch {
+	case oqmr > 0:
+		// A pinned qmr is the target while the override stands, and the effective GMDR
+		// says what it really guarantees (qmr-1), as after any ChangeQuorum.
+		qmr = oqmr
+		next = eff.AfterQMRChange(s.cfg, qmr, c.voters, c.tb)
+	case s.cfg.GMDR != eff.GMDR || qmr != layout.QMR(eff):
 		qmr = eff.NextQMR(s.cfg, c.upToDateD)
 		next = eff.AfterQMRChange(s.cfg, qmr, c.voters, c.tb)
-	} else {
+	default:
 		next = eff.AfterMembershipChange(s.cfg, c.voters, c.tb)
 	}
-	return layout.Quorum(c.voters, next), qmr, next, eff
+	q = layout.Quorum(c.voters, next)
+	if oq > 0 {
+		q = oq
+	}
+	return q, qmr, next, eff
 }
 
-// changeQuorum starts an explicit ChangeQuorum (Input.ChangeQuorum). It is exclusive: it
+// override is spec.quorumOverride's q and qmr (0: not pinned).
+func (e *Engine) override() (q, qmr int) {
+	o := e.s.in.RV.Spec.QuorumOverride
+	if o == nil {
+		return 0, 0
+	}
+	if o.Quorum != nil && *o.Quorum >= 1 && *o.Quorum <= 32 {
+		q = int(*o.Quorum)
+	}
+	if o.QuorumMinimumRedundancy != nil && *o.QuorumMinimumRedundancy >= 1 && *o.QuorumMinimumRedundancy <= 32 {
+		qmr = int(*o.QuorumMinimumRedundancy)
+	}
+	return q, qmr
+}
+
+// pin applies spec.quorumOverride after a step computed q/qmr by the layout: the
+// override sticks through every membership step until a person removes it. It is
+// applied only once the override's own ChangeQuorum has published it (overrideLive), so
+// that a person's change always reaches every replica through a ChangeQuorum first.
+func (e *Engine) pin() {
+	oq, oqmr := e.override()
+	if (oq == 0 && oqmr == 0) || !e.s.overrideLive {
+		return
+	}
+	if oq > 0 {
+		e.s.st.Datamesh.Quorum = int32(oq)
+	}
+	if oqmr > 0 {
+		e.s.st.Datamesh.QuorumMinimumRedundancy = int32(oqmr)
+	}
+}
+
+// changeQuorum starts an explicit ChangeQuorum: Input.ChangeQuorum, or
+// spec.quorumOverride when it is not yet what the datamesh runs. It is exclusive: it
 // waits until nothing but emergency transitions runs, and while it waits no new
 // membership transition starts (so it cannot starve).
 func (e *Engine) changeQuorum() {
 	s := &e.s
 	cq := s.in.ChangeQuorum
+	if oq, oqmr := e.override(); cq == nil && (oq > 0 || oqmr > 0) {
+		cq = &QuorumChange{Quorum: int32(oq), QuorumMinimumRedundancy: int32(oqmr)}
+	}
 	if cq == nil || e.groupInFlight(v1.GroupQuorum) {
 		return
 	}
@@ -250,6 +297,9 @@ func (e *Engine) changeQuorum() {
 			s.quorumBusy, s.waiting = true, true
 			return
 		}
+	}
+	if o := s.in.RV.Spec.QuorumOverride; o != nil && s.in.ChangeQuorum == nil {
+		e.event(EventWarning, "QuorumOverride", "spec.quorumOverride pins q="+strconv.Itoa(q)+", qmr="+strconv.Itoa(qmr)+" until it is removed: "+o.Reason)
 	}
 	e.startQuorum(q, qmr, nil)
 }

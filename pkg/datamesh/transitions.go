@@ -79,13 +79,15 @@ func (e *Engine) publish(ti int, p *Plan, si int) {
 		switch {
 		case step.HoldQ:
 			st.Datamesh.Quorum = max(st.Datamesh.Quorum, int32(heldQuorum(before.voters, e.counts().voters, int(qBefore), tb)))
-		case holdActive(p, si) || e.otherHoldActive(ti):
+		case holdActive(p, si) || e.otherHoldActive(ti) || e.forceRemovalUnconfirmed():
 			// q stays held while this transition's hold lasts, and while another
 			// transition's does: a step of an unrelated member recomputes q by the
 			// formula, which must not drop a hold a voter transition in flight raised
-			// (model checker finding F6).
+			// (model checker finding F6), nor the q a force removal kept until every
+			// other replica has confirmed it (emergency).
 			st.Datamesh.Quorum = max(st.Datamesh.Quorum, qBefore)
 		}
+		e.pin() // a person's override beats the holds too: that is what it is for
 		rev = e.bump()
 	case StepQ:
 		e.afterMembershipChange()
@@ -666,7 +668,19 @@ func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev in
 // conditions are then stale), else its DRBDConfigured condition when that is not True.
 func (e *Engine) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int, name string, t *v1.DatameshTransition, step *Step, errStart int) []byte {
 	if r == nil {
-		return b
+		// A member whose replica object vanished (deleted past its finalizer) cannot
+		// confirm anything: nobody will report for it. Say so, and what ends the wait.
+		if id < 0 {
+			return b
+		}
+		if len(b) == errStart {
+			b = append(b, " Errors: "...)
+		} else {
+			b = append(b, ", "...)
+		}
+		b = append(b, '#')
+		b = strconv.AppendInt(b, int64(id), 10)
+		return append(b, " replica object is gone (name it in ForceLeave if its node is lost, or recreate it)"...)
 	}
 	c := agentReadyCondition(r)
 	if c == nil || c.Status == metav1.ConditionTrue {

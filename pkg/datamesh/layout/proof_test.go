@@ -328,3 +328,32 @@ func TestZoneSurvey(t *testing.T) {
 		}
 	}
 }
+
+// TestMinZones pins the zone counts TransZonal needs (issue 8, item 8: 4D over exactly
+// three zones cannot survive a zone loss) and checks them against a direct count: over
+// MinZones zones as evenly as possible, losing the fullest zone leaves more than GMDR
+// copies; over one zone fewer, some layout fails.
+func TestMinZones(t *testing.T) {
+	want := map[Layout]int{
+		{FTT: 0, GMDR: 0}: 1, {FTT: 0, GMDR: 1}: 1, {FTT: 0, GMDR: 2}: 1,
+		{FTT: 1, GMDR: 0}: 3, {FTT: 1, GMDR: 1}: 3, {FTT: 1, GMDR: 2}: 4,
+		{FTT: 2, GMDR: 1}: 3, {FTT: 2, GMDR: 2}: 3,
+	}
+	for l, n := range want {
+		if got := l.MinZones(); got != n {
+			t.Errorf("%v (FTT=%d, GMDR=%d): MinZones = %d, want %d", l, l.FTT, l.GMDR, got, n)
+		}
+		if l.FTT == 0 {
+			continue
+		}
+		d := l.DiskfulCount()
+		fullest := (d + n - 1) / n
+		if d-fullest <= l.GMDR {
+			t.Errorf("%v over %d zones: losing a zone of %d D leaves %d copies, GMDR %d", l, n, fullest, d-fullest, l.GMDR)
+		}
+	}
+	// 4D over three zones: the spread 2+1+1 loses 2 copies with its fullest zone.
+	if survivesAnyZone(4, 0, 3, 3, 2) {
+		t.Error("4D (1,2) over 3 zones survives every zone loss: the guard would not block it")
+	}
+}

@@ -249,3 +249,77 @@ func GuardZoneTBRequired(zones []ZoneCount, tbZone string, effective Layout) (bo
 	}
 	return false, "Would violate zone TB coverage for zone " + zones[bad].Zone
 }
+
+// MinZones is the fewest zones over which a TransZonal volume of layout l can be placed
+// so that losing any one whole zone leaves the other zones quorate (a majority of the
+// voters, or one short with the tiebreaker) and holding more than GMDR UpToDate copies:
+// the promise TransZonal makes. It is derived by trying every spread of the layout's D
+// and TB over z zones, z = 2, 3, …, with the zone guards' own rule (zoneSurvives). A
+// layout with FTT 0 tolerates no failure, so no zone count makes it survive a zone
+// loss: 1.
+//
+// Every valid layout with FTT ≥ 1 needs 3 zones, except 4D (FTT 1, GMDR 2), which needs
+// 4: over 3 zones one zone holds 2 of the 4 D, and losing it leaves 2 copies where
+// GMDR 2 promises 3. ZoneGMDR would then refuse every replacement of that volume for
+// ever (docs/layouts.md), so the configuration is refused up front instead.
+func (l Layout) MinZones() int {
+	if l.FTT == 0 {
+		return 1
+	}
+	d := l.DiskfulCount()
+	tb := TieBreakerMin(d, l.FTT)
+	q := Quorum(d, l)
+	for z := 2; z < d+tb; z++ {
+		if survivesAnyZone(d, tb, z, q, l.GMDR) {
+			return z
+		}
+	}
+	return d + tb
+}
+
+// survivesAnyZone: some spread of d D (each zone at least one member) and tb TB over z
+// zones survives the loss of every single zone.
+func survivesAnyZone(d, tb, z, q, gmdr int) bool {
+	counts := make([]int, z)
+	var try func(k, left int) bool
+	try = func(k, left int) bool {
+		if k == z-1 {
+			counts[k] = left
+			for t := 0; t < z || (tb == 0 && t == 0); t++ {
+				if spreadSurvives(counts, t, d, tb, q, gmdr) {
+					return true
+				}
+				if tb == 0 {
+					break
+				}
+			}
+			return false
+		}
+		for n := 0; n <= left; n++ {
+			counts[k] = n
+			if try(k+1, left-n) {
+				return true
+			}
+		}
+		return false
+	}
+	return try(0, d)
+}
+
+// spreadSurvives: with counts[k] D in zone k and the TB (if any) in zone t, every zone
+// holds a member and losing any one zone keeps quorum and more than gmdr copies.
+func spreadSurvives(counts []int, t, d, tb, q, gmdr int) bool {
+	for k, n := range counts {
+		tbHere := 0
+		if tb > 0 && k == t {
+			tbHere = tb
+		}
+		if n+tbHere == 0 {
+			return false // an empty zone: this is a spread over fewer zones
+		}
+		if d-n <= gmdr || !zoneSurvives(d, q, tb, ZoneCount{D: n, TB: tbHere}) {
+			return false
+		}
+	}
+	return true
+}

@@ -42,6 +42,8 @@ const (
 	ActPlace
 	// ActRequest: a person or a CSI call asks for something.
 	ActRequest
+	// ActReturn: a lost node comes back alive behind a partition (Returned).
+	ActReturn
 )
 
 // ReqKind is a request a run may inject.
@@ -89,6 +91,8 @@ func (a Action) String(s *Scenario) string {
 		return "LOSE node of " + name()
 	case ActForceLeave:
 		return "force-leave " + name()
+	case ActReturn:
+		return "lost node of " + name() + " RETURNS behind a partition"
 	case ActPlace:
 		return fmt.Sprintf("placement wanted[%d]", a.Arg)
 	}
@@ -279,7 +283,7 @@ func (c *Checker) gc(w *World) {
 func (c *Checker) pool(w *World) *datamesh.Pool {
 	p := &datamesh.Pool{Name: c.S.Config.StoragePool, Available: true}
 	for i := range c.S.Slots {
-		p.Nodes = append(p.Nodes, v1alpha1.EligibleNode{NodeName: c.S.Slots[i].Node, Zone: c.S.Slots[i].Zone, Ready: w.DP.Replicas[i].Alive})
+		p.Nodes = append(p.Nodes, v1alpha1.EligibleNode{NodeName: c.S.Slots[i].Node, Zone: c.S.Slots[i].Zone, Ready: w.DP.Replicas[i].Alive && !w.DP.Replicas[i].Returned})
 	}
 	return p
 }
@@ -314,7 +318,7 @@ func (c *Checker) published(w *World) *Snapshot {
 // canApply: the agent would apply something new.
 func (c *Checker) canApply(w *World, i int) bool {
 	r := &w.DP.Replicas[i]
-	if !r.Alive || !r.AgentReady || !r.Exists {
+	if !r.Alive || r.Returned || !r.AgentReady || !r.Exists {
 		return false
 	}
 	pub := c.published(w)
@@ -328,13 +332,13 @@ func (c *Checker) canApply(w *World, i int) bool {
 func (c *Checker) canResync(w *World, i int) bool {
 	dp := &w.DP
 	r := &dp.Replicas[i]
-	if !dp.configured(i) || r.UpToDate || !r.Applied.Member(i).Type.HasDisk() {
+	if !dp.configured(i) || r.Returned || r.UpToDate || !r.Applied.Member(i).Type.HasDisk() {
 		return false
 	}
 	for j := 0; j < dp.N; j++ {
 		if j != i && dp.Connected(i, j, ^uint32(0)) {
 			rj := &dp.Replicas[j]
-			if rj.UpToDate && rj.Applied.Member(j).Type.HasDisk() {
+			if rj.UpToDate && !rj.Returned && rj.Applied.Member(j).Type.HasDisk() {
 				return true
 			}
 		}
@@ -355,17 +359,21 @@ func (c *Checker) actions(w *World, buf []Action) []Action {
 		if c.canResync(w, i) {
 			buf = append(buf, Action{Kind: ActResync, Slot: sl})
 		}
-		if r.Alive && r.Exists && r.AgentReady && w.RestartsLeft > 0 {
+		up := r.Alive && !r.Returned
+		if up && r.Exists && r.AgentReady && w.RestartsLeft > 0 {
 			buf = append(buf, Action{Kind: ActRestart, Slot: sl})
 		}
-		if r.Alive && r.Exists && !r.AgentReady {
+		if up && r.Exists && !r.AgentReady {
 			buf = append(buf, Action{Kind: ActRecover, Slot: sl})
 		}
-		if r.Alive && r.Exists && w.LossesLeft > 0 {
+		if up && r.Exists && w.LossesLeft > 0 {
 			buf = append(buf, Action{Kind: ActLose, Slot: sl})
 		}
-		if !r.Alive && r.Exists && w.ForceLeave&(1<<i) == 0 {
+		if !up && r.Exists && w.ForceLeave&(1<<i) == 0 {
 			buf = append(buf, Action{Kind: ActForceLeave, Slot: sl})
+		}
+		if !r.Alive && r.Applied != nil && w.ReturnsLeft > 0 {
+			buf = append(buf, Action{Kind: ActReturn, Slot: sl})
 		}
 	}
 	for k := range w.Wanted {
@@ -417,7 +425,7 @@ func (c *Checker) freeSlot(w *World, node int) int {
 		n := 0
 		if c.S.Config.Topology == v1alpha1.TopologyTransZonal {
 			for j := 0; j < w.DP.N; j++ {
-				if w.DP.Replicas[j].Exists && w.DP.Replicas[j].Alive && c.S.Slots[j].Zone == c.S.Slots[i].Zone {
+				if w.DP.Replicas[j].Exists && w.DP.Replicas[j].Alive && !w.DP.Replicas[j].Returned && c.S.Slots[j].Zone == c.S.Slots[i].Zone {
 					n++
 				}
 			}
@@ -468,10 +476,10 @@ func (c *Checker) requests(w *World, buf []Action) []Action {
 		sl := int8(i)
 		if w.RVA&(1<<i) != 0 {
 			buf = append(buf, Action{Kind: ActRequest, Req: ReqDetach, Slot: sl})
-		} else if r.Alive && rvas < 2 && (r.Exists || (!r.Gone && !freeAdded)) {
+		} else if r.Alive && !r.Returned && rvas < 2 && (r.Exists || (!r.Gone && !freeAdded)) {
 			buf = append(buf, Action{Kind: ActRequest, Req: ReqAttach, Slot: sl})
 		}
-		if r.Exists && !r.Deleting && r.Alive {
+		if r.Exists && !r.Deleting && r.Alive && !r.Returned {
 			buf = append(buf, Action{Kind: ActRequest, Req: ReqRemove, Slot: sl})
 			for _, t := range types {
 				if t != r.SpecType {
@@ -528,6 +536,9 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 	case ActLose:
 		r.Alive, r.AgentReady = false, false
 		nw.LossesLeft--
+	case ActReturn:
+		r.Alive, r.Returned = true, true
+		nw.ReturnsLeft--
 	case ActForceLeave:
 		nw.ForceLeave |= 1 << i
 		r.Deleting = true

@@ -214,7 +214,7 @@ func upToDateD(s *Scenario, w *World, st *v1alpha1.ReplicatedVolumeStatus) (n in
 			continue
 		}
 		r := &w.DP.Replicas[j]
-		if r.Alive && r.UpToDate {
+		if r.Alive && !r.Returned && r.UpToDate {
 			n++
 			slots |= 1 << j
 		}
@@ -258,7 +258,9 @@ func checkDataPlane(s *Scenario, a *Analyzer, dp *DataPlane) []Violation {
 	primaries, multi := 0, true
 	for i := 0; i < dp.N; i++ {
 		r := &dp.Replicas[i]
-		if !dp.configured(i) {
+		if !dp.configured(i) || r.Returned {
+			// A returned node may still run as Primary from before it was lost and
+			// force-detached; whether it can write is I1w's question.
 			continue
 		}
 		if r.Applied.Member(i).Attached {

@@ -18,6 +18,7 @@ var (
 	depthFlag    = flag.String("modelcheck.depth", "ci", "model check depth: ci or deep")
 	maxDepthFlag = flag.Int("modelcheck.maxdepth", 0, "override the depth bound (actions per run)")
 	requestsFlag = flag.Int("modelcheck.requests", -1, "override the number of requests per run")
+	returnsFlag  = flag.Int("modelcheck.returns", -1, "override the number of lost nodes that may come back behind a partition per run")
 	attachFlag   = flag.Int("modelcheck.attach", -1, "override the number of attach/detach requests per run beyond -modelcheck.requests")
 )
 
@@ -76,6 +77,9 @@ func TestModelCheck(t *testing.T) {
 		}
 		if *requestsFlag >= 0 {
 			bs[i].Requests = int8(*requestsFlag)
+		}
+		if *returnsFlag >= 0 {
+			bs[i].Returns = int8(*returnsFlag)
 		}
 		if *attachFlag >= 0 {
 			bs[i].AttachRequests = int8(*attachFlag)

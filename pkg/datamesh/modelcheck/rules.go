@@ -103,7 +103,7 @@ func checkRules(s *Scenario, w *World, floor v1alpha1.Layout, prev, next *v1alph
 	}
 	utd := func(name string) bool {
 		j := s.slotOf(name)
-		return j >= 0 && w.DP.Replicas[j].Alive && w.DP.Replicas[j].UpToDate
+		return j >= 0 && w.DP.Replicas[j].Alive && !w.DP.Replicas[j].Returned && w.DP.Replicas[j].UpToDate
 	}
 	for i := range next.DatameshTransitions {
 		t := &next.DatameshTransitions[i]

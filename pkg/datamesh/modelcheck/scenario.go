@@ -31,6 +31,7 @@ type Bounds struct {
 	// Requests (Scenario.AttachRequests).
 	AttachRequests int8
 	Losses         int8 // nodes lost per run
+	Returns        int8 // lost nodes that come back alive behind a partition per run
 	Restarts       int8 // agent restarts per run
 	Spare          int  // free node slots beyond the starting replicas
 	// MaxStates stops the search after that many distinct states (0: no
@@ -55,7 +56,7 @@ func NewScenario(l StartLayout, shadow bool, topo v1alpha1.Topology, b Bounds) *
 		},
 		MaxAttach:   1,
 		AttachFirst: true,
-		Losses:      b.Losses, Restarts: b.Restarts, Requests: b.Requests, AttachRequests: b.AttachRequests, MaxDepth: b.Depth, MaxStates: b.MaxStates,
+		Losses:      b.Losses, Returns: b.Returns, Restarts: b.Restarts, Requests: b.Requests, AttachRequests: b.AttachRequests, MaxDepth: b.Depth, MaxStates: b.MaxStates,
 	}
 	n := l.D + l.TB + b.Spare
 	if n > MaxReplicas {

@@ -83,6 +83,7 @@ func dpHash(dp *DataPlane) uint64 {
 	for i := 0; i < dp.N; i++ {
 		r := &dp.Replicas[i]
 		h.bool(r.Alive)
+		h.bool(r.Returned)
 		h.bool(r.UpToDate)
 		if r.Applied != nil {
 			h.i64(int64(r.Applied.hash))
@@ -126,8 +127,8 @@ func (c *Checker) worldHash(w *World) uint64 {
 // budget at least as large in every dimension has already explored
 // everything this visit could: the visit is dominated and skipped.
 type budget struct {
-	losses, restarts, requests, attach int8
-	depth                              int16
+	losses, restarts, requests, attach, returns int8
+	depth                                       int16
 }
 
 // covers: b can do everything o can. An attach request left is worth less than a
@@ -135,7 +136,7 @@ type budget struct {
 // paid from b's general requests left over.
 func (b budget) covers(o budget) bool {
 	spare := b.requests - o.requests
-	return b.losses >= o.losses && b.restarts >= o.restarts && spare >= 0 &&
+	return b.losses >= o.losses && b.restarts >= o.restarts && b.returns >= o.returns && spare >= 0 &&
 		b.attach+spare >= o.attach && b.depth >= o.depth
 }
 
@@ -165,7 +166,7 @@ func (c *Checker) visit(h uint64, b budget) bool {
 // (formation skips the initial sync: every disk starts UpToDate).
 func (c *Checker) Initial() (*World, error) {
 	s := c.S
-	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests, AttachLeft: s.AttachRequests,
+	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests, AttachLeft: s.AttachRequests, ReturnsLeft: s.Returns,
 		Floor: v1alpha1.Layout{FailuresToTolerate: s.Config.FailuresToTolerate, GuaranteedMinimumDataRedundancy: s.Config.GuaranteedMinimumDataRedundancy}}
 	w.DP.N = len(s.Slots)
 	w.DP.Shadow = s.Shadow
@@ -213,12 +214,12 @@ func (c *Checker) drain(w *World, formation bool) (*World, []Violation) {
 	for round := 0; round < rounds; round++ {
 		for i := 0; i < w.DP.N; i++ {
 			r := &w.DP.Replicas[i]
-			if r.Exists && !r.Alive && w.ForceLeave&(1<<i) == 0 {
+			if r.Exists && (!r.Alive || r.Returned) && w.ForceLeave&(1<<i) == 0 {
 				w.ForceLeave |= 1 << i
 				r.Deleting = true
 				note("force-leave %s", c.S.Slots[i].Name)
 			}
-			if r.Alive && r.Exists && !r.AgentReady {
+			if r.Alive && !r.Returned && r.Exists && !r.AgentReady {
 				r.AgentReady = true
 				note("agent back %s", c.S.Slots[i].Name)
 			}
@@ -304,7 +305,7 @@ func (c *Checker) settled(w *World) []Violation {
 	dataLeft := false
 	for i := 0; i < w.DP.N; i++ {
 		r := &w.DP.Replicas[i]
-		if w.DP.configured(i) && r.UpToDate && r.Applied.Member(i).Type.HasDisk() {
+		if w.DP.configured(i) && !r.Returned && r.UpToDate && r.Applied.Member(i).Type.HasDisk() {
 			dataLeft = true
 		}
 	}
@@ -369,7 +370,7 @@ func (c *Checker) dfs(w *World, depth int) {
 		c.Stats.Capped = true
 		return
 	}
-	if !c.visit(c.worldHash(w), budget{w.LossesLeft, w.RestartsLeft, w.RequestsLeft, w.AttachLeft, int16(depth)}) {
+	if !c.visit(c.worldHash(w), budget{w.LossesLeft, w.RestartsLeft, w.RequestsLeft, w.AttachLeft, w.ReturnsLeft, int16(depth)}) {
 		return
 	}
 	if n := c.S.MaxDepth - depth; n > c.Stats.MaxDepth {

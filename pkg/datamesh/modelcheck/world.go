@@ -25,9 +25,14 @@ type Replica struct {
 	SpecType v1alpha1.ReplicaType
 	// Deleting: the RVR has a deletion timestamp.
 	Deleting bool
-	// Alive: the node runs. A lost node never comes back (a returning node
-	// would be a new replica).
+	// Alive: the node runs. A lost node never comes back for the control
+	// plane; it may come back alive behind a partition (Returned).
 	Alive bool
+	// Returned: a lost node came back alive behind a partition: its kernel runs
+	// what it ran when it was lost, its agent never reports again, no reporting
+	// replica sees it, and it applies nothing new. Any cut may still put it on
+	// either side, next to nodes whose configuration still includes it.
+	Returned bool
 	// AgentReady: the node's agent reports. While not ready, the RVR status
 	// is stale and the kernel keeps running what it had applied.
 	AgentReady bool
@@ -59,7 +64,7 @@ type World struct {
 	// (for the message check of a settled state; not part of the state).
 	Attachments []datamesh.AttachmentStatus
 
-	LossesLeft, RestartsLeft, RequestsLeft, AttachLeft int8
+	LossesLeft, RestartsLeft, RequestsLeft, AttachLeft, ReturnsLeft int8
 
 	// Floor is the protection the configuration history guarantees: the configuration
 	// the volume was formed with, lowered (per value) by every configuration lowered
@@ -117,6 +122,8 @@ type Scenario struct {
 	Losses      int8
 	Restarts    int8
 	Requests    int8
+	// Returns: lost nodes that may come back alive behind a partition per run.
+	Returns int8
 	// AttachRequests are attach or detach requests a run may inject beyond
 	// Requests, so that moving an attachment (detach here, attach there) fits
 	// in a run without paying for two requests of every kind.
@@ -237,7 +244,7 @@ func (w *World) RVR(s *Scenario, i int) *v1alpha1.ReplicatedVolumeReplica {
 	// node that is now; a dead node's report froze while it was alive,
 	// which is modelled by evaluating its links as if it still ran.
 	dp := &w.DP
-	if !r.Alive {
+	if !r.Alive || r.Returned {
 		cp := *dp
 		cp.Replicas[i].Alive = true
 		dp = &cp
@@ -250,7 +257,7 @@ func (w *World) RVR(s *Scenario, i int) *v1alpha1.ReplicatedVolumeReplica {
 		ps := v1alpha1.PeerStatus{Name: s.Slots[j].Name, ConnectionState: "Connecting"}
 		id := m.NodeID
 		ps.NodeID = &id
-		if dp.Connected(i, j, ^uint32(0)) {
+		if dp.Connected(i, j, ^uint32(0)) && (!dp.Replicas[j].Returned || !r.Alive) {
 			ps.ConnectionState = "Connected"
 			ps.ReplicationState = "Established"
 			pj := dp.Replicas[j]
@@ -317,7 +324,9 @@ func (w *World) String(s *Scenario) string {
 		if r.Deleting {
 			out += " deleting"
 		}
-		if !r.Alive {
+		if r.Returned {
+			out += " RETURNED-behind-partition"
+		} else if !r.Alive {
 			out += " DEAD"
 		} else if !r.AgentReady {
 			out += " agent-not-ready"

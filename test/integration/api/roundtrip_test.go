@@ -69,6 +69,11 @@ func rvAutoFixture(name string) *v1.ReplicatedVolume {
 			ReplicatedStorageClassName: "rsc-3d",
 			MaxAttachments:             2,
 			DRBDOptions:                drbdOptions(),
+			PlacementHints: &v1.PlacementHints{
+				Requisite: []v1.TopologySegment{{Zone: "zone-a"}, {NodeName: "node-1", Zone: "zone-b"}},
+				Preferred: []v1.TopologySegment{{NodeName: "node-1"}, {Zone: "zone-b"}},
+			},
+			QuorumOverride: &v1.QuorumOverride{Quorum: ptr(int32(1)), QuorumMinimumRedundancy: ptr(int32(1)), Reason: "two nodes lost; serve from node-1 (ticket 42)"},
 		},
 		Status: v1.ReplicatedVolumeStatus{
 			ObservedGeneration: 1,

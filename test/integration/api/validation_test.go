@@ -81,6 +81,8 @@ const (
 	atLeast0  = "should be greater than or equal to 0"
 	layoutMsg = "failuresToTolerate must be at most guaranteedMinimumDataRedundancy + 1: the allowed layouts are 1D, 2D, 3D, 2D+1TB, 4D, 4D+1TB and 5D"
 	zonesMsg  = "zones must be empty when topology is Ignored"
+	// transZonalZonesMsg: issue 8, item 8 (layout.MinZones).
+	transZonalZonesMsg = "TransZonal must be able to lose any one zone: failuresToTolerate 1 or 2 needs at least 3 zones, and 1 with guaranteedMinimumDataRedundancy 2 (4D) needs 4 (over 3 zones, one zone holds 2 of the 4 Diskful replicas and losing it leaves 2 copies, not 3)"
 	// rootField is how the apiserver names the field of a rule on the whole object
 	// (the only place a rule can see metadata.name): a CRD rule's fieldPath cannot
 	// point into metadata, so the cause carries no field.
@@ -183,6 +185,60 @@ metadata: {name: $NAME}
 spec: {storagePool: pool-a, replication: None, zones: [zone-a]}
 `,
 		field: "spec", msg: zonesMsg,
+	},
+	{
+		// Issue 8: 4D over exactly three zones cannot survive a zone loss.
+		name: "rsc/TransZonal 4D over three zones",
+		bad: `
+kind: ReplicatedStorageClass
+metadata: {name: $NAME}
+spec: {storagePool: pool-a, failuresToTolerate: 1, guaranteedMinimumDataRedundancy: 2, topology: TransZonal, zones: [a, b, c]}
+`,
+		create: true,
+		field:  "spec", msg: transZonalZonesMsg,
+	},
+	{
+		name: "rsc/TransZonal Availability over two zones",
+		bad: `
+kind: ReplicatedStorageClass
+metadata: {name: $NAME}
+spec: {storagePool: pool-a, replication: Availability, topology: TransZonal, zones: [a, b]}
+`,
+		create: true,
+		field:  "spec", msg: transZonalZonesMsg,
+	},
+	{
+		name: "rv/manual TransZonal 4D over three zones",
+		bad: `
+kind: ReplicatedVolume
+metadata: {name: $NAME}
+spec:
+  size: 10Gi
+  configurationMode: Manual
+  manualConfiguration: {storagePool: pool-a, failuresToTolerate: 1, guaranteedMinimumDataRedundancy: 2, topology: TransZonal, zones: [a, b, c]}
+`,
+		create: true,
+		field:  "spec.manualConfiguration", msg: transZonalZonesMsg,
+	},
+	{
+		name: "rv/quorumOverride without values",
+		bad: `
+kind: ReplicatedVolume
+metadata: {name: $NAME}
+spec: {size: 10Gi, replicatedStorageClassName: rsc-3d, quorumOverride: {reason: "lost two nodes"}}
+`,
+		create: true,
+		field:  "spec.quorumOverride", msg: "quorumOverride must set quorum, quorumMinimumRedundancy or both",
+	},
+	{
+		name: "rv/quorumOverride without a reason",
+		bad: `
+kind: ReplicatedVolume
+metadata: {name: $NAME}
+spec: {size: 10Gi, replicatedStorageClassName: rsc-3d, quorumOverride: {quorum: 1, reason: ""}}
+`,
+		create: true,
+		field:  "spec.quorumOverride.reason", msg: "should be at least 1 chars long",
 	},
 	{
 		name:   "rsc/storagePool immutable",

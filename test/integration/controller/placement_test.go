@@ -6,7 +6,9 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -185,5 +187,47 @@ func TestBadInput(t *testing.T) {
 			c := cond(a.Status.Conditions, controller.ConditionAttached)
 			return a.Status.Phase == v1.AttachmentPending && strings.Contains(c, "has no meshvol agent (no Lease meshvol-node-"+cl.prefix+"-ghost)"), c
 		})
+	})
+}
+
+// The pool's status lists its eligible nodes with zone, readiness and capacity, and is
+// rewritten only when something placement or a person cares about changes: a capacity
+// drift below min(1 %, 1 GiB) is not written, a larger one and a lost agent are.
+func TestPoolStatus(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "z1", 100}, nodeSpec{"b", "z2", 100})
+	rsp := func() *v1.ReplicatedStoragePool {
+		p := &v1.ReplicatedStoragePool{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: cl.pool}, p))
+		return p
+	}
+	cl.eventually(t, "two ready eligible nodes", func() (bool, string) {
+		p := rsp()
+		ok := len(p.Status.EligibleNodes) == 2
+		for _, e := range p.Status.EligibleNodes {
+			ok = ok && e.Ready && e.FreeCapacity != nil && e.FreeCapacity.Value() == 100<<30 && e.Zone != ""
+		}
+		return ok && strings.HasPrefix(cond(p.Status.Conditions, controller.ConditionReady), "True"), fmt.Sprintf("%+v", p.Status)
+	})
+	setFree := func(node string, free int64) {
+		l := &coordinationv1.Lease{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}, l))
+		l.Annotations[v1.AnnotationPoolCapacityPrefix+cl.pool] = controller.FormatCapacity(controller.PoolCapacity{Total: 1000 << 30, Free: free})
+		must(t, cl.c.Update(cl.ctx, l))
+	}
+	mark := cl.writes.mark()
+	setFree("a", 100<<30-512<<20) // 512Mi less: below 1 GiB (1 % of 1000Gi is 10Gi)
+	time.Sleep(2 * time.Second)
+	if ws := cl.writes.since(mark, cl.pool); len(ws) != 0 {
+		t.Fatalf("a capacity drift below the threshold was written: %v", ws)
+	}
+	setFree("a", 90<<30)
+	cl.eventually(t, "a 10Gi drift written", func() (bool, string) {
+		p := rsp()
+		return p.Status.EligibleNodes[0].FreeCapacity.Value() == 90<<30, p.Status.EligibleNodes[0].FreeCapacity.String()
+	})
+	cl.setRenew("b", false)
+	cl.eventually(t, "b not ready once its agent is gone", func() (bool, string) {
+		p := rsp()
+		return !p.Status.EligibleNodes[1].Ready, fmt.Sprintf("%+v", p.Status.EligibleNodes[1])
 	})
 }

@@ -21,6 +21,7 @@ const (
 // appears here; it is mapped to FTT/GMDR when the configuration is resolved.
 // +kubebuilder:validation:XValidation:rule="self.failuresToTolerate <= self.guaranteedMinimumDataRedundancy + 1",message="failuresToTolerate must be at most guaranteedMinimumDataRedundancy + 1: the allowed layouts are 1D, 2D, 3D, 2D+1TB, 4D, 4D+1TB and 5D"
 // +kubebuilder:validation:XValidation:rule="self.topology != 'Ignored' || !has(self.zones) || size(self.zones) == 0",message="zones must be empty when topology is Ignored"
+// +kubebuilder:validation:XValidation:rule="self.topology != 'TransZonal' || !has(self.zones) || size(self.zones) == 0 || self.failuresToTolerate == 0 || size(self.zones) >= ((self.failuresToTolerate == 1 && self.guaranteedMinimumDataRedundancy == 2) ? 4 : 3)",message="TransZonal must be able to lose any one zone: failuresToTolerate 1 or 2 needs at least 3 zones, and 1 with guaranteedMinimumDataRedundancy 2 (4D) needs 4 (over 3 zones, one zone holds 2 of the 4 Diskful replicas and losing it leaves 2 copies, not 3)"
 type ReplicatedVolumeConfiguration struct {
 	// storagePool is the ReplicatedStoragePool the backing volumes come from.
 	// +kubebuilder:validation:MinLength=1
@@ -85,6 +86,37 @@ type ReplicatedVolumeSpec struct {
 	// first places the volume's replicas.
 	// +optional
 	PlacementHints *PlacementHints `json:"placementHints,omitempty"`
+	// quorumOverride pins the datamesh's quorum and/or quorum-minimum-redundancy to
+	// these values until it is removed, whatever the layout asks for: an emergency
+	// lever for a person, for example to let a volume that lost a majority of its voters
+	// serve IO again from the survivors, accepting that a lost node alive behind a
+	// partition could then write too. The engine publishes it as a ChangeQuorum once
+	// nothing but emergencies runs, keeps it through every later membership step, and
+	// returns to the layout's values (another ChangeQuorum) when the field is removed.
+	// docs/datamesh.md "Emergency quorum override".
+	// +optional
+	QuorumOverride *QuorumOverride `json:"quorumOverride,omitempty"`
+}
+
+// QuorumOverride is a person's explicit, sticky choice of q and/or qmr.
+// +kubebuilder:validation:XValidation:rule="has(self.quorum) || has(self.quorumMinimumRedundancy)",message="quorumOverride must set quorum, quorumMinimumRedundancy or both"
+type QuorumOverride struct {
+	// quorum is DRBD's quorum for the voters (D and D∅): how many must see each other
+	// to serve IO.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	Quorum *int32 `json:"quorum,omitempty"`
+	// quorumMinimumRedundancy is DRBD's quorum-minimum-redundancy: how many UpToDate
+	// disks a diskful node must see to serve IO.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	QuorumMinimumRedundancy *int32 `json:"quorumMinimumRedundancy,omitempty"`
+	// reason says who set the override and why; the engine repeats it in its events.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason"`
 }
 
 // TopologySegment is one CSI topology segment: a node, a zone, or both. An empty field

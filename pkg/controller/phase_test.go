@@ -1,0 +1,72 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+func TestComputePhase(t *testing.T) {
+	yes, no := true, false
+	cfg := &v1.ReplicatedVolumeConfiguration{StoragePool: "p", FailuresToTolerate: 1, GuaranteedMinimumDataRedundancy: 1}
+	members := []v1.DatameshMember{{Name: "r1", Type: v1.MemberTypeDiskful}, {Name: "r2", Type: v1.MemberTypeDiskful}, {Name: "r3", Type: v1.MemberTypeDiskful}}
+	rvr := func(name string, disk v1.DiskState, quorum *bool) *v1.ReplicatedVolumeReplica {
+		return &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: v1.ReplicatedVolumeReplicaStatus{DiskState: disk, Quorum: quorum}}
+	}
+	syncing := rvr("r3", v1.DiskStateInconsistent, &yes)
+	syncing.Status.Peers = []v1.PeerStatus{{Name: "r1", ConnectionState: "Connected", Resync: &v1.ResyncProgress{PercentDone: 40}}}
+	silent := rvr("r2", v1.DiskStateUpToDate, &yes)
+	silent.Status.Conditions = []metav1.Condition{{Type: v1.ConditionAgentReady, Status: metav1.ConditionFalse}}
+	formed := func(trans ...v1.DatameshTransition) *v1.ReplicatedVolume {
+		rv := &v1.ReplicatedVolume{}
+		rv.Status.Configuration = cfg
+		rv.Status.DatameshRevision = 3
+		rv.Status.Datamesh.Members = members
+		rv.Status.DatameshTransitions = trans
+		return rv
+	}
+	deleting := formed()
+	deleting.DeletionTimestamp = &metav1.Time{}
+	forming := &v1.ReplicatedVolume{}
+	forming.Status.Configuration = cfg
+	forming.Status.DatameshTransitions = []v1.DatameshTransition{{Type: v1.TransitionFormation, Steps: []v1.DatameshTransitionStep{{Name: "✦ → layout", Status: v1.StepActive, Message: "Waiting for replicas"}}}}
+
+	for _, tc := range []struct {
+		name  string
+		rv    *v1.ReplicatedVolume
+		rvrs  []*v1.ReplicatedVolumeReplica
+		phase v1.VolumePhase
+		msg   string
+	}{
+		{"no configuration", &v1.ReplicatedVolume{}, nil, v1.VolumePhasePending, "Waiting"},
+		{"deleting wins", deleting, nil, v1.VolumePhaseDeleting, "being deleted"},
+		{"forming", forming, nil, v1.VolumePhaseForming, "✦ → layout: Waiting for replicas"},
+		{"ready", formed(), []*v1.ReplicatedVolumeReplica{rvr("r1", v1.DiskStateUpToDate, &yes), rvr("r2", v1.DiskStateUpToDate, &yes), rvr("r3", v1.DiskStateUpToDate, &yes)},
+			v1.VolumePhaseReady, "3/3 Diskful UpToDate (layout 3D)"},
+		{"degraded: syncing", formed(), []*v1.ReplicatedVolumeReplica{rvr("r1", v1.DiskStateUpToDate, &yes), rvr("r2", v1.DiskStateUpToDate, &yes), syncing},
+			v1.VolumePhaseDegraded, "2/3 Diskful UpToDate (layout 3D): r3: Inconsistent (syncing 40%)"},
+		{"degraded: agent silent", formed(), []*v1.ReplicatedVolumeReplica{rvr("r1", v1.DiskStateUpToDate, &yes), silent, rvr("r3", v1.DiskStateUpToDate, &yes)},
+			v1.VolumePhaseDegraded, "r2: agent on  is not reporting"},
+		{"failed: no quorum", formed(), []*v1.ReplicatedVolumeReplica{rvr("r1", v1.DiskStateUpToDate, &no), rvr("r2", v1.DiskStateOutdated, &no), rvr("r3", v1.DiskStateOutdated, &no)},
+			v1.VolumePhaseFailed, "No replica has quorum"},
+		{"failed: no UpToDate copy", formed(), []*v1.ReplicatedVolumeReplica{rvr("r1", v1.DiskStateOutdated, &yes), rvr("r2", v1.DiskStateOutdated, &yes), rvr("r3", v1.DiskStateInconsistent, &yes)},
+			v1.VolumePhaseFailed, "No UpToDate Diskful copy is reachable"},
+		{"reconfiguring", formed(v1.DatameshTransition{Type: v1.TransitionAddReplica, ReplicaName: "r4"}),
+			[]*v1.ReplicatedVolumeReplica{rvr("r1", v1.DiskStateUpToDate, &yes), rvr("r2", v1.DiskStateUpToDate, &yes), rvr("r3", v1.DiskStateUpToDate, &yes)},
+			v1.VolumePhaseReconfiguring, "In flight: AddReplica r4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			byName := map[string]*v1.ReplicatedVolumeReplica{}
+			for _, r := range tc.rvrs {
+				byName[r.Name] = r
+			}
+			got := ComputePhase(tc.rv, byName, reportingAgent, "")
+			if got.Phase != tc.phase || !strings.Contains(got.Message, tc.msg) {
+				t.Errorf("got %s %q, want %s containing %q", got.Phase, got.Message, tc.phase, tc.msg)
+			}
+		})
+	}
+}
