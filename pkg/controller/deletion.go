@@ -117,7 +117,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	}
 	c.alloc.Release(rv.Name)
 	if slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		if err := applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, false); err != nil && !apierrors.IsNotFound(err) {
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)); err != nil {
 			return nil, fmt.Errorf("removing finalizer: %w", err)
 		}
 	}

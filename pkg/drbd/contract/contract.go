@@ -368,7 +368,7 @@ func (s *suite) stage04(t *testing.T) {
 		want := captureStream(t, "04-failover-event-stream/"+n+".events2-timestamps-statistics-stream.txt")
 		got := s.watchers[i].since(marks[i])
 		t.Logf("%s: %d state changes, as captured: %q", n, len(got), got)
-		if !slices.Equal(got, want) {
+		if !sameStream(got, want) {
 			t.Errorf("%s events2 state changes differ from real DRBD\n got: %q\nwant: %q", n, got, want)
 		}
 	}
@@ -419,7 +419,7 @@ func (s *suite) stage05(t *testing.T) {
 	want := captureStream(t, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt")
 	got := s.watchers[0].since(mark)
 	t.Logf("node1: %d state changes, as captured: %q", len(got), got)
-	if !slices.Equal(got, want) {
+	if !sameStream(got, want) {
 		t.Errorf("node1 events2 state changes differ from real DRBD\n got: %q\nwant: %q", got, want)
 	}
 	s.must(t, s.h.Write(s.ctx, "node1", 0, pattern(7, 4096)))
@@ -447,10 +447,10 @@ func (s *suite) stage06(t *testing.T) {
 		st := s.status(t, "node2")
 		return st.Devices[0].DiskState == "UpToDate" && st.Connections[0].PeerDevices[0].ReplicationState == "Established", strings.Join(summary(st), "; ")
 	})
-	seq := s.watchers[1].since(mark)
-	if !subsequence(seq, []string{"peer-device node1 replication:SyncTarget", "device disk:UpToDate"}) {
-		t.Errorf("node2 did not resync: %q", seq)
-	}
+	// As in stage 02: node2's status can say UpToDate before its stream has
+	// delivered the change (the VM tier saw the stream end at
+	// after-resync-target), so wait for the events too.
+	s.waitEvents(t, "node2", s.watchers[1], mark, []string{"peer-device node1 replication:SyncTarget", "device disk:UpToDate"})
 	if max := s.watchers[1].maxOutOfSync("node1", mark); max == 0 || max > 2<<10 {
 		t.Errorf("node2 resynced %d KiB for 1024 KiB written while away", max)
 	}
@@ -461,6 +461,36 @@ func (s *suite) marks() []int {
 	out := make([]int, len(s.watchers))
 	for i, w := range s.watchers {
 		out[i] = w.mark()
+	}
+	return out
+}
+
+// sameStream compares two normalized event streams. DRBD emits helper
+// calls and path changes from work it queues after the state change that
+// causes them, so within a run of consecutive such entries their order
+// varies on real DRBD (the VM tier saw stage 05's "path node2
+// established:no" both before and after "call helper:quorum-lost"); such
+// runs are compared as multisets, everything else in order.
+func sameStream(got, want []string) bool {
+	return slices.Equal(canonicalAsync(got), canonicalAsync(want))
+}
+
+func canonicalAsync(seq []string) []string {
+	async := func(e string) bool {
+		return strings.HasPrefix(e, "call helper:") || strings.HasPrefix(e, "path ")
+	}
+	out := slices.Clone(seq)
+	for i := 0; i < len(out); {
+		j := i
+		for j < len(out) && async(out[j]) {
+			j++
+		}
+		if j > i {
+			slices.Sort(out[i:j])
+			i = j
+		} else {
+			i++
+		}
 	}
 	return out
 }
