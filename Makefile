@@ -78,6 +78,10 @@ verify: ## Fail if `make generate` changes any generated file; then lint
 	hack/verify-generated.sh
 	$(MAKE) --no-print-directory lint
 
+.PHONY: sanity
+sanity: k8s ## Run the real bin/k8s/csi-sanity against the CSI services on an in-process cluster, layouts 1D, 2D+1TB, 3D (root; logs in _output/sanity)
+	$(GO) run ./hack/sanity $(SANITY_ARGS)
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:FuzzX ..." to choose
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh $(FUZZ_TARGETS)
