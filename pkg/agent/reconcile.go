@@ -492,7 +492,7 @@ func (a *Agent) sharedSecret(ctx context.Context, rv *v1.ReplicatedVolume, ref *
 	}
 	b := sec.Data[key]
 	if len(b) == 0 {
-		return "", fmt.Errorf("the Secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
+		return "", fmt.Errorf("secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
 	}
 	v = drbdSecret(b)
 	a.mu.Lock()

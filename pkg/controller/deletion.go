@@ -86,7 +86,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	c.summarize(v, work, v.rvrs, "")
 	if err := c.writeStatus(ctx, rv, work); err != nil {
 		if apierrors.IsConflict(err) {
-			return &ctrl.Result{Requeue: true}, nil
+			return &ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return nil, err
 	}

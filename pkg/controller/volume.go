@@ -361,7 +361,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 		if apierrors.IsConflict(err) {
 			// The RV changed since the cache showed it: the status computed here may rest
 			// on a stale revision, so it is dropped and computed again from the new one.
-			return ctrl.Result{Requeue: true}, nil
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return ctrl.Result{}, err
 	}
@@ -523,3 +523,7 @@ func (c *Controller) waitForCache(ctx context.Context, names []string, present b
 		}
 	}
 }
+
+// conflictRetry is how soon a reconcile whose status write met a newer RV runs again.
+// The watch event of that newer RV usually comes first; this is the fallback.
+const conflictRetry = 100 * time.Millisecond
