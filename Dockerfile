@@ -1,8 +1,10 @@
 # meshvol image: one binary, `meshvol controller` or `meshvol node`.
 #
-# NOT BUILT HERE: the development machines have a Docker client but no Docker
-# engine, so this file has not been through `docker build`. Keep it small and
-# obvious until it has.
+# The development machines have a Docker client but no Docker engine, so this
+# file is not built here: `make image` (hack/image.sh) builds the same image —
+# the same Debian packages, the same static binary, entrypoint and cmd — as an
+# OCI archive without an engine, and checks it by running its entrypoint. Keep
+# the two in step.
 #
 # The runtime image is Debian, not distroless: the node plugin runs the host's
 # DRBD through drbd-utils (drbdadm, drbdsetup), formats and mounts volumes

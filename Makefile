@@ -29,7 +29,9 @@ BENCH_COUNT   ?= 5
 # The model checker's test lives beside the engine, in its own package.
 MODELCHECK_PKG ?= ./pkg/datamesh/modelcheck/
 
-STATICCHECK   := $(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1
+# staticcheck 2026.2.2: the module proxy serves its semver tag v0.8.2 (it refuses
+# the calendar-version tag 2025.1.1 with 403).
+STATICCHECK   := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # v0.18.0 is the controller-tools release built against k8s.io/* v0.33, the
 # API version go.mod pins.
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.18.0
@@ -77,11 +79,22 @@ generate: ## Regenerate deepcopy code and the CRDs in config/crd from pkg/apis
 	@# Remove what the previous run wrote so a CRD whose type is gone does not linger.
 	rm -f config/crd/storage.meshvol.io_*.yaml
 	$(CONTROLLER_GEN) crd paths=./pkg/apis/... output:crd:artifacts:config=config/crd
+	@# The chart installs the same CRDs (Helm's crds/ directory: created, never templated).
+	rm -f charts/meshvol/crds/storage.meshvol.io_*.yaml
+	cp config/crd/storage.meshvol.io_*.yaml charts/meshvol/crds/
+
+.PHONY: manifests
+manifests: k8s ## Render deploy/meshvol.yaml from charts/meshvol with default values (bin/k8s/helm)
+	hack/render-manifests.sh
 
 .PHONY: verify
-verify: ## Fail if `make generate` changes any generated file; then lint
+verify: k8s ## Fail if `make generate` or `make manifests` changes any generated file; then lint
 	hack/verify-generated.sh
 	$(MAKE) --no-print-directory lint
+
+.PHONY: sanity
+sanity: k8s ## Run the real bin/k8s/csi-sanity against the CSI services on an in-process cluster, layouts 1D, 2D+1TB, 3D (root; logs in _output/sanity)
+	$(GO) run ./hack/sanity $(SANITY_ARGS)
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:FuzzX ..." to choose
@@ -94,6 +107,10 @@ modelcheck: ## Deep model check of the datamesh engine (about 17 min; timeout 2h
 .PHONY: bench
 bench: k8s ## Benchmarks of ./pkg/..., -count=5 (BENCH_COUNT) for benchstat
 	$(GO) test -run '^$$' -bench . -benchmem -count=$(BENCH_COUNT) ./pkg/...
+
+.PHONY: image
+image: ## Build the image as an OCI archive without a container engine: bin/image/meshvol.oci.tar (root; debootstrap, minutes cold)
+	hack/image.sh
 
 .PHONY: clean
 clean: ## Remove bin/meshvol and test output (keeps bin/k8s, which takes minutes to rebuild)

@@ -9,6 +9,8 @@
 #   csi-sanity                                              kubernetes-csi/csi-test/v5
 #   csi-provisioner csi-attacher csi-snapshotter snapshot-controller
 #   crds/*.yaml (VolumeSnapshot CRDs)                       external-snapshotter/client/v8
+#   helm                                                    helm.sh/helm/v3
+#   monitoring-crds/ (ServiceMonitor CRD)                   prometheus-operator
 #
 # Nothing is downloaded from anywhere but the Go module proxy. Most of these
 # modules cannot be `go install`ed (their go.mod has replace directives), so
@@ -45,6 +47,14 @@ ATTACHER_VERSION=v4.13.0
 SNAPSHOTTER_MODULE=github.com/kubernetes-csi/external-snapshotter/v8
 SNAPSHOTTER_CLIENT_MODULE=github.com/kubernetes-csi/external-snapshotter/client/v8
 SNAPSHOTTER_VERSION=v8.7.0
+# Helm renders and lints charts/meshvol in the packaging tests; v3.18 is the
+# release built against k8s.io/* v0.33, the API version go.mod pins.
+HELM_MODULE=helm.sh/helm/v3
+HELM_VERSION=v3.18.6
+# The ServiceMonitor CRD, so the chart's monitoring objects can be checked by the
+# apiserver in the packaging tests (no prometheus-operator runs).
+PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
+PROMOP_VERSION=v0.80.1
 
 # The toolchain on the machine is the one we use: never fetch another.
 # CGO off: static binaries, and no C compiler work on 2 shared cores.
@@ -188,6 +198,22 @@ else
 	log "csi-sanity: built in $((SECONDS - start)) s"
 fi
 
+# helm's go.mod has no replace directives either.
+helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+helm_key="$HELM_MODULE@$HELM_VERSION go=$GO_VERSION ldflags=$helm_ldflags"
+if stamp_ok helm "$helm_key"; then
+	log "helm: up to date ($HELM_MODULE@$HELM_VERSION)"
+else
+	start=$SECONDS
+	log "helm: go install $HELM_MODULE/cmd/helm@$HELM_VERSION"
+	rm -rf "$WORK/helm"
+	GOBIN=$WORK/helm go install -trimpath -ldflags "-s -w $helm_ldflags" "$HELM_MODULE/cmd/helm@$HELM_VERSION"
+	check_version "$WORK/helm/helm" "$HELM_VERSION" version
+	mv -f "$WORK/helm/helm" "$OUT/helm"
+	printf '%s' "$helm_key" >"$STAMPS/helm"
+	log "helm: built in $((SECONDS - start)) s"
+fi
+
 # The VolumeSnapshot CRDs that csi-snapshotter and snapshot-controller serve,
 # from the client module of the same release (the module cache is read-only,
 # hence install -m).
@@ -210,6 +236,23 @@ else
 	done
 	printf '%s' "$crds_key" >"$STAMPS/crds"
 	log "crds: copied $n CRDs from $SNAPSHOTTER_CLIENT_MODULE@$SNAPSHOTTER_VERSION"
+fi
+
+promop_key="$PROMOP_MODULE@$PROMOP_VERSION servicemonitors"
+if stamp_ok monitoring-crds "$promop_key"; then
+	log "monitoring-crds: up to date ($PROMOP_MODULE@$PROMOP_VERSION)"
+else
+	promop_dir=$(go mod download -json "$PROMOP_MODULE@$PROMOP_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+	f="$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+	if [[ ! -f "$f" ]]; then
+		log "ERROR: no ServiceMonitor CRD in $PROMOP_MODULE@$PROMOP_VERSION (looked for $f)"
+		exit 1
+	fi
+	rm -rf "$OUT/monitoring-crds"
+	mkdir -p "$OUT/monitoring-crds"
+	install -m 0644 "$f" "$OUT/monitoring-crds/"
+	printf '%s' "$promop_key" >"$STAMPS/monitoring-crds"
+	log "monitoring-crds: copied the ServiceMonitor CRD from $PROMOP_MODULE@$PROMOP_VERSION"
 fi
 
 log "done in $((SECONDS - total_start)) s"

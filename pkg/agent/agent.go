@@ -160,8 +160,9 @@ type poolEntry struct {
 	p          storage.Provider
 }
 
-// Run runs the agent until ctx is done. It returns after every goroutine it
-// started has ended.
+// Run runs the agent until ctx is done. Every piece (reconcilers, Observer,
+// Lease, collector) stops when ctx is done; Run returns once the manager has
+// stopped them, waiting at most 5 s for a driver call still in flight.
 func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg Config) error {
 	if err := cfg.defaults(); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -50,6 +51,11 @@ type rig struct {
 
 func newRig(t *testing.T, nodes int, tweak func(*agent.Config)) *rig {
 	t.Helper()
+	return newRigWith(t, nodes, localcluster.Options{Agent: tweak})
+}
+
+func newRigWith(t *testing.T, nodes int, opts localcluster.Options) *rig {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("file pools need loop devices (root)")
 	}
@@ -57,7 +63,8 @@ func newRig(t *testing.T, nodes int, tweak func(*agent.Config)) *rig {
 	t.Cleanup(cancel)
 	name := testenv.Name(t)
 	prefix := name[len(name)-10:]
-	c, err := localcluster.Start(ctx, localcluster.Options{Env: env, Nodes: nodes, NamePrefix: "n" + prefix, Agent: tweak})
+	opts.Env, opts.Nodes, opts.NamePrefix = env, nodes, "n"+prefix
+	c, err := localcluster.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,4 +475,79 @@ loop:
 		t.Fatalf("in 10 s of steady state the replicas %v were modified %d times, want 0", slices.Compact(modified), len(modified))
 	}
 	_ = names
+}
+
+// Growing the volume: the agents grow each backing volume, then DRBD, and
+// confirm the revision only once the device offers the new size.
+func TestGrowVolume(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	bigger := resource.NewQuantity(2*size, resource.BinarySI)
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Size = bigger })
+	r.confirmed(rev, "", names...)
+	for i, n := range names {
+		o := r.rvr(n)
+		if o.Status.BackingVolume == nil || o.Status.BackingVolume.Size.Value() < 2*size {
+			t.Errorf("%s: backing volume %+v, want at least %d bytes", n, o.Status.BackingVolume, 2*size)
+		}
+		st, err := r.node(i).Sim.Status(r.ctx, r.rv)
+		r.must(err)
+		if got := st[0].Devices[0].Size * 1024; got < 2*size {
+			t.Errorf("%s: DRBD device %d bytes, want at least %d", r.node(i).Name, got, 2*size)
+		}
+	}
+}
+
+// The device path the agent reports is a real, replicated block device
+// (drbdsim's FUSE-backed device): a file written through a filesystem and
+// fsynced on the Primary survives the Primary's crash and reads back on the
+// peer the datamesh attaches next.
+func TestFilesystemSurvivesPrimaryCrash(t *testing.T) {
+	for _, bin := range []string{"mkfs.ext4", "mount", "umount", "losetup"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	r := newRigWith(t, 3, localcluster.Options{LoopDevices: true})
+	names := r.form3D()
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = true })
+	r.confirmed(rev, "", names...)
+	dev := r.rvr(names[0]).Status.DevicePath
+	run := func(name string, args ...string) {
+		t.Helper()
+		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	run("mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev)
+	mnt := t.TempDir()
+	run("mount", dev, mnt)
+	want := bytes.Repeat([]byte("meshvol "), 4096)
+	f, err := os.Create(mnt + "/data")
+	r.must(err)
+	_, err = f.Write(want)
+	r.must(err)
+	r.must(f.Sync())
+	r.must(f.Close())
+
+	// The Primary's node crashes with the filesystem mounted.
+	r.must(r.c.CrashNode(r.node(0).Name))
+	_ = exec.Command("umount", "-l", mnt).Run()
+	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) {
+		st.Datamesh.Members[0].Attached = false
+		st.Datamesh.Members[1].Attached = true
+	})
+	r.confirmed(rev, "", names[1], names[2])
+	dev = r.rvr(names[1]).Status.DevicePath
+	mnt2 := t.TempDir()
+	run("mount", dev, mnt2)
+	defer exec.Command("umount", mnt2).Run()
+	got, err := os.ReadFile(mnt2 + "/data")
+	r.must(err)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the fsynced file reads back %d bytes, not what was written", len(got))
+	}
+	if lost := r.c.Sim.LostAckedWrites(r.rv); len(lost) > 0 {
+		t.Fatalf("acknowledged writes lost: %v", lost)
+	}
 }

@@ -83,6 +83,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		s.st.Conditions = setCondition(s.st.Conditions, prev, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}, gen, now)
 	}
 	failed := func(what string, err error) step {
+		a.log.Info("replica step failed; will retry", "replica", rvr.Name, "step", what, "err", redact(err.Error()))
 		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+redact(err.Error()))
 		s.st.DatameshRevision = rvr.Status.DatameshRevision
 		s.retry = a.cfg.RetryInterval
@@ -491,7 +492,7 @@ func (a *Agent) sharedSecret(ctx context.Context, rv *v1.ReplicatedVolume, ref *
 	}
 	b := sec.Data[key]
 	if len(b) == 0 {
-		return "", fmt.Errorf("Secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
+		return "", fmt.Errorf("secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
 	}
 	v = drbdSecret(b)
 	a.mu.Lock()
@@ -522,7 +523,9 @@ func drbdSecret(b []byte) string {
 	return v
 }
 
-// takeDown demotes (never forced) and takes a resource down, then removes its
+// takeDown demotes (never forced) and takes a resource down with
+// drbd.SafeDown — which refuses while anything holds the device (never
+// while mounted) and repairs a half-done down — then removes its
 // configuration.
 func (a *Agent) takeDown(ctx context.Context, name string) error {
 	if st, err := a.drv.Status(ctx, name); err == nil && len(st) == 1 && st[0].Role == "Primary" {
@@ -530,7 +533,7 @@ func (a *Agent) takeDown(ctx context.Context, name string) error {
 			return err
 		}
 	}
-	if err := a.drv.Down(ctx, name); err != nil {
+	if err := drbd.SafeDown(ctx, a.drv, name, nil); err != nil {
 		return err
 	}
 	return a.drv.RemoveConfig(ctx, name)

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -72,14 +74,39 @@ func applyStatus(ctx context.Context, c client.Client, kind, name, resourceVersi
 	return c.Status().Patch(ctx, u, client.Apply, applyStatusOpts()...)
 }
 
-// applyFinalizer adds (present) or gives up (absent) the controller's finalizer on
-// kind/name. Finalizers are a set: applying the list without ours releases it without
-// touching anyone else's.
-func applyFinalizer(ctx context.Context, c client.Client, kind, name string, present bool) error {
-	u := applyObject(kind, "", name, "")
+// applyFinalizer adds (present) the controller's finalizer to kind/name by applying it
+// as a set member, or removes it (absent) with a JSON merge patch of the list under
+// resourceVersion: the CSI service creates RVs and RVAs with the finalizer already in
+// place (its field manager owns it then), and an apply can only release what this
+// manager owns. Both are conditional on resourceVersion (what the cache showed), so they
+// never recreate an object that is already gone; a Conflict or NotFound means the cache
+// was behind, and the watch brings the next reconcile (ignoreStale).
+func applyFinalizer(ctx context.Context, c client.Client, kind, name, resourceVersion string, present bool, finalizers []string) error {
 	if present {
+		u := applyObject(kind, "", name, resourceVersion)
 		u.SetFinalizers([]string{v1.FinalizerController})
+		return c.Patch(ctx, u, client.Apply, applyOpts...)
 	}
-	// Absent: an apply that no longer lists a field this manager owned removes it.
-	return c.Patch(ctx, u, client.Apply, applyOpts...)
+	var keep []any = []any{}
+	for _, f := range finalizers {
+		if f != v1.FinalizerController {
+			keep = append(keep, f)
+		}
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": resourceVersion, "finalizers": keep}})
+	if err != nil {
+		return err
+	}
+	u := applyObject(kind, "", name, "")
+	return c.Patch(ctx, u, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(v1.FieldManagerController))
+}
+
+// ignoreStale drops the errors of a conditional write made from a cache that was behind:
+// the object changed (Conflict) or is gone (NotFound). Its watch event brings the next
+// reconcile, which reads the new state.
+func ignoreStale(err error) error {
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
 }

@@ -58,7 +58,7 @@ func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.R
 			}
 		}
 		if rva.DeletionTimestamp != nil && slices.Contains(rva.Finalizers, v1.FinalizerController) && detachedOn(work, rva.Spec.NodeName) {
-			if err := applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", rva.Name, false); err != nil && !apierrors.IsNotFound(err) {
+			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", rva.Name, rva.ResourceVersion, false, rva.Finalizers)); err != nil {
 				return fmt.Errorf("removing finalizer of attachment %s: %w", rva.Name, err)
 			}
 		}

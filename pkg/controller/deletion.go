@@ -86,7 +86,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	c.summarize(v, work, v.rvrs, "")
 	if err := c.writeStatus(ctx, rv, work); err != nil {
 		if apierrors.IsConflict(err) {
-			return &ctrl.Result{Requeue: true}, nil
+			return &ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return nil, err
 	}
@@ -117,7 +117,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	}
 	c.alloc.Release(rv.Name)
 	if slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		if err := applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, false); err != nil && !apierrors.IsNotFound(err) {
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)); err != nil {
 			return nil, fmt.Errorf("removing finalizer: %w", err)
 		}
 	}

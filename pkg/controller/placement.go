@@ -75,7 +75,11 @@ type PlacementInput struct {
 	Diskful, TieBreaker int
 	// AttachNodes are nodes with an attachment request for the volume.
 	AttachNodes []string
-	Nodes       []PlacementNode
+	// Requisite and Preferred are the volume's CSI accessibility requirements
+	// (spec.placementHints). Diskful replicas go to the preferred segments first, in
+	// order; with volumeAccess Local one of them must be in a requisite segment.
+	Requisite, Preferred []v1.TopologySegment
+	Nodes                []PlacementNode
 }
 
 // Placement is a node chosen for a new replica.
@@ -101,6 +105,7 @@ const (
 	ConstraintTransZonal      = "TransZonalNotEnoughZones"
 	ConstraintNodes           = "NotEnoughNodes"
 	ConstraintAccessNode      = "AccessNodeUnavailable"
+	ConstraintRequisite       = "RequisiteTopologyUnavailable"
 )
 
 // Place chooses nodes for in.Diskful Diskful and in.TieBreaker TieBreaker replicas,
@@ -110,14 +115,85 @@ func Place(in PlacementInput) ([]Placement, error) {
 		return nil, nil
 	}
 	p := newPlacer(in)
+	var out []Placement
+	var err error
 	switch in.Config.Topology {
 	case v1.TopologyZonal:
-		return p.zonal()
+		out, err = p.zonal()
 	case v1.TopologyTransZonal:
-		return p.transZonal()
+		out, err = p.transZonal()
 	default:
-		return p.anywhere()
+		out, err = p.anywhere()
 	}
+	if err != nil {
+		return nil, err
+	}
+	if p.needRequisite() {
+		var segs []string
+		for _, s := range in.Requisite {
+			segs = append(segs, segmentString(s))
+		}
+		return nil, &PlacementError{Constraint: ConstraintRequisite,
+			Message: "volumeAccess=Local needs a Diskful replica in one of the requisite topology segments (" + strings.Join(segs, "; ") +
+				") in pool " + strconv.Quote(in.Config.StoragePool) + ": no node there fits" + p.excluded()}
+	}
+	return out, nil
+}
+
+func segmentString(s v1.TopologySegment) string {
+	var parts []string
+	if s.NodeName != "" {
+		parts = append(parts, "node "+s.NodeName)
+	}
+	if s.Zone != "" {
+		parts = append(parts, "zone "+s.Zone)
+	}
+	if len(parts) == 0 {
+		return "anywhere"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func segmentMatches(s v1.TopologySegment, node, zone string) bool {
+	return (s.NodeName == "" || s.NodeName == node) && (s.Zone == "" || s.Zone == zone)
+}
+
+// needRequisite: volumeAccess Local with requisite segments, and no Diskful replica of
+// the volume (existing or placed now) in one of them yet.
+func (p *placer) needRequisite() bool {
+	if p.in.Config.VolumeAccess != v1.VolumeAccessLocal || len(p.in.Requisite) == 0 {
+		return false
+	}
+	for _, r := range p.in.Existing {
+		if !r.Deleting && r.Type == v1.ReplicaTypeDiskful && p.inRequisite(r.Node, p.zoneOf(r.Node)) {
+			return false
+		}
+	}
+	for _, n := range p.placedD {
+		if p.inRequisite(n, p.zoneOf(n)) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *placer) inRequisite(node, zone string) bool {
+	for _, s := range p.in.Requisite {
+		if segmentMatches(s, node, zone) {
+			return true
+		}
+	}
+	return false
+}
+
+// prefRank is the index of the first preferred segment the node is in (len when none).
+func (p *placer) prefRank(n *PlacementNode) int {
+	for i, s := range p.in.Preferred {
+		if segmentMatches(s, n.Name, n.Zone) {
+			return i
+		}
+	}
+	return len(p.in.Preferred)
 }
 
 type placer struct {
@@ -128,6 +204,8 @@ type placer struct {
 	free  map[string]int64
 	// refused counts, per rule, the nodes it removed (for messages).
 	why map[string][]string
+	// placedD are the nodes this call gave a Diskful replica.
+	placedD []string
 }
 
 func newPlacer(in PlacementInput) *placer {
@@ -177,10 +255,21 @@ func (p *placer) wantsLocal() bool {
 	return p.in.Config.VolumeAccess != v1.VolumeAccessAny
 }
 
-// better orders candidates: attachment node (Diskful only), fewest replicas, most free,
-// name.
+// better orders candidates: for a Diskful replica, a requisite segment first while
+// volumeAccess Local still needs one, then an attachment node (unless volumeAccess Any),
+// then the earliest preferred segment; then fewest replicas, most free, name.
 func (p *placer) better(diskful bool) func(a, b *PlacementNode) int {
+	needReq := diskful && p.needRequisite()
 	return func(a, b *PlacementNode) int {
+		if needReq {
+			ra, rb := p.inRequisite(a.Name, a.Zone), p.inRequisite(b.Name, b.Zone)
+			if ra != rb {
+				if ra {
+					return -1
+				}
+				return 1
+			}
+		}
 		if diskful && p.wantsLocal() {
 			la, lb := slices.Contains(p.in.AttachNodes, a.Name), slices.Contains(p.in.AttachNodes, b.Name)
 			if la != lb {
@@ -188,6 +277,11 @@ func (p *placer) better(diskful bool) func(a, b *PlacementNode) int {
 					return -1
 				}
 				return 1
+			}
+		}
+		if diskful {
+			if pa, pb := p.prefRank(a), p.prefRank(b); pa != pb {
+				return pa - pb
 			}
 		}
 		if a.Replicas != b.Replicas {
@@ -225,6 +319,7 @@ func (p *placer) take(n *PlacementNode, t v1.ReplicaType, out []Placement) []Pla
 	p.taken[n.Name] = true
 	if t == v1.ReplicaTypeDiskful {
 		p.free[n.Name] -= p.size
+		p.placedD = append(p.placedD, n.Name)
 	}
 	n.Replicas++
 	return append(out, Placement{Node: n.Name, Type: t})
@@ -265,15 +360,21 @@ func (p *placer) zonal() ([]Placement, error) {
 		d, tb      int
 		free       int64
 		replicaSum int
+		pref       int // best preferred-segment rank of its nodes (requisite first when needed)
 	}
 	var opts []option
 	for _, z := range zones {
 		zz := z
 		d := p.candidates(true, &zz)
 		tb := p.candidates(false, &zz)
-		o := option{zone: z, d: len(d), tb: len(tb)}
+		o := option{zone: z, d: len(d), tb: len(tb), pref: len(p.in.Preferred) + 1}
 		for _, n := range d {
 			o.free += p.free[n.Name]
+			r := p.prefRank(n)
+			if p.needRequisite() && p.inRequisite(n.Name, n.Zone) {
+				r = -1
+			}
+			o.pref = min(o.pref, r)
 		}
 		for _, n := range tb {
 			o.replicaSum += n.Replicas
@@ -287,6 +388,9 @@ func (p *placer) zonal() ([]Placement, error) {
 		fi, fj := fitsAll(opts[i]), fitsAll(opts[j])
 		if fi != fj {
 			return fi
+		}
+		if opts[i].pref != opts[j].pref {
+			return opts[i].pref < opts[j].pref
 		}
 		if opts[i].free != opts[j].free {
 			return opts[i].free > opts[j].free

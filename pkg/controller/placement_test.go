@@ -101,6 +101,31 @@ func TestPlace(t *testing.T) {
 		{name: "attachment node first for a Diskful replica",
 			in:   PlacementInput{Config: cfg(0, 0, v1.TopologyIgnored), Size: ten, Diskful: 1, AttachNodes: []string{"c"}, Nodes: three},
 			want: "D:c"},
+		{name: "the first preferred segment gets a Diskful replica",
+			in: PlacementInput{Config: cfg(0, 1, v1.TopologyIgnored), Size: ten, Diskful: 2, Nodes: three,
+				Preferred: []v1.TopologySegment{{NodeName: "c"}, {NodeName: "b"}}},
+			want: "D:b D:c"},
+		{name: "a preferred zone steers Zonal",
+			in: PlacementInput{Config: cfg(0, 0, v1.TopologyZonal), Size: ten, Diskful: 1, Nodes: three,
+				Preferred: []v1.TopologySegment{{Zone: "z2"}}},
+			want: "D:b"},
+		{name: "volumeAccess Local puts a Diskful replica in a requisite segment",
+			in: PlacementInput{Config: func() v1.ReplicatedVolumeConfiguration {
+				c := cfg(0, 0, v1.TopologyIgnored)
+				c.VolumeAccess = v1.VolumeAccessLocal
+				return c
+			}(), Size: ten, Diskful: 1, Nodes: []PlacementNode{node("a", "z1", 900), node("b", "z2", 20)},
+				Requisite: []v1.TopologySegment{{Zone: "z2"}}},
+			want: "D:b"},
+		{name: "volumeAccess Local refuses when no requisite segment fits",
+			in: PlacementInput{Config: func() v1.ReplicatedVolumeConfiguration {
+				c := cfg(0, 0, v1.TopologyIgnored)
+				c.VolumeAccess = v1.VolumeAccessLocal
+				return c
+			}(), Size: ten, Diskful: 1, Nodes: []PlacementNode{node("a", "z1", 900), node("b", "z2", 5)},
+				Requisite: []v1.TopologySegment{{NodeName: "b"}}},
+			want:     "error: " + ConstraintRequisite,
+			errorMsg: `volumeAccess=Local needs a Diskful replica in one of the requisite topology segments (node b) in pool "fast": no node there fits`},
 		{name: "volumeAccess Any ignores the attachment node",
 			in: PlacementInput{Config: func() v1.ReplicatedVolumeConfiguration {
 				c := cfg(0, 0, v1.TopologyIgnored)

@@ -50,7 +50,7 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 					placementFailures.WithLabelValues(ConstraintAccessNode).Inc()
 					continue
 				}
-				if err := c.applyRVR(ctx, rv, w.NodeName, v1.ReplicaTypeAccess, nil); err != nil {
+				if err := c.applyRVR(ctx, rv, w.NodeName, v1.ReplicaTypeAccess, nil, ""); err != nil {
 					return "", fmt.Errorf("creating Access replica on %s: %w", w.NodeName, err)
 				}
 				created = append(created, rvrName(rv.Name, w.NodeName))
@@ -76,7 +76,7 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 			if v.rsp != nil {
 				storage = storageFor(v.rsp, r.Spec.NodeName)
 			}
-			if err := c.applyRVR(ctx, rv, r.Spec.NodeName, w.Type, storage); err != nil {
+			if err := ignoreStale(c.applyRVR(ctx, rv, r.Spec.NodeName, w.Type, storage, r.ResourceVersion)); err != nil {
 				return "", fmt.Errorf("retyping replica %s to %s: %w", r.Name, w.Type, err)
 			}
 		}
@@ -116,6 +116,9 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 					in.AttachNodes = append(in.AttachNodes, a.Spec.NodeName)
 				}
 			}
+			if h := v.rv.Spec.PlacementHints; h != nil {
+				in.Requisite, in.Preferred = h.Requisite, h.Preferred
+			}
 			placed, err := Place(in)
 			var pe *PlacementError
 			switch {
@@ -133,7 +136,7 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 					if p.Type == v1.ReplicaTypeDiskful {
 						storage = storageFor(v.rsp, p.Node)
 					}
-					if err := c.applyRVR(ctx, rv, p.Node, p.Type, storage); err != nil {
+					if err := c.applyRVR(ctx, rv, p.Node, p.Type, storage, ""); err != nil {
 						return "", fmt.Errorf("creating %s replica on %s: %w", p.Type, p.Node, err)
 					}
 					created = append(created, rvrName(rv.Name, p.Node))
@@ -277,7 +280,7 @@ func (c *Controller) eventuallyLocal(ctx context.Context, v *volume, work *v1.Re
 		if !ok {
 			continue
 		}
-		if err := c.applyRVR(ctx, v.rv, m.NodeName, v1.ReplicaTypeDiskful, storageFor(v.rsp, m.NodeName)); err != nil {
+		if err := ignoreStale(c.applyRVR(ctx, v.rv, m.NodeName, v1.ReplicaTypeDiskful, storageFor(v.rsp, m.NodeName), r.ResourceVersion)); err != nil {
 			return "", fmt.Errorf("retyping %s to Diskful (volumeAccess=EventuallyLocal): %w", r.Name, err)
 		}
 		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventReplicaPlaced,

@@ -46,9 +46,20 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 		}
 		dm.Port, dm.Minor = al.Port, al.Minor
 	}
-	if dm.Size == nil {
+	switch {
+	case dm.Size == nil:
 		q := v.rv.Spec.Size.DeepCopy()
 		dm.Size = &q
+	case v.rv.Spec.Size.Cmp(*dm.Size) > 0 && work.Status.DatameshRevision > 0 && len(dm.Members) > 0 &&
+		len(work.Status.DatameshTransitions) == 0:
+		// Expansion (spec.size only grows): publish the new size as one revision, with
+		// nothing else in flight; each agent grows its backing volume, then DRBD.
+		old := dm.Size.String()
+		q := v.rv.Spec.Size.DeepCopy()
+		dm.Size = &q
+		work.Status.DatameshRevision++
+		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, "Expanding", "Volume size %s → %s published at revision %d",
+			old, q.String(), work.Status.DatameshRevision)
 	}
 	if err := c.ensureSecret(ctx, v.rv); err != nil {
 		return "", "", err

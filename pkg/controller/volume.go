@@ -231,7 +231,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 	}
 	deleting := rv.DeletionTimestamp != nil
 	if !deleting && !slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		if err := applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, true); err != nil {
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, true, nil)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("adding finalizer: %w", err)
 		}
 		// The write changed the RV: its event brings the next reconcile, which works
@@ -243,7 +243,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 	}
 	for _, a := range v.rvas {
 		if a.DeletionTimestamp == nil && !slices.Contains(a.Finalizers, v1.FinalizerController) {
-			if err := applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, true); err != nil {
+			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion, true, nil)); err != nil {
 				return ctrl.Result{}, fmt.Errorf("adding finalizer to attachment %s: %w", a.Name, err)
 			}
 		}
@@ -361,7 +361,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 		if apierrors.IsConflict(err) {
 			// The RV changed since the cache showed it: the status computed here may rest
 			// on a stale revision, so it is dropped and computed again from the new one.
-			return ctrl.Result{Requeue: true}, nil
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return ctrl.Result{}, err
 	}
@@ -463,8 +463,10 @@ func (c *Controller) enginePool(v *volume) *datamesh.Pool {
 // applyRVR creates or updates a replica with every field the controller owns on it:
 // labels, the agent's finalizer, the owner reference and the spec. The same function
 // serves create and retype, so an apply never drops a field the controller set before.
-func (c *Controller) applyRVR(ctx context.Context, rv *v1.ReplicatedVolume, node string, t v1.ReplicaType, storage *v1.ReplicaStorage) error {
-	u := applyObject("ReplicatedVolumeReplica", "", rvrName(rv.Name, node), "")
+// A retype passes the replica's resourceVersion, so it never recreates a replica that is
+// gone.
+func (c *Controller) applyRVR(ctx context.Context, rv *v1.ReplicatedVolume, node string, t v1.ReplicaType, storage *v1.ReplicaStorage, resourceVersion string) error {
+	u := applyObject("ReplicatedVolumeReplica", "", rvrName(rv.Name, node), resourceVersion)
 	u.SetLabels(map[string]string{v1.LabelVolume: rv.Name, v1.LabelNode: node})
 	u.SetFinalizers([]string{v1.FinalizerAgent})
 	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}})
@@ -521,3 +523,7 @@ func (c *Controller) waitForCache(ctx context.Context, names []string, present b
 		}
 	}
 }
+
+// conflictRetry is how soon a reconcile whose status write met a newer RV runs again.
+// The watch event of that newer RV usually comes first; this is the fallback.
+const conflictRetry = 100 * time.Millisecond

@@ -359,9 +359,9 @@ func compatible(rv *v1.ReplicatedVolume, r createRequest, cr *csipb.CapacityRang
 func (c *Controller) createRV(ctx context.Context, r createRequest) (*v1.ReplicatedVolume, error) {
 	rv := &v1.ReplicatedVolume{
 		ObjectMeta: metav1.ObjectMeta{
+			// No finalizer here: the controller adds and releases its own by server-side
+			// apply, and a finalizer this manager co-owned would never be released.
 			Name: r.rvName,
-			// Set at creation so the controller can never lose the race with a delete.
-			Finalizers: []string{v1.FinalizerController},
 		},
 		Spec: v1.ReplicatedVolumeSpec{
 			Size:                       *resource.NewQuantity(r.size, resource.BinarySI),
@@ -578,7 +578,6 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 				Name:        name,
 				Labels:      map[string]string{v1.LabelVolume: id, v1.LabelNode: node},
 				Annotations: map[string]string{annotationReadonly: ro},
-				Finalizers:  []string{v1.FinalizerController},
 			},
 			Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: id, NodeName: node},
 		}

@@ -76,6 +76,11 @@ func (p *playController) step(ctx context.Context) error {
 			if err := p.cl.Update(ctx, a); err != nil {
 				return err
 			}
+		case len(a.Finalizers) == 0:
+			a.Finalizers = []string{v1.FinalizerController}
+			if err := p.cl.Update(ctx, a); err != nil {
+				return err
+			}
 		case a.Status.Phase != v1.AttachmentAttached:
 			a.Status.Phase = v1.AttachmentAttached
 			a.Status.DevicePath = "/dev/drbd-" + a.Spec.ReplicatedVolumeName
@@ -112,6 +117,10 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 			}
 		}
 		rv.Finalizers = nil
+		return p.cl.Update(ctx, rv)
+	}
+	if len(rv.Finalizers) == 0 {
+		rv.Finalizers = []string{v1.FinalizerController}
 		return p.cl.Update(ctx, rv)
 	}
 	if p.held(rv) {

@@ -121,12 +121,10 @@ func (r *Resource) Validate(f Features) error {
 		if peer.Address == r.Self.Address && peer.Address.IP.IsValid() {
 			p.addf("%s.address %s: same address and port as self", field, formatAddr(peer.Address))
 		}
-		if r.Disk == nil && peer.Diskless {
-			// Two diskless nodes have no data to exchange; DRBD connects them
-			// anyway, but meshvol never asks for it (star members connect to
-			// full-mesh members only), so it is a bug upstream of here.
-			p.addf("%s: diskless peer %q of a diskless node (diskless members connect only to diskful ones)", field, peer.Name)
-		}
+		// A diskless node may have diskless peers: a liminal member (D∅, sD∅)
+		// runs `disk none` (decision D1) yet is a full-mesh member, connected
+		// to the Access and TieBreaker members too. Whether two members
+		// connect is the datamesh's call, not a property of their disks.
 	}
 
 	validateOptions(&p, r.Options, f)

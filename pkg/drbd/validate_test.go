@@ -64,7 +64,6 @@ func TestValidateRules(t *testing.T) {
 		}, Features{}, `net.cramHMACAlg "SHA 256"`},
 		{"discard gran", func(r *Resource) { r.Options.Disk.RsDiscardGranularity = 1000 }, Features{}, `disk.rsDiscardGranularity 1000`},
 		{"non-voting unsupported", func(r *Resource) { r.Options.Disk.NonVoting = true }, Features{}, `disk.nonVoting: the installed DRBD does not support non-voting`},
-		{"diskless to diskless", func(r *Resource) { r.Disk = nil }, Features{}, `diskless peer "node-t" of a diskless node`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -94,5 +93,21 @@ func TestValidateRules(t *testing.T) {
 	}
 	if err := (*Resource)(nil).Validate(Features{}); err == nil {
 		t.Fatal("nil resource accepted")
+	}
+}
+
+// A liminal member (D∅, sD∅) runs `disk none` (decision D1) but is a
+// full-mesh member: it connects to the TieBreaker and Access members too, so a
+// diskless node with a diskless peer is valid, and drbdadm accepts it (the
+// package's TestMain hands every rendered file to drbdadm).
+func TestLiminalMemberConnectsToStarMembers(t *testing.T) {
+	r := *goldenModels()["2d-tb-from-d"].r
+	r.Peers = append([]Peer(nil), r.Peers...)
+	r.Disk = nil
+	if err := r.Validate(Features{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Render(&r, Features{}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -276,6 +276,12 @@ func (n *Node) pool(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
 	if rsp.Spec.Type != v1.PoolTypeFile || rsp.Spec.File == nil {
 		return nil, nil // only file pools exist in a local cluster
 	}
+	if n.c.ctx.Err() != nil {
+		// Stopped: a goroutine of an agent that outlived its manager's
+		// graceful-shutdown timeout must not recreate a pool directory
+		// after Stop removed the tree.
+		return nil, errors.New("localcluster: the cluster is stopped")
+	}
 	if p, ok := n.pools.Load(rsp.Name); ok {
 		return p.(*file.Pool), nil
 	}

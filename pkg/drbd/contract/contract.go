@@ -11,6 +11,10 @@
 // replication states, quorum — and compares the sequence of state changes
 // in the driver's events2 stream with the captured stream. Beyond the
 // captures it checks that a returning replica resyncs only what changed.
+// Where real DRBD's timing decides an order (a link used only at its next
+// connect attempt, events still in flight), the suite waits for the states
+// it needs, with a deadline, so that it runs unchanged on drbdsim and on
+// real DRBD.
 package contract
 
 import (
@@ -59,6 +63,16 @@ type AckChecker interface {
 	LostAckedWrites(res string) []string
 }
 
+// Recorder is optional: a harness that implements it receives, once the
+// suite has passed, every state change each node's events2 stream showed
+// during the whole run, normalized as the suite compares them ("connection
+// node2 connection:Connected", "call helper:disconnected"). drbdsim's
+// test compares them with a recording made on real DRBD; a real-DRBD
+// harness can save them as a new recording.
+type Recorder interface {
+	Record(node string, changes []string)
+}
+
 // Run runs the whole suite. Stages build on each other and stop at the
 // first failing one.
 func Run(t *testing.T, h Harness) {
@@ -77,6 +91,11 @@ func Run(t *testing.T, h Harness) {
 	for _, st := range stages {
 		if !t.Run(st.name, st.fn) {
 			t.Fatalf("stage %s failed; later stages depend on it", st.name)
+		}
+	}
+	if rec, ok := h.(Recorder); ok {
+		for i, w := range s.watchers {
+			rec.Record(Nodes[i], w.since(0))
 		}
 	}
 	for _, w := range s.watchers {
@@ -186,12 +205,20 @@ func captureEventsNow(t *testing.T, path string) []string {
 	return summary(r)
 }
 
-func (s *suite) compare(t *testing.T, node string, want []string) {
+// compare checks node's status against want, or against one of the
+// alternatives (states real DRBD may equally be in at that point).
+func (s *suite) compare(t *testing.T, node string, want []string, alternatives ...[]string) {
 	t.Helper()
 	got := summary(s.status(t, node))
-	if !slices.Equal(got, want) {
-		t.Errorf("%s differs from real DRBD:\n got: %s\nwant: %s", node, strings.Join(got, "\n      "), strings.Join(want, "\n      "))
+	if slices.Equal(got, want) {
+		return
 	}
+	for _, alt := range alternatives {
+		if slices.Equal(got, alt) {
+			return
+		}
+	}
+	t.Errorf("%s differs from real DRBD:\n got: %s\nwant: %s", node, strings.Join(got, "\n      "), strings.Join(want, "\n      "))
 }
 
 func (s *suite) matches(node string, want []string) (bool, string) {
@@ -260,28 +287,49 @@ func (s *suite) stage02(t *testing.T) {
 	mark := w.mark()
 	s.must(t, s.h.Driver("node1").Primary(s.ctx, Resource, "initial sync of a new test resource"))
 	// Right after the promotion node1 looks as in capture 02: Primary,
-	// UpToDate, node2 still Inconsistent and WFBitMapS.
-	s.compare(t, "node1", captureEventsNow(t, "02-initial-sync-node1.events2-now-statistics.txt"))
+	// UpToDate, node2 still Inconsistent and WFBitMapS. On real DRBD the
+	// status can equally come before the resync handshake has begun
+	// (node2 still Established) or after the bitmap exchange (SyncSource):
+	// the VM tier saw all three, with up to 600 ms from the promotion to
+	// WFBitMapS. The order WFBitMapS, SyncSource, Established is checked on
+	// node1's events2 below.
+	captured := captureEventsNow(t, "02-initial-sync-node1.events2-now-statistics.txt")
+	var alternatives [][]string
+	for _, repl := range []string{"Established", "SyncSource"} {
+		alt := slices.Clone(captured)
+		for i, l := range alt {
+			alt[i] = strings.Replace(l, "node2 replication:WFBitMapS", "node2 replication:"+repl, 1)
+		}
+		alternatives = append(alternatives, alt)
+	}
+	s.compare(t, "node1", captured, alternatives...)
 	s.eventually(t, "node2 UpToDate after initial sync", func() (bool, string) {
 		st := s.status(t, "node2")
 		return st.Devices[0].DiskState == "UpToDate", summary(st)[1]
 	})
-	seq := w.since(mark)
+	// node2 reporting UpToDate does not mean node1's stream has delivered
+	// its side yet (on real DRBD its last events were still in flight 15
+	// ms later): wait for the states, with a deadline.
 	for _, want := range [][]string{
 		{"resource role:Primary", "device disk:UpToDate", "peer-device node2 replication:WFBitMapS",
 			"peer-device node2 replication:SyncSource", "peer-device node2 replication:Established"},
 		{"peer-device node2 replication:SyncSource", "peer-device node2 peer-disk:UpToDate"},
 	} {
-		if !subsequence(seq, want) {
-			t.Errorf("node1's events2 after primary --force: want in order %q\ngot %q", want, seq)
-		}
+		s.waitEvents(t, "node1", w, mark, want)
 	}
 	// node2's side, as in capture 02's node2 status: SyncTarget from a
 	// Primary while it ran.
-	seq2 := s.watchers[1].since(0)
-	if !subsequence(seq2, []string{"connection node1 role:Primary", "peer-device node1 replication:SyncTarget", "device disk:UpToDate"}) {
-		t.Errorf("node2's events2 during the initial sync: %q", seq2)
-	}
+	s.waitEvents(t, "node2", s.watchers[1], 0, []string{"connection node1 role:Primary", "peer-device node1 replication:SyncTarget", "device disk:UpToDate"})
+}
+
+// waitEvents lets time pass (as eventually) until w's state changes since
+// mark hold want in order; it fails the test at the deadline.
+func (s *suite) waitEvents(t *testing.T, node string, w *watcher, mark int, want []string) {
+	t.Helper()
+	s.eventually(t, node+"'s events2 reach "+want[len(want)-1], func() (bool, string) {
+		seq := w.since(mark)
+		return subsequence(seq, want), fmt.Sprintf("want in order %q, got %q", want, seq)
+	})
 }
 
 // Stage 03: node1 Primary writes 20 MiB; node2 UpToDate with the data.
@@ -320,7 +368,7 @@ func (s *suite) stage04(t *testing.T) {
 		want := captureStream(t, "04-failover-event-stream/"+n+".events2-timestamps-statistics-stream.txt")
 		got := s.watchers[i].since(marks[i])
 		t.Logf("%s: %d state changes, as captured: %q", n, len(got), got)
-		if !slices.Equal(got, want) {
+		if !sameStream(got, want) {
 			t.Errorf("%s events2 state changes differ from real DRBD\n got: %q\nwant: %q", n, got, want)
 		}
 	}
@@ -349,7 +397,15 @@ func (s *suite) stage05(t *testing.T) {
 	if err := s.h.Driver("node2").Primary(s.ctx, Resource, drbd.NoForce); !errors.Is(err, drbd.ErrNoQuorum) {
 		t.Errorf("promotion of isolated node2: got %v, want ErrNoQuorum", err)
 	}
+	// DRBD uses a returning link only at its next connect attempt
+	// (connect-int, 10 s by default): wait for node1 and node2 to be
+	// connected again before node3 comes up, so that the order of events
+	// is the captured one however the attempts fall.
 	s.h.Connect("node1", "node2")
+	s.eventually(t, "node1 and node2 connected again", func() (bool, string) {
+		st := s.status(t, "node1")
+		return st.Connections[0].ConnectionState == "Connected" && st.Devices[0].Quorum, strings.Join(summary(st), "; ")
+	})
 	s.must(t, s.h.Driver("node3").Up(s.ctx, Resource))
 	s.eventually(t, "quorum back on node1", func() (bool, string) {
 		st := s.status(t, "node1")
@@ -363,7 +419,7 @@ func (s *suite) stage05(t *testing.T) {
 	want := captureStream(t, "05-quorum-loss/node1.events2-timestamps-statistics-stream.txt")
 	got := s.watchers[0].since(mark)
 	t.Logf("node1: %d state changes, as captured: %q", len(got), got)
-	if !slices.Equal(got, want) {
+	if !sameStream(got, want) {
 		t.Errorf("node1 events2 state changes differ from real DRBD\n got: %q\nwant: %q", got, want)
 	}
 	s.must(t, s.h.Write(s.ctx, "node1", 0, pattern(7, 4096)))
@@ -391,10 +447,10 @@ func (s *suite) stage06(t *testing.T) {
 		st := s.status(t, "node2")
 		return st.Devices[0].DiskState == "UpToDate" && st.Connections[0].PeerDevices[0].ReplicationState == "Established", strings.Join(summary(st), "; ")
 	})
-	seq := s.watchers[1].since(mark)
-	if !subsequence(seq, []string{"peer-device node1 replication:SyncTarget", "device disk:UpToDate"}) {
-		t.Errorf("node2 did not resync: %q", seq)
-	}
+	// As in stage 02: node2's status can say UpToDate before its stream has
+	// delivered the change (the VM tier saw the stream end at
+	// after-resync-target), so wait for the events too.
+	s.waitEvents(t, "node2", s.watchers[1], mark, []string{"peer-device node1 replication:SyncTarget", "device disk:UpToDate"})
 	if max := s.watchers[1].maxOutOfSync("node1", mark); max == 0 || max > 2<<10 {
 		t.Errorf("node2 resynced %d KiB for 1024 KiB written while away", max)
 	}
@@ -405,6 +461,36 @@ func (s *suite) marks() []int {
 	out := make([]int, len(s.watchers))
 	for i, w := range s.watchers {
 		out[i] = w.mark()
+	}
+	return out
+}
+
+// sameStream compares two normalized event streams. DRBD emits helper
+// calls and path changes from work it queues after the state change that
+// causes them, so within a run of consecutive such entries their order
+// varies on real DRBD (the VM tier saw stage 05's "path node2
+// established:no" both before and after "call helper:quorum-lost"); such
+// runs are compared as multisets, everything else in order.
+func sameStream(got, want []string) bool {
+	return slices.Equal(canonicalAsync(got), canonicalAsync(want))
+}
+
+func canonicalAsync(seq []string) []string {
+	async := func(e string) bool {
+		return strings.HasPrefix(e, "call helper:") || strings.HasPrefix(e, "path ")
+	}
+	out := slices.Clone(seq)
+	for i := 0; i < len(out); {
+		j := i
+		for j < len(out) && async(out[j]) {
+			j++
+		}
+		if j > i {
+			slices.Sort(out[i:j])
+			i = j
+		} else {
+			i++
+		}
 	}
 	return out
 }

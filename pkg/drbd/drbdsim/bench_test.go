@@ -2,6 +2,7 @@ package drbdsim
 
 import (
 	"testing"
+	"time"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
@@ -28,5 +29,6 @@ func BenchmarkPartitionHeal(b *testing.B) {
 	for b.Loop() {
 		rg.c.Partition("node1")
 		rg.c.Heal()
+		rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	}
 }

@@ -23,6 +23,11 @@ type Options struct {
 	// before the resync starts. Default 1 ms of virtual time, so a status
 	// taken right after the handshake shows WFBitMapS as in capture 02.
 	BitmapExchange time.Duration
+	// ConnectInt is DRBD's connect-int: while Connecting, each side tries
+	// to connect once at once and then every ConnectInt, so a link that
+	// comes back is used only at the next attempt. Default 10 s, DRBD's
+	// default; tests may shorten it (SetConnectInt).
+	ConnectInt time.Duration
 	// Start is the virtual clock's start. Default 2026-11-22T00:00:00Z.
 	Start time.Time
 	// Seed makes generation UUIDs reproducible.
@@ -77,6 +82,9 @@ func NewCluster(opts Options) *Cluster {
 	}
 	if opts.BitmapExchange <= 0 {
 		opts.BitmapExchange = time.Millisecond
+	}
+	if opts.ConnectInt <= 0 {
+		opts.ConnectInt = 10 * time.Second
 	}
 	if opts.Start.IsZero() {
 		opts.Start = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
@@ -153,6 +161,16 @@ func (c *Cluster) SetResyncRate(bytesPerSecond int64) {
 	defer c.mu.Unlock()
 	if bytesPerSecond > 0 {
 		c.opts.ResyncRate = bytesPerSecond
+	}
+}
+
+// SetConnectInt changes connect-int for every later connect attempt (the
+// simulated network's reconnect delay; DRBD's default is 10 s).
+func (c *Cluster) SetConnectInt(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d > 0 {
+		c.opts.ConnectInt = d
 	}
 }
 

@@ -222,3 +222,33 @@ func inOrder(s string, want []string) bool {
 	}
 	return true
 }
+
+// A link that comes back is used at the next connect attempt: connect-int
+// (DRBD's default 10 s) after the failed one, while a node that comes up
+// connects at once; SetConnectInt shortens it.
+func TestReconnectAtNextConnectAttempt(t *testing.T) {
+	rg := formed(t, nil)
+	rg.must(rg.c.Node("node3").Down(rg.ctx, "r0"))
+	rg.c.Cut("node1", "node2") // both sides try at once, fail, next try in 10 s
+	rg.c.Advance(3 * time.Second)
+	rg.c.Connect("node1", "node2")
+	rg.must(rg.c.Node("node3").Up(rg.ctx, "r0"))
+	if cs := rg.state("node3").Connections[0].ConnectionState; cs != "Connected" {
+		t.Fatalf("node3 coming up: %s, want Connected at once", cs)
+	}
+	rg.c.Advance(6900 * time.Millisecond)
+	if cs := rg.state("node1").Connections[0].ConnectionState; cs != "Connecting" {
+		t.Fatalf("node1 → node2 9.9 s after the failed attempt: %s, want Connecting", cs)
+	}
+	rg.c.Advance(200 * time.Millisecond)
+	if cs := rg.state("node1").Connections[0].ConnectionState; cs != "Connected" {
+		t.Fatalf("node1 → node2 after connect-int: %s", cs)
+	}
+	rg.c.SetConnectInt(time.Second)
+	rg.c.Cut("node1", "node2")
+	rg.c.Connect("node1", "node2")
+	rg.c.Advance(1100 * time.Millisecond)
+	if cs := rg.state("node1").Connections[0].ConnectionState; cs != "Connected" {
+		t.Fatalf("with connect-int 1 s: %s", cs)
+	}
+}

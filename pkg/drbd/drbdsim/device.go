@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -107,9 +108,18 @@ func (c *Cluster) fuseMount() (*devices, error) {
 	if d.timeout == 0 {
 		d.timeout = DefaultDeviceWatchdog
 	}
+	if err := cleanStale(d.mnt); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(d.mnt, 0o755); err != nil {
 		return nil, err
 	}
+	// go-fuse opens /dev/fuse without O_CLOEXEC when it mounts by itself:
+	// every child (losetup, mkfs, a test's dd) would inherit it and keep
+	// the FUSE connection alive after this process died, and a child
+	// blocked on the device would then wait for itself forever. Hold off
+	// every fork until the descriptor is close-on-exec.
+	syscall.ForkLock.RLock()
 	srv, err := fuse.NewServer(&deviceFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), c: c, d: d}, d.mnt, &fuse.MountOptions{
 		// As root go-fuse calls mount(2) itself; there is no fusermount
 		// to fall back to, and a silent fallback would hide the reason.
@@ -122,7 +132,14 @@ func (c *Cluster) fuseMount() (*devices, error) {
 		// (CAP_WRITEBACK_CACHE), so the file is write-through: a write
 		// returns only after the Write handler did.
 	})
+	if err == nil {
+		err = closeOnExecFuseFDs()
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
+		if srv != nil {
+			_ = srv.Unmount()
+		}
 		return nil, fmt.Errorf("drbdsim: mount the device filesystem on %s: %w", d.mnt, err)
 	}
 	go srv.Serve()
@@ -141,6 +158,78 @@ func (c *Cluster) fuseMount() (*devices, error) {
 	}
 	c.devs = d
 	return d, nil
+}
+
+// cleanStale removes what a process that served mnt left behind when it
+// died without Close (a test binary killed at its timeout, a sandbox
+// that crashed): filesystems on loop devices over its files, the loop
+// devices, the dead FUSE mount. A mount there whose server still answers
+// belongs to a live cluster using the same Options.Dir: an error.
+func cleanStale(mnt string) error {
+	if !isMountPoint(mnt) {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); !errors.Is(err, unix.ENOTCONN) {
+		return fmt.Errorf("drbdsim: %s is the device filesystem of another live cluster (Options.Dir in use; stat: %v)", mnt, err)
+	}
+	var errs []error
+	for _, loop := range loopsUnder(mnt) {
+		for _, p := range slices.Backward(mountsOf(loop)) {
+			// Nothing can be written back through a dead server; a lazy
+			// unmount does not wait for it.
+			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+				errs = append(errs, fmt.Errorf("drbdsim: stale %s: unmount %s: %w", loop, p, err))
+			}
+		}
+		_ = exec.Command("losetup", "-d", loop).Run()
+		if !waitDetached(loop, mnt, 10*time.Second) {
+			errs = append(errs, fmt.Errorf("drbdsim: stale %s over %s is still attached", loop, mnt))
+		}
+	}
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		errs = append(errs, fmt.Errorf("drbdsim: unmount the stale %s: %w", mnt, err))
+	}
+	if len(errs) == 0 {
+		log.Printf("drbdsim: removed the devices a dead process left on %s", mnt)
+	}
+	return errors.Join(errs...)
+}
+
+// isMountPoint reports whether path is a mount point (in mountinfo).
+func isMountPoint(path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && unescapeMount(f[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+// closeOnExecFuseFDs marks every descriptor of this process on /dev/fuse
+// close-on-exec (see fuseMount).
+func closeOnExecFuseFDs() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || target != "/dev/fuse" {
+			continue
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+			return fmt.Errorf("set close-on-exec on /dev/fuse (fd %d): %w", fd, err)
+		}
+	}
+	return nil
 }
 
 // setupDevice gives a new Primary its block device: a FUSE file of DRBD's
@@ -235,6 +324,10 @@ func (r *resource) teardownDevice() {
 	if r.heldDev != dev {
 		r.n.c.forget(dev)
 	}
+	// A request suspended without quorum (suspend-io) waits on c.cond: wake
+	// it, so that it fails with EIO now that its device is gone, instead of
+	// holding its loop device, and the FUSE mount, forever.
+	r.n.c.cond.Broadcast()
 	if dev.link != "" {
 		_ = os.Remove(dev.link)
 	}

@@ -2,6 +2,7 @@ package drbdsim
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/drbd/contract"
 )
 
 // requireDevices fails the test, saying what is missing, unless it can
@@ -298,7 +300,7 @@ func TestDeviceNoQuorumEIO(t *testing.T) {
 	if _, err := f.ReadAt(buf, last); err != nil {
 		t.Fatalf("O_DIRECT read without quorum: %v", err)
 	}
-	rg.c.Heal()
+	rg.healed()
 	rg.wantQuorum("node1", true)
 	copy(buf, "healed")
 	if _, err := f.WriteAt(buf, last); err != nil {
@@ -318,20 +320,14 @@ func TestDeviceNoQuorumEIO(t *testing.T) {
 func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
 	rg := deviceRig(t, nil, func(_ string, o *drbd.OptionSet) { o.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorumSuspendIO) })
 	n1 := rg.formedPrimary("node1")
-	f, err := os.OpenFile(n1.DevicePath("r0"), os.O_RDWR|syscall.O_DIRECT, 0)
-	rg.must(err)
-	defer f.Close()
 	rg.c.Partition("node1")
-	buf := directIO(4096)
-	copy(buf, "suspended")
-	done := make(chan error, 1)
-	go func() { _, err := f.WriteAt(buf, 8192); done <- err }()
+	done := ddWrite(t, n1.DevicePath("r0"), 2, "suspended")
 	select {
 	case err := <-done:
 		t.Fatalf("write without quorum returned (%v) instead of blocking", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	rg.c.Heal()
+	rg.healed()
 	select {
 	case err := <-done:
 		rg.must(err)
@@ -344,6 +340,77 @@ func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
 		t.Fatalf("node2 holds %q at 8192 after the suspended write completed", got)
 	}
 	rg.noLostWrites()
+}
+
+// ddWrite writes text into 4 KiB block blk of dev with O_DIRECT from a dd
+// process and reports dd's result on the channel. A writer that blocks in
+// the kernel must not be a thread of this process: if the test died with
+// it waiting for this process's own FUSE handlers, the process could never
+// exit (its threads in D state, the FUSE connection never aborted).
+func ddWrite(t *testing.T, dev string, blk int, text string) <-chan error {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "block")
+	data := make([]byte, 4096)
+	copy(data, text)
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("dd", "if="+src, "of="+dev, "bs=4096", "count=1", fmt.Sprintf("seek=%d", blk),
+		"oflag=direct", "conv=notrunc", "status=none")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("dd: %w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+		done <- err
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return done
+}
+
+// healed heals the network and lets the nodes reconnect (DRBD retries
+// a connection every connect-int, 10 s by default).
+func (rg *rig) healed() {
+	rg.c.Heal()
+	rg.c.Advance(15 * time.Second)
+}
+
+// A suspended write whose device goes away (here: Close, as a failed
+// test's cleanup or a sandbox's shutdown does) fails with EIO instead of
+// staying suspended, so nothing is left holding the loop device, the FUSE
+// mount, or a thread in D state.
+func TestDeviceSuspendedWriteFailsWhenDeviceGoes(t *testing.T) {
+	rg := deviceRig(t, nil, func(_ string, o *drbd.OptionSet) { o.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorumSuspendIO) })
+	n1 := rg.formedPrimary("node1")
+	rg.c.Partition("node1")
+	done := ddWrite(t, n1.DevicePath("r0"), 2, "suspended")
+	select {
+	case err := <-done:
+		t.Fatalf("write without quorum returned (%v) instead of blocking", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- rg.c.Close() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "Input/output error") {
+			t.Fatalf("suspended write after Close: %v, want EIO", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("suspended write still blocked 10 s after Close")
+	}
+	select {
+	case err := <-closed:
+		rg.must(err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("Close did not return 15 s after the suspended write failed")
+	}
 }
 
 // A diskless Primary reads and writes through its peers: what it writes is
@@ -659,4 +726,64 @@ func TestWritesPrintNoEvents(t *testing.T) {
 			t.Fatalf("events2 line after writes that changed only statistics: %q", l)
 		}
 	}
+}
+
+// staleChildEnv names the directory in which the test binary, started by
+// TestDeviceStaleMountsCleanedUp, mounts a filesystem on a device and
+// dies without Close.
+const staleChildEnv = "DRBDSIM_STALE_CHILD_DIR"
+
+// A process that dies without Close leaves its FUSE mount dead, loop
+// devices over it and filesystems on them; the next cluster on the same
+// Options.Dir removes them and works.
+func TestDeviceStaleMountsCleanedUp(t *testing.T) {
+	requireDevices(t)
+	if dir := os.Getenv(staleChildEnv); dir != "" {
+		rg := rigIn(t, dir)
+		n1 := rg.formedPrimary("node1")
+		mkfs(t, n1.DevicePath("r0"))
+		mnt := filepath.Join(dir, "mnt")
+		rg.must(os.MkdirAll(mnt, 0o755))
+		run(t, "mount", n1.DevicePath("r0"), mnt)
+		rg.must(writeFsync(filepath.Join(mnt, "f"), []byte("left behind")))
+		os.Exit(0) // no Close, no cleanup: a crash
+	}
+	dir := t.TempDir()
+	t.Cleanup(func() { _ = cleanStale(filepath.Join(dir, "fuse")) }) // if the assertions below fail
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDeviceStaleMountsCleanedUp$")
+	cmd.Env = append(os.Environ(), staleChildEnv+"="+dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if left := leftovers(dir); len(left) < 3 {
+		t.Fatalf("the dead child left %v, want its FUSE mount, a loop device and the ext4 mount", left)
+	}
+	rg := rigIn(t, dir)
+	n1 := rg.formedPrimary("node1")
+	mkfs(t, n1.DevicePath("r0"))
+	mnt := rg.mount(n1.DevicePath("r0"), "mnt")
+	rg.must(writeFsync(filepath.Join(mnt, "f"), []byte("after the stale devices were removed")))
+}
+
+// rigIn is deviceRig in a given directory.
+func rigIn(t *testing.T, dir string) *rig {
+	t.Helper()
+	rg := &rig{t: t, c: NewCluster(Options{Dir: dir, Seed: 1, LoopDevices: true}), dir: dir, ctx: context.Background()}
+	contract.SparseBackingFiles(t, dir)
+	for _, n := range []string{"node1", "node2", "node3"} {
+		node := rg.c.Node(n)
+		rg.must(node.WriteConfig(rg.ctx, r0(dir, n, nil)))
+		if n != "node3" {
+			rg.must(node.CreateMetadata(rg.ctx, "r0", 2))
+		}
+	}
+	t.Cleanup(func() {
+		if err := rg.c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if left := leftovers(dir); len(left) > 0 {
+			t.Errorf("left behind after Close: %s", strings.Join(left, "; "))
+		}
+	})
+	return rg
 }

@@ -39,6 +39,12 @@ func (c *Cluster) settle() {
 func (c *Cluster) settleOnce() {
 	for range 64 {
 		changed := false
+		type attempt struct {
+			r, pr  *resource
+			k, pk  *conn
+			authOK bool
+		}
+		var through []attempt
 		for _, r := range c.runningResources() {
 			for _, k := range r.sortedConns() {
 				pr := c.peerResource(r, k)
@@ -46,15 +52,58 @@ func (c *Cluster) settleOnce() {
 				if pr != nil {
 					pk = pr.conns[r.nodeID()]
 				}
-				ok := c.canConnect(r, k, pr, pk)
+				reach := c.reachable(r, k, pr, pk)
 				switch {
-				case ok && !k.connected() && k.cstate != connStandAlone:
-					c.establish(r, k, pr, pk)
-					changed = true
-				case !ok && k.connected():
+				case reach && k.cstate == connConnecting && pk.cstate == connConnecting && !k.pathUp && (c.due(k) || c.due(pk)):
+					// A connect attempt of either side gets through.
+					through = append(through, attempt{r, pr, k, pk, authenticated(r, pr)})
+					k.pathUp, pk.pathUp = true, true
+				case !reach && k.connected():
 					c.lose(r, k, connNetworkFailure)
 					changed = true
+				case !reach && k.cstate == connConnecting && c.due(k):
+					// A failed attempt: the next one is connect-int later.
+					k.nextTry = c.now.Add(c.opts.ConnectInt)
 				}
+			}
+		}
+		// Connections made at the same moment come up together: every
+		// path first, then each connection's state change.
+		for _, a := range through {
+			if a.authOK {
+				a.r.publishPath(a.pr.nodeID())
+				a.pr.publishPath(a.r.nodeID())
+			}
+		}
+		for _, a := range through {
+			r, k, pr, pk := a.r, a.k, a.pr, a.pk
+			changed = true
+			switch {
+			case a.authOK:
+				c.establish(r, k, pr, pk)
+			default:
+				k.pathUp, pk.pathUp = false, false
+				{
+					// DRBD: "Authentication of peer failed": both sides
+					// drop to StandAlone and do not retry; `adjust`
+					// (with matching secrets) connects again.
+					c.standAlone(r, k, pr, pk, false, "Authentication of peer failed")
+				}
+			}
+		}
+		// Peers' reports first, so that a state change a peer made (a
+		// promotion, an UpToDate disk) is published before the handshake
+		// it causes (contract-real.node2.seq: role:Primary, then WFBitMapT).
+		for _, r := range c.runningResources() {
+			viewChanged := false
+			for _, k := range r.sortedConns() {
+				if pr := c.peerResource(r, k); pr != nil && k.connected() && c.refreshPeerView(r, k, pr) {
+					viewChanged = true
+				}
+			}
+			if viewChanged {
+				r.publish()
+				changed = true
 			}
 		}
 		for _, r := range c.runningResources() {
@@ -69,14 +118,12 @@ func (c *Cluster) settleOnce() {
 				}
 				if !k.handshaken && r.attached() && pr.attached() {
 					c.handshake(r, k, pr, pk)
+					r.publish()
+					pr.publish()
 					changed = true
 				}
 				if k.repl == replWFBitMapS && !c.now.Before(k.wfUntil) {
-					k.repl, pk.repl = replSyncSource, replSyncTarget
-					k.rsStarted, pk.rsStarted = c.now, c.now
-					changed = true
-				}
-				if c.refreshPeerView(r, k, pr) {
+					c.beginResync(r, k, pr, pk)
 					changed = true
 				}
 			}
@@ -103,6 +150,10 @@ func (c *Cluster) settleOnce() {
 	}
 }
 
+// due: k's next connect attempt is now (DRBD tries once when a connection
+// starts Connecting, then every connect-int).
+func (c *Cluster) due(k *conn) bool { return !c.now.Before(k.nextTry) }
+
 // runningResources lists every running resource in a stable order.
 func (c *Cluster) runningResources() []*resource {
 	var out []*resource
@@ -118,23 +169,29 @@ func (c *Cluster) runningResources() []*resource {
 	return out
 }
 
-// canConnect: both ends run the resource, are configured for each other,
-// agree on authentication, and the network lets them through.
-func (c *Cluster) canConnect(r *resource, k *conn, pr *resource, pk *conn) bool {
-	if pr == nil || pk == nil || k.cstate == connStandAlone || pk.cstate == connStandAlone {
+// reachable: both ends run the resource, are configured for each other
+// and the network lets them through; a connection attempt reaches the peer.
+func (c *Cluster) reachable(r *resource, k *conn, pr *resource, pk *conn) bool {
+	if pr == nil || pk == nil {
 		return false
 	}
 	if !c.linked(r.n.name, pr.n.name) {
 		return false
 	}
-	if k.peer.NodeID != pr.nodeID() || k.peer.Address != pr.cfg.Self.Address || pk.peer.Address != r.cfg.Self.Address {
-		return false
-	}
+	return k.peer.NodeID == pr.nodeID() && k.peer.Address == pr.cfg.Self.Address && pk.peer.Address == r.cfg.Self.Address
+}
+
+// authenticated: the two ends agree on the shared secret and the HMAC,
+// and on the verify-alg (DRBD drops a peer whose verify-alg differs).
+func authenticated(r, pr *resource) bool {
 	a, b := r.cfg.Options.Net, pr.cfg.Options.Net
 	return a.SharedSecret == b.SharedSecret && a.CramHMACAlg == b.CramHMACAlg && a.VerifyAlg == b.VerifyAlg
 }
 
 // establish brings a connection up on both ends (a cluster-wide agreement).
+// DRBD compares the generation UUIDs before it reports the connection, so
+// the replication state goes from Off straight to the handshake's result:
+// Established, or WFBitMapS/T when a resync follows (contract-real seqs).
 func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 	for _, e := range []struct {
 		self, peer *resource
@@ -153,6 +210,15 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 			e.self.md.peer(e.peer.nodeID()).outdated = false
 		}
 	}
+	if r.attached() && pr.attached() {
+		c.handshake(r, k, pr, pk)
+		if k.cstate != connConnected {
+			k.pathUp, pk.pathUp = false, false
+			return // split brain or unrelated data: StandAlone
+		}
+		k.peerDisk, pk.peerDisk = pr.disk, r.disk
+	}
+	k.pathUp, pk.pathUp = false, false // Connected now says it
 	// DRBD's order: the path comes up, then the state change that carries
 	// the connection, the new quorum and the peer's disk.
 	for _, x := range []*resource{r, pr} {
@@ -168,11 +234,17 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 // state DRBD reports first: NetworkFailure, BrokenPipe, TearDown).
 func (c *Cluster) lose(r *resource, k *conn, how string) {
 	k.cstate = how
+	k.pathUp = false
+	lostPrimary := k.peerRole == rolePrimary
 	k.peerRole = roleUnknown
 	k.repl = replOff
 	k.peerDisk = DiskUnknown
 	k.peerQuorate = false
 	k.rsTotal = 0
+	// A Secondary that loses its Primary cannot know what the Primary
+	// wrote last: DRBD shows its disk Consistent in the same state change,
+	// and UpToDate again right after (contract-real.node2.seq, 57-63).
+	consistentBlip := how != connTearDown && lostPrimary && r.role != rolePrimary && r.attached() && r.disk == DiskUpToDate
 	lost := false
 	if how == connTearDown {
 		// A graceful departure is the peer's state change, not ours: the
@@ -186,15 +258,26 @@ func (c *Cluster) lose(r *resource, k *conn, how string) {
 	}
 	// DRBD's order: the state change (connection, device, peer-device),
 	// the quorum-lost helper, the path, the disconnected helper.
+	if consistentBlip {
+		r.disk = DiskConsistent // shown, not counted: quorum was computed above
+	}
 	r.publishOnly(allButPath)
 	if lost && r.role == rolePrimary {
 		r.helper("quorum-lost", true)
+	}
+	if consistentBlip {
+		r.disk = DiskUpToDate
+		r.publishOnly(allButPath)
 	}
 	r.publishOnly(onlyPaths)
 	r.peerHelper(k, "disconnected")
 	k.cstate = connUnconnected
 	r.publish()
 	k.cstate = connConnecting
+	// The first attempt is at once; while the link is down it fails and the
+	// next is connect-int later, so a link that comes back is used only at
+	// that next attempt.
+	k.nextTry = c.now
 	r.publish()
 }
 
@@ -318,14 +401,27 @@ func (c *Cluster) startSync(src *resource, ks *conn, dst *resource, kd *conn, fu
 	if src.disk == DiskConsistent {
 		src.setDisk(DiskUpToDate)
 	}
-	dst.setDisk(DiskInconsistent)
 	src.bmWrites++
 	dst.bmWrites++
 	ks.repl, kd.repl = replWFBitMapS, replWFBitMapT
 	ks.wfUntil, kd.wfUntil = c.now.Add(c.opts.BitmapExchange), c.now.Add(c.opts.BitmapExchange)
 	ks.rsTotal, kd.rsTotal = sp.bits.count(), sp.bits.count()
-	src.publish()
+}
+
+// beginResync ends the bitmap exchange: the before-resync helpers run,
+// then the target's disk goes Inconsistent with SyncTarget in one state
+// change, and the source sees SyncSource, then the target's Inconsistent
+// (contract-real.node1/node2.seq).
+func (c *Cluster) beginResync(src *resource, ks *conn, dst *resource, kd *conn) {
+	src.peerHelperVol(ks, "before-resync-source")
+	dst.peerHelperVol(kd, "before-resync-target")
+	dst.setDisk(DiskInconsistent)
+	ks.repl, kd.repl = replSyncSource, replSyncTarget
+	ks.rsStarted, kd.rsStarted = c.now, c.now
 	dst.publish()
+	src.publish()
+	c.refreshPeerView(src, ks, dst)
+	src.publish()
 }
 
 func (c *Cluster) standAlone(a *resource, ka *conn, b *resource, kb *conn, splitBrain bool, msg string) {
@@ -416,6 +512,7 @@ func (c *Cluster) progressVerify(r *resource, k *conn, budget int64) {
 }
 
 func (c *Cluster) finishSync(src *resource, ks *conn, dst *resource, kd *conn) {
+	dst.peerHelperVol(kd, "after-resync-target")
 	ks.repl, kd.repl = replEstablished, replEstablished
 	ks.rsTotal, kd.rsTotal = 0, 0
 	if dst.md.current != src.md.current {
@@ -431,6 +528,16 @@ func (c *Cluster) finishSync(src *resource, ks *conn, dst *resource, kd *conn) {
 	ks.peerDisk = dst.disk // "pdsk( Inconsistent -> UpToDate ) repl( SyncSource -> Established )"
 	src.publish()
 	dst.publish()
+	// A third node learns of the end of the resync in two steps: the
+	// target's Consistent, then its UpToDate (contract-real.node3.seq, 33-34).
+	if dst.disk == DiskUpToDate {
+		for _, x := range c.component(dst) {
+			if k := x.conns[dst.nodeID()]; x != src && x != dst && k != nil && k.connected() && k.peerDisk == DiskInconsistent {
+				k.peerDisk = DiskConsistent
+				x.publish()
+			}
+		}
+	}
 }
 
 // computeQuorum is r's own view, under r's own q/qmr, computed fresh.

@@ -33,6 +33,18 @@ type object struct {
 	extra                          []kv
 }
 
+// peerID is the peer-node-id of a connection, peer-device or path (-1
+// for the resource and the device).
+func (o *object) peerID() int {
+	for _, f := range o.ids {
+		if f.k == "peer-node-id" {
+			id, _ := strconv.Atoi(f.v)
+			return id
+		}
+	}
+	return -1
+}
+
 func (o *object) key() string {
 	var b strings.Builder
 	b.WriteString(o.kind)
@@ -151,7 +163,7 @@ func (r *resource) objects() []*object {
 		})
 		out = append(out, &object{kind: "path", ids: ids,
 			state: []kv{{"local", endpoint(r.cfg.Self.Address)}, {"peer", endpoint(k.peer.Address)},
-				{"established", yn(k.connected())}},
+				{"established", yn(k.connected() || k.pathUp)}},
 		})
 	}
 	return out
@@ -236,7 +248,7 @@ func (r *resource) dataAccessible() bool {
 }
 
 func (r *resource) mayPromote() bool {
-	if r.role == rolePrimary || !r.quorate || !r.dataAccessible() {
+	if r.role == rolePrimary || r.leaving || !r.quorate || !r.dataAccessible() {
 		return false
 	}
 	for _, k := range r.conns {
@@ -300,8 +312,17 @@ func (r *resource) publish() { r.publishOnly(nil) }
 // publishOnly publishes the objects of the given kinds (nil: all, or
 // "!path": all but paths), so that lines come out in DRBD's order.
 func (r *resource) publishOnly(kinds map[string]bool) {
+	r.publishWhere(func(o *object) bool { return kinds == nil || kinds[o.kind] })
+}
+
+// publishPath publishes the path to one peer.
+func (r *resource) publishPath(peerID int) {
+	r.publishWhere(func(o *object) bool { return o.kind == "path" && o.peerID() == peerID })
+}
+
+func (r *resource) publishWhere(pred func(o *object) bool) {
 	for _, o := range r.objects() {
-		if kinds != nil && !kinds[o.kind] {
+		if !pred(o) {
 			continue
 		}
 		key := o.key()
@@ -320,9 +341,13 @@ func (r *resource) publishOnly(kinds map[string]bool) {
 
 // publishCreate announces every object not published yet: all of them for
 // a new resource, a connection's own for a new connection.
-func (r *resource) publishCreate() {
+func (r *resource) publishCreate() { r.publishCreateWhere(nil) }
+
+// publishCreateWhere announces the unpublished objects pred selects (nil:
+// all), so that `up` can announce them in DRBD's order.
+func (r *resource) publishCreateWhere(pred func(o *object) bool) {
 	for _, o := range r.objects() {
-		if _, ok := r.published[o.key()]; ok {
+		if _, ok := r.published[o.key()]; ok || (pred != nil && !pred(o)) {
 			continue
 		}
 		r.published[o.key()] = o
@@ -330,12 +355,16 @@ func (r *resource) publishCreate() {
 	}
 }
 
+// publishDestroyConn announces a connection's removal (del-peer): its
+// path, then the connection. DRBD prints no destroy line for the peer
+// device (contract-real.node3.seq, 50-51).
 func (r *resource) publishDestroyConn(k *conn) {
 	ids := "name:" + r.name + " peer-node-id:" + strconv.Itoa(k.peer.NodeID) + " conn-name:" + k.peer.Name
-	for _, kind := range []string{"path " + ids, "peer-device " + ids + " volume:0", "connection " + ids} {
+	for _, kind := range []string{"path " + ids, "connection " + ids} {
 		r.n.emit("destroy "+kind, "destroy "+kind)
 		delete(r.published, kind)
 	}
+	delete(r.published, "peer-device "+ids+" volume:0")
 }
 
 func (r *resource) publishDestroy() {
@@ -364,6 +393,16 @@ func (r *resource) helper(name string, _ bool) {
 // (disconnected, split-brain).
 func (r *resource) peerHelper(k *conn, name string) {
 	ids := "helper name:" + r.name + " peer-node-id:" + strconv.Itoa(k.peer.NodeID) + " conn-name:" + k.peer.Name + " helper:" + name
+	r.n.emit("call "+ids, "call "+ids)
+	r.n.emit("response "+ids+" status:0", "response "+ids+" status:0")
+}
+
+// peerHelperVol emits the call/response lines of a peer-device helper
+// (before-resync-source/target, after-resync-target: "drbd r0/0 drbd0
+// node2: helper command: /sbin/drbdadm before-resync-source").
+func (r *resource) peerHelperVol(k *conn, name string) {
+	ids := "helper name:" + r.name + " peer-node-id:" + strconv.Itoa(k.peer.NodeID) + " conn-name:" + k.peer.Name +
+		" volume:0 helper:" + name
 	r.n.emit("call "+ids, "call "+ids)
 	r.n.emit("response "+ids+" status:0", "response "+ids+" status:0")
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -279,7 +280,21 @@ func (n *Node) up(name string) error {
 		r.members[p.NodeID] = true
 	}
 	n.res[name] = r
+	// DRBD's order for `up` (contract-real seqs, lines 1-21): the resource
+	// and its device; each peer's connection and peer device; the paths;
+	// then the disk is attached; then the connections start Connecting.
 	r.publishCreate()
+	peers := slices.Clone(r.cfg.Peers)
+	slices.SortFunc(peers, func(a, b drbd.Peer) int { return a.NodeID - b.NodeID })
+	for _, p := range peers {
+		r.conns[p.NodeID] = &conn{peer: p, cstate: connStandAlone, peerRole: roleUnknown, repl: replOff, peerDisk: DiskUnknown}
+		for _, kind := range []string{"connection", "peer-device"} {
+			r.publishCreateWhere(func(o *object) bool { return o.kind == kind && o.peerID() == p.NodeID })
+		}
+	}
+	for _, p := range peers {
+		r.publishCreateWhere(func(o *object) bool { return o.kind == "path" && o.peerID() == p.NodeID })
+	}
 	if md != nil {
 		if err := r.attach(md); err != nil {
 			delete(n.res, name)
@@ -287,8 +302,13 @@ func (n *Node) up(name string) error {
 			return err
 		}
 	}
-	for _, p := range r.cfg.Peers {
-		r.addConn(p)
+	for _, p := range peers {
+		k := r.conns[p.NodeID]
+		k.cstate = connUnconnected
+		r.publish()
+		k.cstate = connConnecting
+		k.nextTry = n.c.now
+		r.publish()
 	}
 	n.c.settle()
 	return nil
@@ -347,6 +367,7 @@ func (r *resource) addConn(p drbd.Peer) {
 	k.cstate = connUnconnected
 	r.publish()
 	k.cstate = connConnecting
+	k.nextTry = r.n.c.now
 	r.publish()
 }
 
@@ -395,6 +416,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 			k.cstate = connUnconnected
 			r.publish()
 			k.cstate = connConnecting
+			k.nextTry = n.c.now
 			k.splitBrain, k.standAloneMsg = false, ""
 			r.publish()
 		}
@@ -445,23 +467,27 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		}
 	}
 	held := len(op) > 0
+	r.leaving = !held
 	upToDatePeerStays := false
 	for _, k := range r.conns {
 		if k.connected() && k.peerDisk == DiskUpToDate {
 			upToDatePeerStays = true
 		}
 	}
-	// The outdating belongs to the detach, which a held device never
-	// reaches (the real node1 stayed UpToDate).
-	if !held && r.attached() && r.disk == DiskUpToDate && upToDatePeerStays {
-		r.setDisk(DiskOutdated)
-		r.publish()
+	// The leaving replica is Outdated for its peers and in its metadata,
+	// so that the survivors continue without it; its own events show the
+	// detach as DRBD prints it (UpToDate, Detaching, Diskless: node1's
+	// kernel log in the real recording). A held device never gets that far
+	// (the real node1 stayed UpToDate).
+	outdate := !held && r.attached() && r.disk == DiskUpToDate && upToDatePeerStays
+	if outdate {
+		r.md.disk = DiskOutdated
 	}
 	for _, k := range r.sortedConns() {
 		if k.connected() {
 			if pr := n.c.peerResource(r, k); pr != nil {
 				if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
-					if r.disk == DiskOutdated {
+					if outdate {
 						pr.outdated()[r.nodeID()] = true
 						if pr.md != nil {
 							pr.md.peer(r.nodeID()).outdated = true
@@ -476,6 +502,12 @@ func (n *Node) Down(ctx context.Context, name string) error {
 	if held {
 		n.c.settle()
 		return stateErr(drbd.ErrDeviceInUse, "down", name, -2, "Need access to UpToDate data", r.openedDetail(op))
+	}
+	if r.attached() {
+		r.disk = DiskDetaching
+		r.publish()
+		r.disk = DiskDiskless
+		r.publish()
 	}
 	n.destroy(r)
 	n.c.settle()

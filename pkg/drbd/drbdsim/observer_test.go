@@ -84,6 +84,7 @@ func TestObserverAgreesWithStatus(t *testing.T) {
 	rg.c.Partition("node1")
 	agree("node1 isolated")
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	rg.c.Node("node2").Crash()
 	agree("node2 crashed")
 	rg.c.Node("node2").Restart()

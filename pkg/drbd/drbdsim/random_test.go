@@ -27,6 +27,7 @@ func TestRandomFaultsKeepPromises(t *testing.T) {
 	}()
 	for run := range runs {
 		rg := formed(t, nil)
+		rg.c.SetConnectInt(time.Second) // shorter than DRBD's 10 s: fewer settle steps per run
 		rnd := rand.New(rand.NewPCG(uint64(run), 42))
 		var log []string
 		fail := func(format string, args ...any) {
@@ -44,7 +45,13 @@ func TestRandomFaultsKeepPromises(t *testing.T) {
 					step = "cut " + a + " " + b
 				}
 			case 1:
+				// The link is used at the next connect attempt, up to
+				// connect-int later. (Without that wait, a write can be acknowledged in
+				// between by a Primary whose quorum went stale when the third
+				// node left gracefully: the refusal of such a departure is not
+				// modelled, see doc.go.)
 				rg.c.Connect(a, b)
+				rg.c.Advance(time.Second)
 				step = "connect " + a + " " + b
 			case 2:
 				if rnd.IntN(4) == 0 {

@@ -97,12 +97,14 @@ func TestRow2TiebreakerNeverGains(t *testing.T) {
 	rg.wantQuorum("node2", false)
 	rg.wantQuorum("node1", true)
 	rg.c.Connect("node2", "node3")
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	rg.wantQuorum("node2", false)
 	err := rg.c.Node("node2").Primary(rg.ctx, "r0", drbd.NoForce)
 	if !errors.Is(err, drbd.ErrNoQuorum) || !strings.Contains(err.Error(), "1 of 2 nodes visible, need 2 for quorum") {
 		t.Fatalf("node2 promotion: %v", err)
 	}
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	rg.wantQuorum("node2", true)
 }
 
@@ -151,6 +153,7 @@ func TestRow6DisklessQuorum32(t *testing.T) {
 	rg.c.Partition("node3")
 	rg.wantQuorum("node3", false)
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	rg.wantQuorum("node3", true)
 }
 
@@ -204,6 +207,7 @@ func TestRow9LastManStanding(t *testing.T) {
 	rg.must(rg.write("node1", 0, 4096))
 	// node2 comes back: it was Outdated, it resyncs what changed.
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	rg.must(rg.c.Node("node2").Up(rg.ctx, "r0"))
 	rg.c.Advance(time.Second)
 	if d := rg.state("node2").Devices[0].DiskState; d != "UpToDate" {
@@ -230,6 +234,7 @@ func TestRow10SuspendIOResumes(t *testing.T) {
 	default:
 	}
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	if err := <-done; err != nil {
 		t.Fatalf("suspended write after heal: %v", err)
 	}
@@ -311,6 +316,7 @@ func TestSplitBrainDetected(t *testing.T) {
 	rg.must(rg.c.Node("node2").Primary(rg.ctx, "r0", drbd.NoForce))
 	rg.must(rg.write("node2", 8192, 4096))
 	rg.c.Heal()
+	rg.c.Advance(10 * time.Second) // connect-int: the link is used at the next attempt
 	bad, msgs := rg.c.Diverged("r0")
 	if !bad {
 		t.Fatal("split brain not detected")
@@ -372,22 +378,39 @@ func TestDiskFailureDetaches(t *testing.T) {
 	rg.noLostWrites()
 }
 
-// Connections come up only when both ends agree on authentication.
+// Connections come up only when both ends agree on authentication. With
+// different secrets both ends go StandAlone and do not retry (DRBD:
+// "Authentication of peer failed"); adjust with the same secret on both
+// connects them.
 func TestSharedSecretMismatch(t *testing.T) {
-	rg := newRig(t, func(node string, o *drbd.OptionSet) {
-		secret := "s3cret-b"
-		if node == "node2" {
-			secret = "s3cret-a"
-		}
+	secret := map[string]string{"node1": "s3cret-b", "node2": "s3cret-a", "node3": "s3cret-b"}
+	tune := func(node string, o *drbd.OptionSet) {
 		o.Net.CramHMACAlg = drbd.Ptr("sha256")
-		o.Net.SharedSecret = drbd.Ptr(secret)
-	})
+		o.Net.SharedSecret = drbd.Ptr(secret[node])
+	}
+	rg := newRig(t, tune)
 	rg.upAll()
-	if cs := rg.state("node1").Connections[0].ConnectionState; cs != "Connecting" {
+	rg.c.Advance(30 * time.Second) // three connect-ints: no retry
+	if cs := rg.state("node1").Connections[0].ConnectionState; cs != "StandAlone" {
 		t.Fatalf("node1 → node2 with different secrets: %s", cs)
+	}
+	if cs := rg.state("node2").Connections[0].ConnectionState; cs != "StandAlone" {
+		t.Fatalf("node2 → node1 with different secrets: %s", cs)
 	}
 	if cs := rg.state("node1").Connections[1].ConnectionState; cs != "Connected" {
 		t.Fatalf("node1 → node3 with the same secret: %s", cs)
+	}
+	secret["node2"] = "s3cret-b"
+	rg.must(rg.c.Node("node2").WriteConfig(rg.ctx, r0(rg.dir, "node2", tune)))
+	rg.must(rg.c.Node("node2").Adjust(rg.ctx, "r0"))
+	if cs := rg.state("node1").Connections[0].ConnectionState; cs != "StandAlone" {
+		t.Fatalf("node1 → node2 after adjust on node2 only: %s (node1 does not retry)", cs)
+	}
+	rg.must(rg.c.Node("node1").Adjust(rg.ctx, "r0"))
+	for _, n := range []string{"node1", "node2"} {
+		if cs := rg.state(n).Connections[0].ConnectionState; cs != "Connected" {
+			t.Fatalf("%s after adjust on both: %s", n, cs)
+		}
 	}
 }
 

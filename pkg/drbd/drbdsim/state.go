@@ -15,6 +15,7 @@ type DiskState string
 const (
 	DiskDiskless     DiskState = "Diskless"
 	DiskAttaching    DiskState = "Attaching"
+	DiskDetaching    DiskState = "Detaching"
 	DiskFailed       DiskState = "Failed"
 	DiskInconsistent DiskState = "Inconsistent"
 	DiskOutdated     DiskState = "Outdated"
@@ -196,6 +197,9 @@ type resource struct {
 	// Statistics in KiB, as drbdsetup prints them.
 	read, written, alWrites, bmWrites int64
 
+	// leaving: `down` is disconnecting it; it may no longer be promoted.
+	leaving bool
+
 	// dev is a Primary's block device with Options.LoopDevices (device.go).
 	dev *device
 	// heldDev: the device this resource had when it was demoted while a
@@ -226,6 +230,12 @@ type conn struct {
 	standAloneMsg string
 	splitBrain    bool
 
+	// pathUp: the path (TCP) is established while the connection is not
+	// yet reported Connected: connections that a node makes at the same
+	// moment show all their paths first (contract-real.node3.seq, 20-21).
+	pathUp bool
+	// nextTry: when this side next tries to connect while Connecting.
+	nextTry time.Time
 	// wfUntil: while WFBitMapS/T, when the bitmap exchange completes.
 	wfUntil time.Time
 	// rsTotal is the number of blocks the running resync started with.

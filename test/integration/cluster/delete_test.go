@@ -86,6 +86,7 @@ func TestPartition(t *testing.T) {
 	r.volume(vol, r.class(1, 1, v1.TopologyIgnored), 1)
 	rv := r.ready(vol, 2*time.Minute)
 	a, c := rv.Status.Datamesh.Members[0].NodeName, rv.Status.Datamesh.Members[2].NodeName
+	t.Logf("attached on %s; %s is cut off first, then %s alone", a, c, a)
 	r.attach(vol, a)
 	write := func(i int) error {
 		return r.c.Node(a).Sim.Write(r.ctx, vol, int64(i%64)*4096, bytes.Repeat([]byte{byte(i)}, 4096))
@@ -107,16 +108,7 @@ func TestPartition(t *testing.T) {
 		r.must(write(i)) // the majority side keeps serving
 	}
 	r.c.Heal()
-	r.eventually("healed and in sync", time.Minute, func() string {
-		for _, m := range rv.Status.Datamesh.Members {
-			st, err := r.c.Node(m.NodeName).Sim.Status(r.ctx, vol)
-			r.must(err)
-			if d := st[0].Devices[0].DiskState; d != "UpToDate" {
-				return m.NodeName + " " + d
-			}
-		}
-		return ""
-	})
+	r.inSync(vol, rv)
 	if ok, msgs := r.c.Sim.Diverged(vol); ok {
 		t.Fatalf("split brain: %v", msgs)
 	}
@@ -133,6 +125,7 @@ func TestPartition(t *testing.T) {
 		t.Fatalf("the isolated Primary acknowledged a write without quorum")
 	}
 	r.c.Heal()
+	r.inSync(vol, rv)
 	r.eventually("writes flow again", time.Minute, func() string {
 		if err := write(99); err != nil {
 			return err.Error()
@@ -147,4 +140,27 @@ func TestPartition(t *testing.T) {
 	}
 	r.detach(vol, a)
 	r.deleteVolume(vol)
+}
+
+// inSync waits until every member's DRBD is connected to every peer with no
+// resync running and every diskful disk UpToDate. An isolated replica keeps
+// calling itself UpToDate, and DRBD reconnects a healed link only at its next
+// connect attempt, so "all UpToDate" alone proves nothing after a partition.
+func (r *rig) inSync(vol string, rv *v1.ReplicatedVolume) {
+	r.t.Helper()
+	r.eventually("healed and in sync", 2*time.Minute, func() string {
+		for _, m := range rv.Status.Datamesh.Members {
+			st, err := r.c.Node(m.NodeName).Sim.Status(r.ctx, vol)
+			r.must(err)
+			if m.Type == v1.MemberTypeDiskful && st[0].Devices[0].DiskState != "UpToDate" {
+				return m.NodeName + " " + st[0].Devices[0].DiskState
+			}
+			for _, c := range st[0].Connections {
+				if c.ConnectionState != "Connected" || len(c.PeerDevices) == 0 || c.PeerDevices[0].ReplicationState != "Established" {
+					return m.NodeName + " → " + c.Name + ": " + c.ConnectionState
+				}
+			}
+		}
+		return ""
+	})
 }

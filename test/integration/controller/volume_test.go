@@ -10,8 +10,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
@@ -110,6 +112,19 @@ func TestVolumeLifecycle(t *testing.T) {
 	}
 	step(fmt.Sprintf("4 steady %s (Leases renewing)", steady))
 
+	// Expansion: the new size is published as one revision.
+	grown := cl.rv(rv.Name)
+	grown.Spec.Size = resource.MustParse("20Gi")
+	must(t, cl.c.Update(cl.ctx, grown))
+	cl.eventually(t, "size 20Gi published", func() (bool, string) {
+		got = cl.rv(rv.Name)
+		return got.Status.Datamesh.Size.String() == "20Gi" && got.Status.DatameshRevision == rev+1,
+			fmt.Sprintf("size %s revision %d", got.Status.Datamesh.Size, got.Status.DatameshRevision)
+	})
+	cl.agentConfirm(rv.Name, rev+1, nil)
+	time.Sleep(300 * time.Millisecond)
+	step("5 expand to 20Gi")
+
 	// Attach on node a.
 	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rv.Name + "-" + cl.node("a")},
 		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: rv.Name, NodeName: cl.node("a")}}
@@ -124,7 +139,7 @@ func TestVolumeLifecycle(t *testing.T) {
 			fmt.Sprintf("rva %s %s %v", a.Status.Phase, a.Status.DevicePath, cond(a.Status.Conditions, controller.ConditionAttached))
 	})
 	time.Sleep(300 * time.Millisecond)
-	step("5 attach (RVA finalizer, Attach, status)")
+	step("6 attach (RVA finalizer, Attach, status)")
 
 	// Delete while attached: it waits, and says so.
 	must(t, cl.c.Delete(cl.ctx, rv))
@@ -145,7 +160,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		}
 		return true, ""
 	})
-	step("6 detach and delete")
+	step("7 detach and delete")
 	if n := len(cl.rvrs(rv.Name)); n != 0 {
 		t.Errorf("%d replicas left behind", n)
 	}
@@ -157,4 +172,35 @@ func TestVolumeLifecycle(t *testing.T) {
 	if !apierrors.IsNotFound(err) {
 		t.Errorf("RVA left behind: %v", err)
 	}
+}
+
+// The CSI service creates RVs and RVAs with the controller's finalizer already set (its
+// field manager owns it then): the controller still removes it when it is done.
+func TestFinalizerSetByCreator(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100})
+	class := cl.class("one", 0, 0, v1.TopologyIgnored)
+	rv := &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: cl.prefix + "-csi", Finalizers: []string{v1.FinalizerController}},
+		Spec: v1.ReplicatedVolumeSpec{Size: resource.MustParse("1Gi"), ReplicatedStorageClassName: class}}
+	must(t, cl.c.Create(cl.ctx, rv, client.FieldOwner(v1.FieldManagerCSI)))
+	cl.formed(rv.Name, 1)
+	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rv.Name + "-a", Finalizers: []string{v1.FinalizerController}},
+		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: rv.Name, NodeName: cl.node("a")}}
+	must(t, cl.c.Create(cl.ctx, rva, client.FieldOwner(v1.FieldManagerCSI)))
+	cl.eventually(t, "attached", func() (bool, string) {
+		cl.agentConfirm(rv.Name, cl.rv(rv.Name).Status.DatameshRevision, nil)
+		a := &v1.ReplicatedVolumeAttachment{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, a))
+		return a.Status.Phase == v1.AttachmentAttached, string(a.Status.Phase)
+	})
+	must(t, cl.c.Delete(cl.ctx, rva))
+	must(t, cl.c.Delete(cl.ctx, rv))
+	cl.eventually(t, "both gone", func() (bool, string) {
+		if cur := cl.rv(rv.Name); cur != nil {
+			cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, nil)
+			cl.agentReleaseDeleted(rv.Name)
+			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, controller.ConditionDeleting)
+		}
+		err := cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, &v1.ReplicatedVolumeAttachment{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
 }

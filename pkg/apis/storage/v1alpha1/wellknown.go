@@ -91,6 +91,10 @@ const (
 	AnnotationPoolCapacityPrefix = "capacity.storage.meshvol.io/"
 	// AnnotationAgentVersion: the agent's build version.
 	AnnotationAgentVersion = "storage.meshvol.io/agent-version"
+	// AnnotationPrerequisites: empty when every node prerequisite check passed
+	// (pkg/nodecheck), else the failed findings, "; "-separated. The controller
+	// reports such a node not ready in the pool's eligible nodes, with the message.
+	AnnotationPrerequisites = "storage.meshvol.io/prerequisites"
 )
 
 // The controller's own liveness verdict on an RVR. The agent owns DRBDConfigured;
