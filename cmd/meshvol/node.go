@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/csi"
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/nodecheck"
 	"github.com/meshvol/meshvol/pkg/pluginreg"
 	"github.com/meshvol/meshvol/pkg/storage"
 	"github.com/meshvol/meshvol/pkg/storage/file"
@@ -125,6 +127,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		Driver:           exec,
 		Features:         features,
 		Pools:            nodePools(*nodeName),
+		Prerequisites:    prerequisites(logr.New(log.GetSink())),
 		HMACAlgorithms:   hmac,
 		VerifyAlgorithms: verify,
 		Version:          version.Get().Version,
@@ -142,6 +145,33 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// prerequisites returns the agent's check of this node's prerequisites
+// (pkg/nodecheck): it runs at most once a minute, logs each finding that fails,
+// and returns the failed ones for the Lease, where the controller reads them. A
+// missing prerequisite never stops the agent: a module loaded later is picked up.
+func prerequisites(log logr.Logger) func() []string {
+	var (
+		mu      sync.Mutex
+		last    time.Time
+		missing []string
+	)
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		if !last.IsZero() && time.Since(last) < time.Minute {
+			return missing
+		}
+		last = time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		missing = nodecheck.Missing(nodecheck.Check(ctx, nodecheck.Options{}))
+		for _, m := range missing {
+			log.Info("node prerequisite missing", "finding", m)
+		}
+		return missing
+	}
 }
 
 func envOr(key, def string) string {

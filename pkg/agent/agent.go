@@ -75,6 +75,11 @@ type Config struct {
 	Features drbd.Features
 	// Pools maps a ReplicatedStoragePool to its provider on this node.
 	Pools PoolFactory
+	// Prerequisites, when set, returns the node prerequisites that are missing
+	// (pkg/nodecheck), published on the Lease (AnnotationPrerequisites) so the
+	// controller reports the node not ready with the reason. Nil: nothing checked
+	// (drbdsim nodes).
+	Prerequisites func() []string
 	// HMACAlgorithms and VerifyAlgorithms are what the node's kernel offers,
 	// published on the Lease for the controller's choice.
 	HMACAlgorithms   []string

@@ -91,6 +91,12 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map
 	ann[v1.AnnotationHMACAlgorithms] = strings.Join(a.cfg.HMACAlgorithms, ",")
 	ann[v1.AnnotationVerifyAlgorithms] = strings.Join(a.cfg.VerifyAlgorithms, ",")
 	ann[v1.AnnotationAgentVersion] = a.cfg.Version
+	delete(ann, v1.AnnotationPrerequisites)
+	if a.cfg.Prerequisites != nil {
+		if missing := a.cfg.Prerequisites(); len(missing) > 0 {
+			ann[v1.AnnotationPrerequisites] = strings.Join(missing, "; ")
+		}
+	}
 
 	a.mu.Lock()
 	dirty := a.capDirty

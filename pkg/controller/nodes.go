@@ -187,7 +187,9 @@ func EligibleNodes(rsp *v1.ReplicatedStoragePool, nodes []corev1.Node, leases ma
 				if c, err := ParseCapacity(s); err == nil {
 					e.TotalCapacity = resource.NewQuantity(c.Total, resource.BinarySI)
 					e.FreeCapacity = resource.NewQuantity(c.Free, resource.BinarySI)
-					e.Ready = live
+					// A node whose agent reports missing prerequisites (no DRBD 9.2
+					// module, say) takes no replicas until it is fixed.
+					e.Ready = live && l.Annotations[v1.AnnotationPrerequisites] == ""
 				}
 			}
 		}

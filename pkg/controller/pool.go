@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -97,6 +98,7 @@ func (c *Controller) reconcilePool(ctx context.Context, req reconcile.Request) (
 			cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Ready",
 				strconv.Itoa(ready)+" of "+strconv.Itoa(len(eligible))+" eligible nodes can take replicas"
 		}
+		cond.Message += missingPrerequisites(eligible, byNode)
 	}
 	meta.SetStatusCondition(&want.Conditions, cond)
 	if !equality.Semantic.DeepEqual(&rsp.Status, want) {
@@ -105,4 +107,18 @@ func (c *Controller) reconcilePool(ctx context.Context, req reconcile.Request) (
 		}
 	}
 	return ctrl.Result{}, nil
+}
+
+// missingPrerequisites names the eligible nodes whose agent reports missing node
+// prerequisites, with what is missing, for the pool's Ready message.
+func missingPrerequisites(eligible []v1.EligibleNode, leases map[string]*coordinationv1.Lease) string {
+	var b strings.Builder
+	for _, e := range eligible {
+		if l := leases[e.NodeName]; l != nil {
+			if m := l.Annotations[v1.AnnotationPrerequisites]; m != "" {
+				fmt.Fprintf(&b, "; node %s is missing prerequisites: %s", e.NodeName, m)
+			}
+		}
+	}
+	return b.String()
 }

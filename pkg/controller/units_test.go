@@ -138,6 +138,17 @@ func TestEligibleNodes(t *testing.T) {
 		t.Errorf("d reports no capacity for the pool, so it is not ready: %+v", got[2])
 	}
 
+	// An agent that reports missing prerequisites makes its node not ready, and the
+	// pool's message says what is missing.
+	leases["a"].Annotations[v1.AnnotationPrerequisites] = "drbd kernel module: not loaded (no /proc/drbd)"
+	if got, _ := EligibleNodes(rsp, nodes, leases, now, 10*time.Second); got[0].Ready {
+		t.Errorf("a reports missing prerequisites but is ready: %+v", got[0])
+	}
+	if msg := missingPrerequisites(got, leases); msg != "; node a is missing prerequisites: drbd kernel module: not loaded (no /proc/drbd)" {
+		t.Errorf("pool message suffix %q", msg)
+	}
+	delete(leases["a"].Annotations, v1.AnnotationPrerequisites)
+
 	// Capacity drift below min(1%, 1GiB) is not a change; a node's readiness is.
 	q := func(v int64) *resource.Quantity { return resource.NewQuantity(v, resource.BinarySI) }
 	base := []v1.EligibleNode{{NodeName: "a", Ready: true, TotalCapacity: q(1000 << 30), FreeCapacity: q(500 << 30)}}
