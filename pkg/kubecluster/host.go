@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // What a cluster touches outside its own directory, and how it leaves the
@@ -379,7 +381,7 @@ func cgroupHierarchies() []string {
 		fields := strings.Fields(sc.Text())
 		for i, fld := range fields {
 			if fld == "-" && i+1 < len(fields) && (fields[i+1] == "cgroup" || fields[i+1] == "cgroup2") {
-				hs = append(hs, unescapeMount(fields[4]))
+				hs = append(hs, mountinfo.Unescape(fields[4]))
 				break
 			}
 		}
@@ -534,7 +536,7 @@ func mountsUnder(dir string) []string {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMount(fields[4])
+		mp := mountinfo.Unescape(fields[4])
 		if mp == dir || strings.HasPrefix(mp, dir+"/") {
 			ms = append(ms, mp)
 		}
@@ -559,24 +561,4 @@ func unmountUnder(dir string) error {
 		return fmt.Errorf("kubecluster: could not unmount %v", ms)
 	}
 	return nil
-}
-
-// unescapeMount undoes the octal escapes of /proc/self/mountinfo (\040 for
-// a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // The Primary's block device (doc.go, "Block device"): a loop device over a
@@ -203,7 +205,7 @@ func isMountPoint(path string) bool {
 		return false
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && unescapeMount(f[4]) == path {
+		if f := strings.Fields(line); len(f) > 4 && mountinfo.Unescape(f[4]) == path {
 			return true
 		}
 	}
@@ -576,29 +578,10 @@ func mountsOf(dev string) []string {
 	for s.Scan() {
 		// id parent major:minor root mountpoint ...
 		if fl := strings.Fields(s.Text()); len(fl) > 4 && fl[2] == want {
-			points = append(points, unescapeMount(fl[4]))
+			points = append(points, mountinfo.Unescape(fl[4]))
 		}
 	}
 	return points
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // loopsUnder lists the loop devices whose backing file is under dir.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshvol/meshvol/pkg/drbd"
 	"github.com/meshvol/meshvol/pkg/drbd/contract"
+	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // requireDevices fails the test, saying what is missing, unless it can
@@ -91,8 +92,8 @@ func leftovers(dir string) []string {
 	var out []string
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), dir+"/") {
-			out = append(out, "mount "+unescapeMount(f[4]))
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(mountinfo.Unescape(f[4]), dir+"/") {
+			out = append(out, "mount "+mountinfo.Unescape(f[4]))
 		}
 	}
 	for _, loop := range loopsUnder(dir) {
@@ -120,7 +121,7 @@ func mountsAt(mnt string) []string {
 	var out []string
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && unescapeMount(f[4]) == mnt {
+		if f := strings.Fields(line); len(f) > 4 && mountinfo.Unescape(f[4]) == mnt {
 			out = append(out, line)
 		}
 	}
