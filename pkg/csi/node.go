@@ -304,20 +304,27 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 		return nil, err
 	}
 	defer release()
-	// Unmount every layer stacked there (a retry after a crash may find more than one).
+	if err := n.unmountAll(path); err != nil {
+		return nil, err
+	}
+	return &csipb.NodeUnstageVolumeResponse{}, nil
+}
+
+// unmountAll unmounts every layer stacked at path: a retry after a crash, or a
+// kubelet that staged twice, may find more than one. No mount there is success.
+func (n *Node) unmountAll(path string) error {
 	for {
 		mp, err := n.mountAt(path)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if mp == nil {
-			break
+			return nil
 		}
 		if err := n.mounter().Unmount(path); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", path, err)
+			return status.Errorf(codes.Internal, "unmounting %s: %v", path, err)
 		}
 	}
-	return &csipb.NodeUnstageVolumeResponse{}, nil
 }
 
 func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
@@ -425,17 +432,8 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 		return nil, err
 	}
 	defer release()
-	for {
-		mp, err := n.mountAt(target)
-		if err != nil {
-			return nil, err
-		}
-		if mp == nil {
-			break
-		}
-		if err := n.mounter().Unmount(target); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", target, err)
-		}
+	if err := n.unmountAll(target); err != nil {
+		return nil, err
 	}
 	// The spec: the plugin deletes the file or directory it created at target_path.
 	if err := os.Remove(target); err != nil && !os.IsNotExist(err) {
