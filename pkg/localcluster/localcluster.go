@@ -105,7 +105,7 @@ type Cluster struct {
 	clockWG sync.WaitGroup
 
 	mu         sync.Mutex
-	controller *proc
+	controller *Proc
 }
 
 // Node is one simulated machine.
@@ -119,20 +119,23 @@ type Node struct {
 	Root string
 
 	c     *Cluster
-	agent *proc
+	agent *Proc
 	pools sync.Map // pool name → *file.Pool
 }
 
-// proc is a goroutine-run component that can be stopped and waited for.
-type proc struct {
+// Proc is a component run as a goroutine until its context is cancelled:
+// a controller, an agent, a CSI service. Stop cancels it and waits for it
+// to return, so nothing of it runs after Stop.
+type Proc struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
 }
 
-func startProc(parent context.Context, run func(ctx context.Context) error) *proc {
+// StartProc runs run in a goroutine with a context derived from parent.
+func StartProc(parent context.Context, run func(ctx context.Context) error) *Proc {
 	ctx, cancel := context.WithCancel(parent)
-	p := &proc{cancel: cancel, done: make(chan struct{})}
+	p := &Proc{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		p.err = run(ctx)
@@ -140,13 +143,33 @@ func startProc(parent context.Context, run func(ctx context.Context) error) *pro
 	return p
 }
 
-func (p *proc) stop() error {
+// Stop cancels the component and waits for it to return. It returns what
+// run returned, except the cancellation itself. A nil Proc stops at once.
+func (p *Proc) Stop() error {
 	if p == nil {
 		return nil
 	}
 	p.cancel()
 	<-p.done
 	if errors.Is(p.err, context.Canceled) {
+		return nil
+	}
+	return p.err
+}
+
+// Exited says whether run has returned (on its own or after Stop).
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Err is what run returned, once Exited; nil before.
+func (p *Proc) Err() error {
+	if !p.Exited() {
 		return nil
 	}
 	return p.err
@@ -305,7 +328,7 @@ func (n *Node) PoolDir(rsp *v1.ReplicatedStoragePool) string {
 func (n *Node) startAgent() {
 	cfg := n.AgentConfig()
 	restCfg := n.c.Writes.counted(n.c.Env.Config, "agent")
-	n.agent = startProc(n.c.ctx, func(ctx context.Context) error {
+	n.agent = StartProc(n.c.ctx, func(ctx context.Context) error {
 		return agent.Run(ctx, restCfg, n.c.Env.Scheme, cfg)
 	})
 }
@@ -329,7 +352,7 @@ func (c *Cluster) StartController() {
 	}
 	restCfg := c.Writes.counted(c.Env.Config, "controller")
 	run := c.opts.Controller
-	c.controller = startProc(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
+	c.controller = StartProc(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
 }
 
 // StopController stops the controller and waits until it has returned.
@@ -338,7 +361,7 @@ func (c *Cluster) StopController() error {
 	p := c.controller
 	c.controller = nil
 	c.mu.Unlock()
-	return p.stop()
+	return p.Stop()
 }
 
 // RestartAgent stops the node's agent and starts a new one; DRBD keeps
@@ -348,7 +371,7 @@ func (c *Cluster) RestartAgent(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.startAgent()
 	return err
 }
@@ -359,7 +382,7 @@ func (c *Cluster) StopAgent(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.agent = nil
 	return err
 }
@@ -371,7 +394,7 @@ func (c *Cluster) CrashNode(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.agent = nil
 	n.Sim.Crash()
 	return err
@@ -384,7 +407,7 @@ func (c *Cluster) RestartNode(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.Sim.Restart()
 	n.startAgent()
 	return err
@@ -446,7 +469,7 @@ func (c *Cluster) Stop() error {
 		errs = append(errs, fmt.Errorf("controller: %w", err))
 	}
 	for _, n := range c.Nodes {
-		if err := n.agent.stop(); err != nil {
+		if err := n.agent.Stop(); err != nil {
 			errs = append(errs, fmt.Errorf("agent %s: %w", n.Name, err))
 		}
 		n.agent = nil

@@ -76,7 +76,7 @@ type Sandbox struct {
 	opts     Options
 	ctx      context.Context
 	cancel   context.CancelFunc
-	ctrlCSI  *goproc
+	ctrlCSI  *localcluster.Proc
 	nodes    map[string]*nodeServices
 	sidecars []*sidecar
 	stopOnce sync.Once
@@ -87,46 +87,8 @@ type Sandbox struct {
 // beside its agent: the CSI node service and the registration socket.
 type nodeServices struct {
 	Socket string
-	csi    *goproc
-	reg    *goproc
-}
-
-// goproc is a goroutine that runs until its context is cancelled.
-type goproc struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-func startGo(parent context.Context, run func(context.Context) error) *goproc {
-	ctx, cancel := context.WithCancel(parent)
-	p := &goproc{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.err = run(ctx)
-	}()
-	return p
-}
-
-func (p *goproc) stop() error {
-	if p == nil {
-		return nil
-	}
-	p.cancel()
-	<-p.done
-	if errors.Is(p.err, context.Canceled) {
-		return nil
-	}
-	return p.err
-}
-
-func (p *goproc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	csi    *localcluster.Proc
+	reg    *localcluster.Proc
 }
 
 func (s *Sandbox) progress(format string, args ...any) {
@@ -203,12 +165,21 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err != nil {
 		return s, err
 	}
+	// The pool first, so its free space is reported by the time
+	// external-provisioner first asks GetCapacity (else it publishes
+	// zeros and corrects them only at its next poll).
+	if _, err := s.Mesh.CreatePool(ctx, PoolName); err != nil {
+		return s, err
+	}
+	if err := createObjects(ctx, s.Client); err != nil {
+		return s, err
+	}
 	s.progress("sandbox: meshvol controller and %d agents on drbdsim nodes up in %s", opts.Nodes, time.Since(began).Round(time.Millisecond))
 
 	began = time.Now()
 	s.ControllerSocket = filepath.Join(opts.Dir, "csi-controller.sock")
 	cfg := rest.CopyConfig(s.Kube.Env.Config)
-	s.ctrlCSI = startGo(s.ctx, func(ctx context.Context) error {
+	s.ctrlCSI = localcluster.StartProc(s.ctx, func(ctx context.Context) error {
 		return csi.RunController(ctx, csi.ControllerOptions{
 			Endpoint:  "unix://" + s.ControllerSocket,
 			Config:    cfg,
@@ -227,25 +198,33 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	}
 	s.progress("sandbox: CSI node services registered with every kubelet in %s", time.Since(began).Round(time.Millisecond))
 
-	if _, err := s.Mesh.CreatePool(ctx, PoolName); err != nil {
-		return s, err
-	}
-	if err := createObjects(ctx, s.Client); err != nil {
+	began = time.Now()
+	if err := s.waitPoolCapacity(ctx); err != nil {
 		return s, err
 	}
 	kc, err := s.Kube.WriteKubeconfig("csi-sidecars.kubeconfig", "system:serviceaccount:meshvol-system:csi-sidecars", "system:masters")
 	if err != nil {
 		return s, err
 	}
-	if s.sidecars, err = startSidecars(s.Kube.BinDir, kc, s.ControllerSocket, filepath.Join(opts.Dir, "logs")); err != nil {
+	if s.sidecars, err = startSidecars(s.Kube.BinDir, kc, s.ControllerSocket, filepath.Join(opts.Dir, "logs"), s.Mesh.Namespace); err != nil {
 		return s, err
 	}
 	time.Sleep(time.Second)
 	if sc := exitedSidecar(ctx, s.sidecars); sc != nil {
 		return s, fmt.Errorf("sandbox: %s exited at start; see %s", sc.name, filepath.Join(opts.Dir, "logs", sc.name+".log"))
 	}
-	s.progress("sandbox: CSIDriver %s, storage classes %s; external-provisioner and external-attacher running",
-		v1.CSIDriverName, strings.Join(classNames(), ", "))
+	s.progress("sandbox: CSIDriver %s, storage classes %s; external-provisioner and external-attacher running in %s",
+		v1.CSIDriverName, strings.Join(classNames(), ", "), time.Since(began).Round(time.Millisecond))
+	began = time.Now()
+	caps, err := s.waitCapacities(ctx)
+	if err != nil {
+		if sc := exitedSidecar(ctx, s.sidecars); sc != nil {
+			err = fmt.Errorf("%w (%s exited)", err, sc.name)
+		}
+		return s, err
+	}
+	s.progress("sandbox: storage capacity published (the largest volume the scheduler admits per node) in %s: %s",
+		time.Since(began).Round(time.Millisecond), describeCapacities(caps))
 	return s, nil
 }
 
@@ -268,7 +247,7 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 	ns := &nodeServices{Socket: filepath.Join(dir, "csi.sock")}
 	cfg := rest.CopyConfig(s.Kube.Env.Config)
 	zone, name := n.Zone, n.Name
-	ns.csi = startGo(s.ctx, func(ctx context.Context) error {
+	ns.csi = localcluster.StartProc(s.ctx, func(ctx context.Context) error {
 		return csi.RunNode(ctx, csi.NodeOptions{
 			Endpoint: "unix://" + ns.Socket,
 			Config:   cfg,
@@ -287,22 +266,22 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 	if err != nil {
 		return err
 	}
-	ns.reg = startGo(s.ctx, reg.Serve)
+	ns.reg = localcluster.StartProc(s.ctx, reg.Serve)
 	s.nodes[n.Name] = ns
 	return nil
 }
 
 // waitSocket waits until a unix socket accepts connections, or its server
 // ended.
-func waitSocket(ctx context.Context, path string, server *goproc) error {
+func waitSocket(ctx context.Context, path string, server *localcluster.Proc) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
 			return nil
 		}
-		if server.exited() {
-			return fmt.Errorf("ended before serving %s: %v", path, server.err)
+		if server.Exited() {
+			return fmt.Errorf("ended before serving %s: %v", path, server.Err())
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s does not accept connections after a minute", path)
@@ -344,8 +323,8 @@ func (s *Sandbox) waitCSINodes(ctx context.Context) error {
 			return nil
 		}
 		for name, ns := range s.nodes {
-			if ns.csi.exited() {
-				return fmt.Errorf("sandbox: the CSI node service of %s ended: %v", name, ns.csi.err)
+			if ns.csi.Exited() {
+				return fmt.Errorf("sandbox: the CSI node service of %s ended: %v", name, ns.csi.Err())
 			}
 		}
 		if time.Now().After(deadline) {
@@ -370,8 +349,8 @@ func (s *Sandbox) CrashNode(name string) error {
 	go func() { defer wg.Done(); kubeErr = kn.Crash() }()
 	go func() { defer wg.Done(); meshErr = s.Mesh.CrashNode(name) }()
 	if ns := s.nodes[name]; ns != nil {
-		_ = ns.csi.stop()
-		_ = ns.reg.stop()
+		_ = ns.csi.Stop()
+		_ = ns.reg.Stop()
 	}
 	wg.Wait()
 	return errors.Join(kubeErr, meshErr)
@@ -384,7 +363,7 @@ func (s *Sandbox) CrashNode(name string) error {
 // then the control plane and the host clean-up, which checks that nothing
 // is left.
 func (s *Sandbox) Stop() error {
-	s.stopOnce.Do(func() { s.stopErr = s.stop() })
+	s.stopOnce.Do(func() { s.stopErr = s.Stop() })
 	return s.stopErr
 }
 
@@ -395,9 +374,9 @@ func (s *Sandbox) stop() error {
 	}
 	stopSidecars(s.sidecars)
 	for _, ns := range s.nodes {
-		errs = append(errs, ns.reg.stop(), ns.csi.stop())
+		errs = append(errs, ns.reg.Stop(), ns.csi.Stop())
 	}
-	errs = append(errs, s.ctrlCSI.stop())
+	errs = append(errs, s.ctrlCSI.Stop())
 	if s.Mesh != nil {
 		errs = append(errs, s.Mesh.Stop())
 		if left := s.Mesh.Leftovers(); len(left) > 0 {
