@@ -92,25 +92,24 @@ func (n *Node) localRVR(ctx context.Context, vol string) (*v1.ReplicatedVolumeRe
 // returns its device.
 func (n *Node) primaryDevice(ctx context.Context, vol string) (string, error) {
 	var last *v1.ReplicatedVolumeReplica
-	err := waitFor(ctx, func() (bool, error) {
+	err := waitRPC(ctx, func() (bool, error) {
 		r, err := n.localRVR(ctx, vol)
 		if err != nil {
 			return false, err
 		}
 		last = r
 		return r != nil && r.Status.Role == v1.RolePrimary && r.Status.DevicePath != "", nil
+	}, func() string {
+		if last == nil {
+			return fmt.Sprintf("volume_id: volume %q has no replica on node %q yet; was it published here?", vol, n.NodeName)
+		}
+		return fmt.Sprintf("volume %q: the replica on node %q is not Primary yet (role %q, disk %q); a retry waits for it",
+			vol, n.NodeName, last.Status.Role, last.Status.DiskState)
 	})
-	if err == nil {
-		return last.Status.DevicePath, nil
-	}
-	if !errors.Is(err, errTimedOut) {
+	if err != nil {
 		return "", err
 	}
-	if last == nil {
-		return "", status.Errorf(codes.DeadlineExceeded, "volume_id: volume %q has no replica on node %q yet; was it published here?", vol, n.NodeName)
-	}
-	return "", status.Errorf(codes.DeadlineExceeded, "volume %q: the replica on node %q is not Primary yet (role %q, disk %q); a retry waits for it",
-		vol, n.NodeName, last.Status.Role, last.Status.DiskState)
+	return last.Status.DevicePath, nil
 }
 
 // mountAt returns the mount table's entry for path, nil if nothing is mounted there.
