@@ -89,6 +89,15 @@ func (c *Controller) getRV(ctx context.Context, name string) (*v1.ReplicatedVolu
 	return rv, nil
 }
 
+// existingRV is getRV for the RPCs on a volume that must exist: no volume is NotFound.
+func (c *Controller) existingRV(ctx context.Context, id string) (*v1.ReplicatedVolume, error) {
+	rv, err := c.getRV(ctx, id)
+	if err == nil && rv == nil {
+		err = status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
+	}
+	return rv, err
+}
+
 func (c *Controller) attachmentsOf(ctx context.Context, rv string) ([]v1.ReplicatedVolumeAttachment, error) {
 	var l v1.ReplicatedVolumeAttachmentList
 	if err := c.Client.List(ctx, &l, client.MatchingLabels{v1.LabelVolume: rv}); err != nil {
@@ -517,12 +526,9 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		return nil, err
 	}
 	defer release()
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	if len(validation.IsDNS1123Subdomain(node)) > 0 {
 		return nil, status.Errorf(codes.NotFound, "node_id: %q is not a node name, so no meshvol agent runs there", node)
@@ -696,12 +702,9 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, err
 	}
 	defer release()
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	if cur := rv.Spec.Size.Value(); cur >= want {
 		want = cur
