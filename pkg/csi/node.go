@@ -92,25 +92,24 @@ func (n *Node) localRVR(ctx context.Context, vol string) (*v1.ReplicatedVolumeRe
 // returns its device.
 func (n *Node) primaryDevice(ctx context.Context, vol string) (string, error) {
 	var last *v1.ReplicatedVolumeReplica
-	err := waitFor(ctx, func() (bool, error) {
+	err := waitRPC(ctx, func() (bool, error) {
 		r, err := n.localRVR(ctx, vol)
 		if err != nil {
 			return false, err
 		}
 		last = r
 		return r != nil && r.Status.Role == v1.RolePrimary && r.Status.DevicePath != "", nil
+	}, func() string {
+		if last == nil {
+			return fmt.Sprintf("volume_id: volume %q has no replica on node %q yet; was it published here?", vol, n.NodeName)
+		}
+		return fmt.Sprintf("volume %q: the replica on node %q is not Primary yet (role %q, disk %q); a retry waits for it",
+			vol, n.NodeName, last.Status.Role, last.Status.DiskState)
 	})
-	if err == nil {
-		return last.Status.DevicePath, nil
-	}
-	if !errors.Is(err, errTimedOut) {
+	if err != nil {
 		return "", err
 	}
-	if last == nil {
-		return "", status.Errorf(codes.DeadlineExceeded, "volume_id: volume %q has no replica on node %q yet; was it published here?", vol, n.NodeName)
-	}
-	return "", status.Errorf(codes.DeadlineExceeded, "volume %q: the replica on node %q is not Primary yet (role %q, disk %q); a retry waits for it",
-		vol, n.NodeName, last.Status.Role, last.Status.DiskState)
+	return last.Status.DevicePath, nil
 }
 
 // mountAt returns the mount table's entry for path, nil if nothing is mounted there.
@@ -304,20 +303,27 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 		return nil, err
 	}
 	defer release()
-	// Unmount every layer stacked there (a retry after a crash may find more than one).
+	if err := n.unmountAll(path); err != nil {
+		return nil, err
+	}
+	return &csipb.NodeUnstageVolumeResponse{}, nil
+}
+
+// unmountAll unmounts every layer stacked at path: a retry after a crash, or a
+// kubelet that staged twice, may find more than one. No mount there is success.
+func (n *Node) unmountAll(path string) error {
 	for {
 		mp, err := n.mountAt(path)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if mp == nil {
-			break
+			return nil
 		}
 		if err := n.mounter().Unmount(path); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", path, err)
+			return status.Errorf(codes.Internal, "unmounting %s: %v", path, err)
 		}
 	}
-	return &csipb.NodeUnstageVolumeResponse{}, nil
 }
 
 func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
@@ -425,17 +431,8 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 		return nil, err
 	}
 	defer release()
-	for {
-		mp, err := n.mountAt(target)
-		if err != nil {
-			return nil, err
-		}
-		if mp == nil {
-			break
-		}
-		if err := n.mounter().Unmount(target); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", target, err)
-		}
+	if err := n.unmountAll(target); err != nil {
+		return nil, err
 	}
 	// The spec: the plugin deletes the file or directory it created at target_path.
 	if err := os.Remove(target); err != nil && !os.IsNotExist(err) {
