@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -18,7 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	mount "k8s.io/mount-utils"
-	utilexec "k8s.io/utils/exec"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -187,6 +187,14 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	}
 	if err := formatIfEmpty(ctx, dev, fs); err != nil {
 		return nil, err
+	}
+	// An ext4 smaller than its device (the volume grew while it was not
+	// mounted, or online growth was refused: expand.go) grows now, while
+	// that needs no privilege. Never for a read-only mount.
+	if fs == fsExt4 && !slices.Contains(mnt.GetMountFlags(), "ro") {
+		if _, err := growExtOffline(ctx, dev); err != nil {
+			return nil, err
+		}
 	}
 	if err := n.mounter().Mount(dev, path, fs, mnt.GetMountFlags()); err != nil {
 		return nil, status.Errorf(codes.Internal, "mounting %s (%s) at %s with %v: %v", dev, fs, path, mnt.GetMountFlags(), err)
@@ -563,8 +571,14 @@ func (n *Node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolume
 	} else if mp == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume_path: nothing is mounted at %s", path)
 	}
-	if _, err := mount.NewResizeFs(utilexec.New()).Resize(dev, path); err != nil {
-		return nil, status.Errorf(codes.Internal, "growing the filesystem on %s at %s: %v", dev, path, err)
+	fs, _, err := probeDevice(ctx, dev)
+	if err != nil {
+		return nil, err
+	}
+	if err := growMounted(ctx, dev, path, fs); errors.Is(err, errOnlineExt4Refused) {
+		return nil, onlineExt4Refused(dev, path, size)
+	} else if err != nil {
+		return nil, err
 	}
 	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

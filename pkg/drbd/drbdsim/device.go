@@ -287,16 +287,17 @@ func (r *resource) setupDevice() error {
 	return nil
 }
 
-// growDevice makes a Primary's device as large as its replica after a
-// resize: the FUSE file reports the new size, a stat makes the kernel
-// fetch it (attributes are never cached), and losetup -c makes the loop
-// device take it — no IO on the device, so the cluster lock may be held.
-func (r *resource) growDevice() error {
+// growDevice makes a Primary's device size bytes large after a resize
+// (diskful or diskless: the size is the connected resource's): the FUSE
+// file reports the new size, a stat makes the kernel fetch it (attributes
+// are never cached), and losetup -c makes the loop device take it — no IO
+// on the device, so the cluster lock may be held.
+func (r *resource) growDevice(size int64) error {
 	dev := r.dev
-	if dev == nil || r.md == nil || r.md.sizeBytes <= dev.size.Load() {
+	if dev == nil || size <= dev.size.Load() {
 		return nil
 	}
-	dev.size.Store(r.md.sizeBytes)
+	dev.size.Store(size)
 	if _, err := os.Stat(filepath.Join(r.n.c.devs.mnt, dev.name)); err != nil {
 		return err
 	}
