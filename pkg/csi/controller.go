@@ -89,6 +89,15 @@ func (c *Controller) getRV(ctx context.Context, name string) (*v1.ReplicatedVolu
 	return rv, nil
 }
 
+// existingRV is getRV for the RPCs on a volume that must exist: no volume is NotFound.
+func (c *Controller) existingRV(ctx context.Context, id string) (*v1.ReplicatedVolume, error) {
+	rv, err := c.getRV(ctx, id)
+	if err == nil && rv == nil {
+		err = status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
+	}
+	return rv, err
+}
+
 func (c *Controller) attachmentsOf(ctx context.Context, rv string) ([]v1.ReplicatedVolumeAttachment, error) {
 	var l v1.ReplicatedVolumeAttachmentList
 	if err := c.Client.List(ctx, &l, client.MatchingLabels{v1.LabelVolume: rv}); err != nil {
@@ -289,7 +298,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		created = true
 	}
 	var why string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		cur, err := c.getRV(ctx, r.rvName)
 		if err != nil {
 			return false, err
@@ -306,12 +315,11 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		var ok bool
 		ok, why = formed(cur)
 		return ok, nil
+	}, func() string {
+		return fmt.Sprintf("volume %q is still forming (%s); a retry waits for it", r.rvName, why)
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still forming (%s); a retry waits for it", r.rvName, why)
+		return nil, err
 	}
 	top, err := c.accessibleTopology(ctx, rv, rsc)
 	if err != nil {
@@ -468,18 +476,17 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 			return nil, internal("deleting ReplicatedVolume "+id, err)
 		}
 	}
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		cur, err := c.getRV(ctx, id)
 		if cur != nil {
 			rv = cur
 		}
 		return cur == nil, err
+	}, func() string {
+		return fmt.Sprintf("volume %q is being deleted (%s); a retry waits for it", id, deletionProgress(rv))
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is being deleted (%s); a retry waits for it", id, deletionProgress(rv))
+		return nil, err
 	}
 	return &csipb.DeleteVolumeResponse{}, nil
 }
@@ -519,12 +526,9 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		return nil, err
 	}
 	defer release()
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	if len(validation.IsDNS1123Subdomain(node)) > 0 {
 		return nil, status.Errorf(codes.NotFound, "node_id: %q is not a node name, so no meshvol agent runs there", node)
@@ -591,7 +595,7 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	}
 	var last v1.ReplicatedVolumeAttachmentStatus
 	var dev string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		var a v1.ReplicatedVolumeAttachment
 		if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, &a); err != nil {
 			if apierrors.IsNotFound(err) && created {
@@ -605,12 +609,11 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		last = a.Status
 		dev = a.Status.DevicePath
 		return a.Status.Phase == v1.AttachmentAttached && dev != "", nil
+	}, func() string {
+		return fmt.Sprintf("volume %q is not attached to node %q yet (%s); a retry waits for it", id, node, attachProgress(last))
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is not attached to node %q yet (%s); a retry waits for it", id, node, attachProgress(last))
+		return nil, err
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{PublishContextDevicePath: dev}}, nil
 }
@@ -656,7 +659,7 @@ func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.C
 		}
 	}
 	var left string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		for _, n := range gone {
 			var a v1.ReplicatedVolumeAttachment
 			err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &a)
@@ -670,12 +673,9 @@ func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.C
 			return false, nil
 		}
 		return true, nil
-	})
+	}, func() string { return fmt.Sprintf("volume %q is still detaching (%s); a retry waits for it", id, left) })
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still detaching (%s); a retry waits for it", id, left)
+		return nil, err
 	}
 	return &csipb.ControllerUnpublishVolumeResponse{}, nil
 }
@@ -702,12 +702,9 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, err
 	}
 	defer release()
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	if cur := rv.Spec.Size.Value(); cur >= want {
 		want = cur
@@ -715,7 +712,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, err
 	}
 	var why string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		cur, err := c.getRV(ctx, id)
 		if err != nil || cur == nil {
 			if cur == nil && err == nil {
@@ -727,12 +724,11 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		var ok bool
 		ok, why, err = c.grown(ctx, cur, want)
 		return ok, err
+	}, func() string {
+		return fmt.Sprintf("volume %q is still growing to %d bytes (%s); a retry waits for it", id, want, why)
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still growing to %d bytes (%s); a retry waits for it", id, want, why)
+		return nil, err
 	}
 	return &csipb.ControllerExpandVolumeResponse{
 		CapacityBytes:         volumeSize(rv),

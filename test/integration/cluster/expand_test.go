@@ -1,0 +1,124 @@
+package cluster_test
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+// Scenario: expansion of a formed volume, detached and attached (online), for
+// 1D, 2D+1TB and 3D: spec.size grows, the controller publishes the size, every
+// diskful replica's backing volume and DRBD device grow, and the attached
+// node's block device has the new size.
+func TestExpansion(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ftt, gmdr int32
+	}{{"1d", 0, 0}, {"2d1tb", 1, 0}, {"3d", 1, 1}} {
+		for _, mode := range []string{"detached", "attached", "diskless"} {
+			t.Run(tc.name+"-"+mode, func(t *testing.T) {
+				r := newRig(t)
+				vol := "expand-" + tc.name + "-" + mode
+				r.volume(vol, r.class(tc.ftt, tc.gmdr, v1.TopologyIgnored), 1)
+				rv := r.ready(vol, 2*time.Minute)
+				node := ""
+				switch mode {
+				case "attached": // where a diskful replica is
+					for _, m := range rv.Status.Datamesh.Members {
+						if m.Type == v1.MemberTypeDiskful {
+							node = m.NodeName
+							break
+						}
+					}
+				case "diskless": // on a node without a replica: an Access member
+					on := map[string]bool{}
+					for _, m := range rv.Status.Datamesh.Members {
+						on[m.NodeName] = true
+					}
+					for _, n := range r.c.Nodes {
+						if !on[n.Name] {
+							node = n.Name
+							break
+						}
+					}
+				}
+				if node != "" {
+					r.attach(vol, node)
+				}
+				r.grow(vol, "96Mi", node)
+				if node != "" {
+					r.detach(vol, node)
+				}
+				r.deleteVolume(vol)
+			})
+		}
+	}
+}
+
+// grow raises spec.size and waits until the datamesh publishes it, every
+// diskful member's backing volume and DRBD device are at least that large,
+// and (when attached on node) the node's device has grown.
+func (r *rig) grow(vol, size, node string) {
+	r.t.Helper()
+	want := resource.MustParse(size)
+	began := time.Now()
+	cur := r.rv(vol)
+	patch := client.MergeFrom(cur.DeepCopy())
+	cur.Spec.Size = want
+	r.must(r.cl.Patch(r.ctx, cur, patch))
+	r.eventually(vol+" grown to "+size, time.Minute, func() string {
+		rv := r.rv(vol)
+		if s := rv.Status.Datamesh.Size; s == nil || s.Cmp(want) < 0 {
+			return fmt.Sprintf("datamesh size %v; %s", rv.Status.Datamesh.Size, phase(rv))
+		}
+		for _, m := range rv.Status.Datamesh.Members {
+			if !m.Type.HasDisk() {
+				continue
+			}
+			var rvr v1.ReplicatedVolumeReplica
+			r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: m.Name}, &rvr))
+			if b := rvr.Status.BackingVolume; b == nil || b.Size.Cmp(want) < 0 {
+				return fmt.Sprintf("%s backing volume %v", m.Name, b)
+			}
+			if rvr.Status.DatameshRevision < rv.Status.DatameshRevision {
+				return fmt.Sprintf("%s at revision %d of %d", m.Name, rvr.Status.DatameshRevision, rv.Status.DatameshRevision)
+			}
+			st, err := r.c.Node(m.NodeName).Sim.Status(r.ctx, vol)
+			if err != nil || len(st) != 1 || len(st[0].Devices) != 1 {
+				return fmt.Sprintf("%s: DRBD status %v", m.NodeName, err)
+			}
+			if kib := st[0].Devices[0].Size; kib*1024 < want.Value() {
+				return fmt.Sprintf("%s: DRBD device of %d KiB", m.NodeName, kib)
+			}
+		}
+		return ""
+	})
+	if node != "" {
+		// The attached node's device, diskful or not, offers the new size.
+		r.eventually(vol+" device on "+node+" grown", 30*time.Second, func() string {
+			st, err := r.c.Node(node).Sim.Status(r.ctx, vol)
+			if err != nil || len(st) != 1 || len(st[0].Devices) != 1 {
+				return fmt.Sprintf("%s: DRBD status %v", node, err)
+			}
+			if st[0].Role != "Primary" {
+				return node + " is " + st[0].Role
+			}
+			if kib := st[0].Devices[0].Size; kib*1024 < want.Value() {
+				return fmt.Sprintf("%s: the Primary's device has %d KiB", node, kib)
+			}
+			b, err := r.c.Node(node).Sim.Read(r.ctx, vol, want.Value()-4096, 4096)
+			if err != nil || len(b) != 4096 {
+				return fmt.Sprintf("reading the last 4 KiB of the new size on %s: %d bytes, %v", node, len(b), err)
+			}
+			return ""
+		})
+		r.must(r.c.Node(node).Sim.Write(r.ctx, vol, want.Value()-4096, bytes.Repeat([]byte{7}, 4096)))
+	}
+	r.t.Logf("%s: %s published and grown on every diskful replica in %s", vol, size, time.Since(began).Round(time.Millisecond))
+}
