@@ -159,6 +159,13 @@ func (p *Proc) Stop() error {
 	return p.err
 }
 
+// Cancel cancels the component's context without waiting for it to
+// return; Done says when it has.
+func (p *Proc) Cancel() { p.cancel() }
+
+// Done is closed once run has returned.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
 // Exited says whether run has returned (on its own or after Stop).
 func (p *Proc) Exited() bool {
 	select {

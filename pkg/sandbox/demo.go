@@ -149,7 +149,7 @@ func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
 		return nil, err
 	}
 	tl := s.watchFailover(ctx, crashed, res.FirstNode, pod.Name, labels)
-	pod2, err := s.WaitPodRunning(ctx, labels, res.FirstNode, 5*time.Minute)
+	pod2, err := s.WaitPodRunning(ctx, labels, res.FirstNode, 2*time.Minute)
 	res.CrashToReady = time.Since(crashed)
 	tl.stop()
 	fmt.Fprint(w, tl.String())

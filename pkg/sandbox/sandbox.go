@@ -137,7 +137,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	}
 	s.Client = s.Kube.Env.Client
 	s.progress("sandbox: Kubernetes up (control plane, kube-controller-manager, kube-scheduler, %d kubelets Ready) in %s",
-		len(specs), time.Since(began).Round(time.Millisecond))
+		len(specs), (time.Since(began) - s.Kube.LockWait).Round(time.Millisecond))
 
 	began = time.Now()
 	taint := opts.TaintLostNodes
@@ -363,7 +363,7 @@ func (s *Sandbox) CrashNode(name string) error {
 // then the control plane and the host clean-up, which checks that nothing
 // is left.
 func (s *Sandbox) Stop() error {
-	s.stopOnce.Do(func() { s.stopErr = s.Stop() })
+	s.stopOnce.Do(func() { s.stopErr = s.stop() })
 	return s.stopErr
 }
 
@@ -374,7 +374,31 @@ func (s *Sandbox) stop() error {
 	}
 	stopSidecars(s.sidecars)
 	for _, ns := range s.nodes {
-		errs = append(errs, ns.reg.Stop(), ns.csi.Stop())
+		errs = append(errs, ns.reg.Stop())
+		ns.csi.Cancel()
+	}
+	// A CSI node call can be stuck in the kernel on a simulated DRBD
+	// device (an fsync while the Primary has no quorum and suspends I/O),
+	// and its service waits for it. The kubelets are gone and the
+	// volumes' users with them: crashing the simulated nodes fails such
+	// I/O as a dead disk would, so the teardown goes on.
+	deadline := time.After(10 * time.Second)
+	for name, ns := range s.nodes {
+		select {
+		case <-ns.csi.Done():
+			continue
+		case <-deadline:
+		}
+		s.progress("sandbox: the CSI node service of %s is stuck in a call at teardown; crashing every drbdsim node to end its I/O", name)
+		if s.Mesh != nil {
+			for _, n := range s.Mesh.Nodes {
+				n.Sim.Crash()
+			}
+		}
+		break
+	}
+	for _, ns := range s.nodes {
+		errs = append(errs, ns.csi.Stop())
 	}
 	errs = append(errs, s.ctrlCSI.Stop())
 	if s.Mesh != nil {
