@@ -1,7 +1,6 @@
 package drbdsim
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"log"
@@ -200,16 +199,11 @@ func cleanStale(mnt string) error {
 
 // isMountPoint reports whether path is a mount point (in mountinfo).
 func isMountPoint(path string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return false
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && mountinfo.Unescape(f[4]) == path {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ms, func(m mountinfo.Mount) bool { return m.MountPoint == path })
 }
 
 // closeOnExecFuseFDs marks every descriptor of this process on /dev/fuse
@@ -568,18 +562,14 @@ func mountsOf(dev string) []string {
 	if err := unix.Stat(dev, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
 		return nil
 	}
-	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
 	var points []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		// id parent major:minor root mountpoint ...
-		if fl := strings.Fields(s.Text()); len(fl) > 4 && fl[2] == want {
-			points = append(points, mountinfo.Unescape(fl[4]))
+	for _, m := range ms {
+		if uint32(m.Major) == unix.Major(st.Rdev) && uint32(m.Minor) == unix.Minor(st.Rdev) {
+			points = append(points, m.MountPoint)
 		}
 	}
 	return points

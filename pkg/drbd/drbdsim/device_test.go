@@ -91,11 +91,9 @@ func formedWithDevices(t *testing.T) *rig {
 // under dir.
 func leftovers(dir string) []string {
 	var out []string
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(mountinfo.Unescape(f[4]), dir+"/") {
-			out = append(out, "mount "+mountinfo.Unescape(f[4]))
-		}
+	ms, _ := mountinfo.Read()
+	for _, p := range mountinfo.Under(ms, dir) {
+		out = append(out, "mount "+p)
 	}
 	for _, loop := range loopsUnder(dir) {
 		out = append(out, "loop device "+loop)
@@ -120,10 +118,10 @@ func (rg *rig) mount(dev, name string) string {
 
 func mountsAt(mnt string) []string {
 	var out []string
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && mountinfo.Unescape(f[4]) == mnt {
-			out = append(out, line)
+	ms, _ := mountinfo.Read()
+	for _, m := range ms {
+		if m.MountPoint == mnt {
+			out = append(out, m.MountPoint)
 		}
 	}
 	return out
