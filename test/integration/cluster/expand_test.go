@@ -57,7 +57,7 @@ func TestExpansion(t *testing.T) {
 				if node != "" {
 					r.attach(vol, node)
 				}
-				r.grow(vol, "96Mi", node)
+				r.grow(vol, "128Mi", node)
 				if node != "" {
 					r.detach(vol, node)
 				}
