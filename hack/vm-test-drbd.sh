@@ -7,8 +7,8 @@
 # Steps: build or reuse the DRBD modules (hack/vm-drbd-module.sh, which says
 # how to get the source when DRBD_SRC is missing) and the guest image
 # (VM_IMAGE=drbd hack/vm-image.sh); cross-build the test binary and append it
-# with test/vm/drbd/init.sh to the image; create a network namespace with a
-# bridge and one tap per guest (10.99.0.1-3 for node1-3, 10.99.0.254 for the
+# with test/vm/drbd/init.sh and test/vm/guest.sh to the image; create a
+# network namespace with a bridge and one tap per guest (10.99.0.1-3 for node1-3, 10.99.0.254 for the
 # host side; these addresses exist only inside the namespace); boot the
 # three guests in it, node1 and node2 with a fresh sparse 128 MiB disk each,
 # node3 diskless; run the test binary on the host inside the namespace,
@@ -58,6 +58,7 @@ mkdir -p "$RUN/payload/meshvol"
 # is behind the build tag vmtest, which keeps it out of `go test ./...`.
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go test -c -tags vmtest -o "$RUN/payload/meshvol/drbd.test" ./test/vm/drbd
 install -m 0755 test/vm/drbd/init.sh "$RUN/payload/init"
+install -m 0644 test/vm/guest.sh "$RUN/payload/meshvol/guest.sh" # the helpers /init sources
 (cd "$RUN/payload" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) >"$RUN/payload.cpio"
 cat "$OUT/rootfs.cpio" "$RUN/payload.cpio" >"$RUN/initrd.cpio"
 

@@ -4,9 +4,9 @@
 # takes. Not part of `make test` or CI: `make test-lvm-vm`.
 #
 # Steps: build or reuse the guest (hack/vm-image.sh), cross-build the test
-# binary, append it and test/vm/init.sh to the cached rootfs as a second
-# initramfs archive, boot with a fresh sparse 1 GiB disk as the PV, and judge
-# the run from what the guest wrote to its second serial port.
+# binary, append it, test/vm/init.sh and test/vm/guest.sh to the cached rootfs
+# as a second initramfs archive, boot with a fresh sparse 1 GiB disk as the PV,
+# and judge the run from what the guest wrote to its second serial port.
 #
 # The guest runs under TCG, qemu's software emulation: it needs no /dev/kvm
 # and behaves the same on every machine. (Where this was written /dev/kvm
@@ -37,6 +37,7 @@ mkdir -p "$RUN/payload/meshvol"
 # behind the build tag vmtest, which keeps it out of `go test ./...`.
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go test -c -tags vmtest -o "$RUN/payload/meshvol/lvm.test" ./test/vm/lvm
 install -m 0755 test/vm/init.sh "$RUN/payload/init"
+install -m 0644 test/vm/guest.sh "$RUN/payload/meshvol/guest.sh" # the helpers /init sources
 # The kernel unpacks concatenated newc archives in order; the later /init wins.
 (cd "$RUN/payload" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) >"$RUN/payload.cpio"
 cat "$OUT/rootfs.cpio" "$RUN/payload.cpio" >"$RUN/initrd.cpio"

@@ -18,98 +18,78 @@ type deadlineDriver struct {
 
 var _ drbd.Driver = deadlineDriver{}
 
-func (t deadlineDriver) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, t.timeout)
+// withDeadline runs f with a context that ends after timeout; the one place the
+// deadline is set, for the calls that return a value.
+func withDeadline[T any](ctx context.Context, timeout time.Duration, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return f(ctx)
+}
+
+// run is withDeadline for the calls that return only an error.
+func (t deadlineDriver) run(ctx context.Context, f func(context.Context) error) error {
+	_, err := withDeadline(ctx, t.timeout, func(ctx context.Context) (struct{}, error) { return struct{}{}, f(ctx) })
+	return err
 }
 
 func (t deadlineDriver) WriteConfig(ctx context.Context, r *drbd.Resource) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.WriteConfig(ctx, r)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.WriteConfig(ctx, r) })
 }
 
 func (t deadlineDriver) RemoveConfig(ctx context.Context, name string) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.RemoveConfig(ctx, name)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.RemoveConfig(ctx, name) })
 }
 
 func (t deadlineDriver) HasMetadata(ctx context.Context, name string) (bool, error) {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.HasMetadata(ctx, name)
+	return withDeadline(ctx, t.timeout, func(ctx context.Context) (bool, error) { return t.d.HasMetadata(ctx, name) })
 }
 
 func (t deadlineDriver) CreateMetadata(ctx context.Context, name string, maxPeers int) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.CreateMetadata(ctx, name, maxPeers)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.CreateMetadata(ctx, name, maxPeers) })
 }
 
 func (t deadlineDriver) Up(ctx context.Context, name string) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Up(ctx, name)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Up(ctx, name) })
 }
 
 func (t deadlineDriver) Adjust(ctx context.Context, name string) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Adjust(ctx, name)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Adjust(ctx, name) })
 }
 
 func (t deadlineDriver) Down(ctx context.Context, name string) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Down(ctx, name)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Down(ctx, name) })
 }
 
 func (t deadlineDriver) Primary(ctx context.Context, name string, force drbd.ForceReason) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Primary(ctx, name, force)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Primary(ctx, name, force) })
 }
 
 func (t deadlineDriver) Secondary(ctx context.Context, name string) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Secondary(ctx, name)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Secondary(ctx, name) })
 }
 
 func (t deadlineDriver) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.NewCurrentUUIDClearBitmap(ctx, name)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.NewCurrentUUIDClearBitmap(ctx, name) })
 }
 
 func (t deadlineDriver) Resize(ctx context.Context, name string) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Resize(ctx, name)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Resize(ctx, name) })
 }
 
 func (t deadlineDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.ForgetPeer(ctx, name, peerNodeID)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }
 
 func (t deadlineDriver) Verify(ctx context.Context, name string, peerNodeID int) error {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Verify(ctx, name, peerNodeID)
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Verify(ctx, name, peerNodeID) })
 }
 
 func (t deadlineDriver) Status(ctx context.Context, name string) ([]drbd.StatusResource, error) {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Status(ctx, name)
+	return withDeadline(ctx, t.timeout, func(ctx context.Context) ([]drbd.StatusResource, error) { return t.d.Status(ctx, name) })
 }
 
 func (t deadlineDriver) Show(ctx context.Context, name string) ([]drbd.ShowResource, error) {
-	ctx, cancel := t.ctx(ctx)
-	defer cancel()
-	return t.d.Show(ctx, name)
+	return withDeadline(ctx, t.timeout, func(ctx context.Context) ([]drbd.ShowResource, error) { return t.d.Show(ctx, name) })
 }
 
 func (t deadlineDriver) Events(ctx context.Context) (io.ReadCloser, error) { return t.d.Events(ctx) }

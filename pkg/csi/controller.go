@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -87,6 +88,15 @@ func (c *Controller) getRV(ctx context.Context, name string) (*v1.ReplicatedVolu
 		return nil, internal("reading ReplicatedVolume "+name, err)
 	}
 	return rv, nil
+}
+
+// existingRV is getRV for the RPCs on a volume that must exist: no volume is NotFound.
+func (c *Controller) existingRV(ctx context.Context, id string) (*v1.ReplicatedVolume, error) {
+	rv, err := c.getRV(ctx, id)
+	if err == nil && rv == nil {
+		err = status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
+	}
+	return rv, err
 }
 
 func (c *Controller) attachmentsOf(ctx context.Context, rv string) ([]v1.ReplicatedVolumeAttachment, error) {
@@ -289,7 +299,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		created = true
 	}
 	var why string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		cur, err := c.getRV(ctx, r.rvName)
 		if err != nil {
 			return false, err
@@ -306,12 +316,11 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		var ok bool
 		ok, why = formed(cur)
 		return ok, nil
+	}, func() string {
+		return fmt.Sprintf("volume %q is still forming (%s); a retry waits for it", r.rvName, why)
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still forming (%s); a retry waits for it", r.rvName, why)
+		return nil, err
 	}
 	top, err := c.accessibleTopology(ctx, rv, rsc)
 	if err != nil {
@@ -468,18 +477,17 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 			return nil, internal("deleting ReplicatedVolume "+id, err)
 		}
 	}
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		cur, err := c.getRV(ctx, id)
 		if cur != nil {
 			rv = cur
 		}
 		return cur == nil, err
+	}, func() string {
+		return fmt.Sprintf("volume %q is being deleted (%s); a retry waits for it", id, deletionProgress(rv))
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is being deleted (%s); a retry waits for it", id, deletionProgress(rv))
+		return nil, err
 	}
 	return &csipb.DeleteVolumeResponse{}, nil
 }
@@ -519,12 +527,9 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		return nil, err
 	}
 	defer release()
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	if len(validation.IsDNS1123Subdomain(node)) > 0 {
 		return nil, status.Errorf(codes.NotFound, "node_id: %q is not a node name, so no meshvol agent runs there", node)
@@ -591,7 +596,7 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	}
 	var last v1.ReplicatedVolumeAttachmentStatus
 	var dev string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		var a v1.ReplicatedVolumeAttachment
 		if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, &a); err != nil {
 			if apierrors.IsNotFound(err) && created {
@@ -605,12 +610,11 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		last = a.Status
 		dev = a.Status.DevicePath
 		return a.Status.Phase == v1.AttachmentAttached && dev != "", nil
+	}, func() string {
+		return fmt.Sprintf("volume %q is not attached to node %q yet (%s); a retry waits for it", id, node, attachProgress(last))
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is not attached to node %q yet (%s); a retry waits for it", id, node, attachProgress(last))
+		return nil, err
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{PublishContextDevicePath: dev}}, nil
 }
@@ -656,7 +660,7 @@ func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.C
 		}
 	}
 	var left string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		for _, n := range gone {
 			var a v1.ReplicatedVolumeAttachment
 			err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &a)
@@ -670,12 +674,9 @@ func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.C
 			return false, nil
 		}
 		return true, nil
-	})
+	}, func() string { return fmt.Sprintf("volume %q is still detaching (%s); a retry waits for it", id, left) })
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still detaching (%s); a retry waits for it", id, left)
+		return nil, err
 	}
 	return &csipb.ControllerUnpublishVolumeResponse{}, nil
 }
@@ -702,12 +703,9 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, err
 	}
 	defer release()
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	if cur := rv.Spec.Size.Value(); cur >= want {
 		want = cur
@@ -715,7 +713,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, err
 	}
 	var why string
-	err = waitFor(ctx, func() (bool, error) {
+	err = waitRPC(ctx, func() (bool, error) {
 		cur, err := c.getRV(ctx, id)
 		if err != nil || cur == nil {
 			if cur == nil && err == nil {
@@ -727,12 +725,11 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		var ok bool
 		ok, why, err = c.grown(ctx, cur, want)
 		return ok, err
+	}, func() string {
+		return fmt.Sprintf("volume %q is still growing to %d bytes (%s); a retry waits for it", id, want, why)
 	})
 	if err != nil {
-		if !errors.Is(err, errTimedOut) {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.DeadlineExceeded, "volume %q is still growing to %d bytes (%s); a retry waits for it", id, want, why)
+		return nil, err
 	}
 	return &csipb.ControllerExpandVolumeResponse{
 		CapacityBytes:         volumeSize(rv),
@@ -759,13 +756,22 @@ func (c *Controller) applySize(ctx context.Context, name string, size int64) err
 	return nil
 }
 
-// grown: the controller has published a DRBD size of at least want and every diskful
-// member's backing volume is at least that large.
+// grown: the controller has published a DRBD size of at least want and every
+// diskful member has confirmed the datamesh revision (docs/contract.md "CSI"). An
+// agent confirms a revision only once its DRBD device is at least the datamesh's
+// size, so a confirmed revision means the device grew, not just the backing
+// volume under it. If not, why says what it waits for, in words an operator can
+// act on: the transition in flight, or the replica and its own account.
 func (c *Controller) grown(ctx context.Context, rv *v1.ReplicatedVolume, want int64) (bool, string, error) {
-	if s := rv.Status.Datamesh.Size; s == nil || s.Value() < want {
-		return false, "the controller has not published the new DRBD size", nil
+	st := &rv.Status
+	if s := st.Datamesh.Size; s == nil || s.Value() < want {
+		if len(st.DatameshTransitions) > 0 {
+			return false, "the controller publishes the new size once no datamesh transition is in flight; in flight: " +
+				transitionsInFlight(st.DatameshTransitions), nil
+		}
+		return false, "the controller has not published the new DRBD size yet", nil
 	}
-	for _, m := range rv.Status.Datamesh.Members {
+	for _, m := range st.Datamesh.Members {
 		if !m.Type.HasDisk() {
 			continue
 		}
@@ -776,9 +782,40 @@ func (c *Controller) grown(ctx context.Context, rv *v1.ReplicatedVolume, want in
 			}
 			return false, "", internal("reading ReplicatedVolumeReplica "+m.Name, err)
 		}
-		if b := r.Status.BackingVolume; b == nil || b.Size.Value() < want {
-			return false, "replica " + m.Name + "'s backing volume has not grown", nil
+		if r.Status.DatameshRevision >= st.DatameshRevision {
+			continue
 		}
+		why := fmt.Sprintf("replica %s on node %s has not confirmed datamesh revision %d (its DRBD device at %s)",
+			m.Name, m.NodeName, st.DatameshRevision, st.Datamesh.Size.String())
+		for _, t := range []string{v1.ConditionAgentReady, v1.ConditionDRBDConfigured} {
+			if cond := meta.FindStatusCondition(r.Status.Conditions, t); cond != nil && cond.Status != metav1.ConditionTrue {
+				return false, why + ": " + cond.Message, nil
+			}
+		}
+		return false, why, nil
 	}
 	return true, "", nil
+}
+
+// transitionsInFlight names each transition and the step it is at.
+func transitionsInFlight(ts []v1.DatameshTransition) string {
+	var out []string
+	for _, t := range ts {
+		s := string(t.Type)
+		if t.ReplicaName != "" {
+			s += " of " + t.ReplicaName
+		}
+		for _, step := range t.Steps {
+			if step.Status != v1.StepCompleted {
+				s += fmt.Sprintf(" (step %q", step.Name)
+				if step.Message != "" {
+					s += ": " + step.Message
+				}
+				s += ")"
+				break
+			}
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, "; ")
 }

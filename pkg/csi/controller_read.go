@@ -175,12 +175,9 @@ func (c *Controller) ControllerGetVolume(ctx context.Context, req *csipb.Control
 	if err := requireVolumeID(id); err != nil {
 		return nil, err
 	}
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	rvas, err := c.attachmentsOf(ctx, id)
 	if err != nil {
@@ -212,12 +209,9 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.
 			return nil, invalid("volume_capabilities[%d]: access_type and access_mode are required", i)
 		}
 	}
-	rv, err := c.getRV(ctx, id)
+	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if rv == nil {
-		return nil, status.Errorf(codes.NotFound, "volume_id: volume %q does not exist", id)
 	}
 	for i, vc := range req.GetVolumeCapabilities() {
 		f := "volume_capabilities[" + strconv.Itoa(i) + "]"

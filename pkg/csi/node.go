@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -18,7 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	mount "k8s.io/mount-utils"
-	utilexec "k8s.io/utils/exec"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -92,25 +92,24 @@ func (n *Node) localRVR(ctx context.Context, vol string) (*v1.ReplicatedVolumeRe
 // returns its device.
 func (n *Node) primaryDevice(ctx context.Context, vol string) (string, error) {
 	var last *v1.ReplicatedVolumeReplica
-	err := waitFor(ctx, func() (bool, error) {
+	err := waitRPC(ctx, func() (bool, error) {
 		r, err := n.localRVR(ctx, vol)
 		if err != nil {
 			return false, err
 		}
 		last = r
 		return r != nil && r.Status.Role == v1.RolePrimary && r.Status.DevicePath != "", nil
+	}, func() string {
+		if last == nil {
+			return fmt.Sprintf("volume_id: volume %q has no replica on node %q yet; was it published here?", vol, n.NodeName)
+		}
+		return fmt.Sprintf("volume %q: the replica on node %q is not Primary yet (role %q, disk %q); a retry waits for it",
+			vol, n.NodeName, last.Status.Role, last.Status.DiskState)
 	})
-	if err == nil {
-		return last.Status.DevicePath, nil
-	}
-	if !errors.Is(err, errTimedOut) {
+	if err != nil {
 		return "", err
 	}
-	if last == nil {
-		return "", status.Errorf(codes.DeadlineExceeded, "volume_id: volume %q has no replica on node %q yet; was it published here?", vol, n.NodeName)
-	}
-	return "", status.Errorf(codes.DeadlineExceeded, "volume %q: the replica on node %q is not Primary yet (role %q, disk %q); a retry waits for it",
-		vol, n.NodeName, last.Status.Role, last.Status.DiskState)
+	return last.Status.DevicePath, nil
 }
 
 // mountAt returns the mount table's entry for path, nil if nothing is mounted there.
@@ -188,6 +187,14 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	}
 	if err := formatIfEmpty(ctx, dev, fs); err != nil {
 		return nil, err
+	}
+	// An ext4 smaller than its device (the volume grew while it was not
+	// mounted, or online growth was refused: expand.go) grows now, while
+	// that needs no privilege. Never for a read-only mount.
+	if fs == fsExt4 && !slices.Contains(mnt.GetMountFlags(), "ro") {
+		if _, err := growExtOffline(ctx, dev); err != nil {
+			return nil, err
+		}
 	}
 	if err := n.mounter().Mount(dev, path, fs, mnt.GetMountFlags()); err != nil {
 		return nil, status.Errorf(codes.Internal, "mounting %s (%s) at %s with %v: %v", dev, fs, path, mnt.GetMountFlags(), err)
@@ -304,20 +311,27 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 		return nil, err
 	}
 	defer release()
-	// Unmount every layer stacked there (a retry after a crash may find more than one).
+	if err := n.unmountAll(path); err != nil {
+		return nil, err
+	}
+	return &csipb.NodeUnstageVolumeResponse{}, nil
+}
+
+// unmountAll unmounts every layer stacked at path: a retry after a crash, or a
+// kubelet that staged twice, may find more than one. No mount there is success.
+func (n *Node) unmountAll(path string) error {
 	for {
 		mp, err := n.mountAt(path)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if mp == nil {
-			break
+			return nil
 		}
 		if err := n.mounter().Unmount(path); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", path, err)
+			return status.Errorf(codes.Internal, "unmounting %s: %v", path, err)
 		}
 	}
-	return &csipb.NodeUnstageVolumeResponse{}, nil
 }
 
 func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
@@ -425,17 +439,8 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 		return nil, err
 	}
 	defer release()
-	for {
-		mp, err := n.mountAt(target)
-		if err != nil {
-			return nil, err
-		}
-		if mp == nil {
-			break
-		}
-		if err := n.mounter().Unmount(target); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", target, err)
-		}
+	if err := n.unmountAll(target); err != nil {
+		return nil, err
 	}
 	// The spec: the plugin deletes the file or directory it created at target_path.
 	if err := os.Remove(target); err != nil && !os.IsNotExist(err) {
@@ -566,8 +571,14 @@ func (n *Node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolume
 	} else if mp == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume_path: nothing is mounted at %s", path)
 	}
-	if _, err := mount.NewResizeFs(utilexec.New()).Resize(dev, path); err != nil {
-		return nil, status.Errorf(codes.Internal, "growing the filesystem on %s at %s: %v", dev, path, err)
+	fs, _, err := probeDevice(ctx, dev)
+	if err != nil {
+		return nil, err
+	}
+	if err := growMounted(ctx, dev, path, fs); errors.Is(err, errOnlineExt4Refused) {
+		return nil, onlineExt4Refused(dev, path, size)
+	} else if err != nil {
+		return nil, err
 	}
 	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

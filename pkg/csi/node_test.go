@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -256,6 +257,36 @@ func TestNodeService(t *testing.T) {
 			_, err := ns.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: pfx + "-none", VolumePath: tgt(vFresh, "p1")})
 			return err
 		}, codes.NotFound, "volume_id"},
+		// Online ext4 growth needs CAP_SYS_RESOURCE (expand.go): with it the file
+		// system grows; without it (this sandbox) the answer is FailedPrecondition
+		// saying why, and the next stage grows it (below).
+		{"Expand: a published ext4 grows online, or says why it cannot", func(ctx context.Context) error {
+			var before unix.Statfs_t
+			must(t, unix.Statfs(tgt(vFresh, "p1"), &before))
+			must(t, os.Truncate(fresh.file, 96*mib))
+			if out, err := exec.Command("losetup", "-c", fresh.dev).CombinedOutput(); err != nil {
+				return fmt.Errorf("losetup -c: %v: %s", err, out)
+			}
+			r, err := ns.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: vFresh, VolumePath: tgt(vFresh, "p1"),
+				CapacityRange: &csipb.CapacityRange{RequiredBytes: 96 * mib}, VolumeCapability: ext4})
+			if !hasCapSysResource(t) {
+				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") ||
+					!strings.Contains(err.Error(), "next staged") {
+					return fmt.Errorf("without CAP_SYS_RESOURCE: %v, want FailedPrecondition naming the capability and the way out", err)
+				}
+				t.Logf("no CAP_SYS_RESOURCE here: %v", err)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			var sfs unix.Statfs_t
+			must(t, unix.Statfs(tgt(vFresh, "p1"), &sfs))
+			if r.CapacityBytes != 96*mib || sfs.Blocks <= before.Blocks {
+				return fmt.Errorf("capacity %d, file system blocks %d → %d", r.CapacityBytes, before.Blocks, sfs.Blocks)
+			}
+			return nil
+		}, codes.OK, ""},
 		{"Unpublish: unmounted and removed, twice", func(ctx context.Context) error {
 			for _, p := range []string{"p1", "p2", "p1"} {
 				if _, err := ns.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: vFresh, TargetPath: tgt(vFresh, p)}); err != nil {
@@ -285,6 +316,15 @@ func TestNodeService(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(stg(vFresh), "kept"))
 			if err != nil || string(b) != "data" {
 				return fmt.Errorf("the file written before: %q, %v", b, err)
+			}
+			// The device grew to 96 MiB above: staging grew the ext4 with it
+			// (offline, if it could not grow online), and the stats say so.
+			st, err := ns.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: vFresh, VolumePath: stg(vFresh)})
+			if err != nil {
+				return err
+			}
+			if total := st.Usage[0].Total; total < 80*mib || total > 96*mib {
+				return fmt.Errorf("staged again on a 96 MiB device: the file system has %d bytes", total)
 			}
 			_, err = ns.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: vFresh, StagingTargetPath: stg(vFresh)})
 			return err
@@ -395,4 +435,20 @@ func TestNodeService(t *testing.T) {
 		}
 		t.Logf("%-70s %v in %v", r.name, r.code, time.Since(start).Round(time.Millisecond))
 	}
+}
+
+// hasCapSysResource reports whether this process may grow a mounted ext4
+// (CAP_SYS_RESOURCE, bit 24 of CapEff in /proc/self/status).
+func hasCapSysResource(t *testing.T) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	must(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			must(t, err)
+			return caps&(1<<24) != 0
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return false
 }

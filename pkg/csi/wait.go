@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // errTimedOut is what waitFor returns when the wait's deadline passed; callers turn it
@@ -49,4 +52,15 @@ func waitFor(ctx context.Context, cond func() (bool, error)) error {
 		case <-t.C:
 		}
 	}
+}
+
+// waitRPC is waitFor as an RPC answers it: a wait whose deadline passed becomes
+// DeadlineExceeded with the message stillWaiting builds from what cond last saw, so
+// that the CO's retry log says what the volume waits for.
+func waitRPC(ctx context.Context, cond func() (bool, error), stillWaiting func() string) error {
+	err := waitFor(ctx, cond)
+	if errors.Is(err, errTimedOut) {
+		return status.Error(codes.DeadlineExceeded, stillWaiting())
+	}
+	return err
 }

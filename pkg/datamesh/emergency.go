@@ -86,20 +86,20 @@ func (e *Engine) emergency() {
 			e.cancel(ti)
 		}
 	}
-	// A diskless member force-removed while another change of the diskless set is
-	// unconfirmed, with an even voter count: replicas disagree on which diskless members
-	// DRBD's tiebreaker needs a majority of (F6), and the removed one, if alive behind a
-	// partition, gives the side that still knows it its majority. So q is published one
-	// higher until the removal is confirmed: no side keeps quorum one vote short. A
-	// ChangeQuorum brings it back once everything is confirmed (settleLayout).
-	holdDiskless := false
-	if other, _ := e.disklessChangeInFlight(); other != "" && e.counts().voters%2 == 0 {
-		for _, ri := range batch {
-			if mi := e.memberIndex(s.st.DatameshReplicaRequests[ri].Name); mi >= 0 && isDiskless(e.mstate(mi)) {
-				holdDiskless = true
-			}
-		}
-	}
+	// The tiebreaker hold (model checker, "returns behind a partition"): a force
+	// removal that leaves an even number of DRBD voters (members with a disk; D∅ is
+	// rendered `disk none`) next to a diskless member — or while another member's
+	// change of the diskless set is unconfirmed — publishes q one higher until it is
+	// confirmed. Until then a replica that has not applied the removal still connects
+	// to the removed member, which, if alive behind a partition, is quorate with it in
+	// the old configuration (2 of 3 in 3D), while a survivor that applied it is one
+	// vote short of the new, even voter set and keeps quorum through DRBD's tiebreaker
+	// with the diskless member: two writers (3D with an Access replica; a TieBreaker
+	// removed next to an Access join, R3; F6). With q one higher, a side one vote short
+	// is two short: only all the new voters together (the tiebreaker covers the one
+	// vote) stay quorate. A ChangeQuorum brings q back once everything is confirmed
+	// (settleLayout).
+	otherDiskless, _ := e.disklessChangeInFlight()
 	var started []int
 	for _, ri := range batch {
 		name := s.st.DatameshReplicaRequests[ri].Name
@@ -138,8 +138,8 @@ func (e *Engine) emergency() {
 	// the removal is confirmed (settleLayout). The same keeps a voter transition's hold
 	// in force (finding F6).
 	s.st.Datamesh.Quorum = max(s.st.Datamesh.Quorum, qBefore)
-	if holdDiskless {
-		s.st.Datamesh.Quorum = min(max(s.st.Datamesh.Quorum, int32(e.counts().voters/2+2)), 32)
+	if disks, diskless := e.drbdVoters(); disks > 0 && disks%2 == 0 && (diskless > 0 || otherDiskless != "") {
+		s.st.Datamesh.Quorum = min(max(s.st.Datamesh.Quorum, int32(disks/2+2)), 32)
 	}
 	e.pin()
 	rev := e.bump()
@@ -150,6 +150,20 @@ func (e *Engine) emergency() {
 	}
 	// Transitions that waited for the dead members may be done now: look again.
 	e.backward()
+}
+
+// drbdVoters counts the members DRBD counts as voters (a disk attached: D) and the
+// diskless ones (A, TB, D∅, sD∅), whose majority DRBD's tiebreaker asks for.
+func (e *Engine) drbdVoters() (disks, diskless int) {
+	for mi := range e.s.st.Datamesh.Members {
+		switch st := e.mstate(mi); {
+		case st == StateD:
+			disks++
+		case isDiskless(st):
+			diskless++
+		}
+	}
+	return disks, diskless
 }
 
 // awaitReplacement decides the order of replacing a lost voter (issue 8, item 7): it

@@ -41,12 +41,17 @@ func (e *Engine) membership() {
 			e.setRequestMessageString(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (one voter transition at a time)")
 			continue
 		}
-		if p.Group == v1.GroupVotingMembership && p.From == StateNew {
+		if (p.Group == v1.GroupVotingMembership && p.From == StateNew) || changesDiskless(p) {
 			if lost := e.voterForceLeaving(); lost != "" {
 				// A lost voter leaves before its replacement joins (awaitReplacement):
 				// a voter step the lost member never confirms would either wait for it
-				// for ever or, with a q held raised, stop IO for the whole sync.
-				e.setRequestMessageString(req.Name, "Waiting for the force removal of "+lost+" (a lost voter leaves before a new voter joins)")
+				// for ever or, with a q held raised, stop IO for the whole sync. Nor
+				// does the diskless set change meanwhile: a replica that applied the
+				// removal counts one voter less and, in an even voter set, keeps quorum
+				// one vote short through DRBD's tiebreaker with a diskless member the
+				// replicas still connected to the lost one do not know (the model
+				// checker's "returns behind a partition", 3D with an Access join).
+				e.setRequestMessageString(req.Name, "Waiting for the force removal of "+lost+" (a lost voter leaves before the member set changes)")
 				continue
 			}
 		}

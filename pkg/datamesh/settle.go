@@ -92,6 +92,9 @@ func (e *Engine) settleLayout() {
 	if len(s.st.DatameshTransitions) > 0 || s.in.ChangeQuorum != nil {
 		return
 	}
+	if e.releaseTiebreakerHold(c) {
+		return
+	}
 	switch {
 	case s.cfg.GMDR < e.effective().GMDR || int(s.st.Datamesh.QuorumMinimumRedundancy) > s.cfg.GMDR+1:
 		// Lowering qmr is safe at any time; it rides on a RemoveReplica(D) (qmr↓ first)
@@ -103,6 +106,26 @@ func (e *Engine) settleLayout() {
 	case settled && !e.removalWanted():
 		e.settleQuorum(c)
 	}
+}
+
+// releaseTiebreakerHold lowers a q that a force removal published one higher (the
+// tiebreaker hold, see emergency) as soon as nothing is in flight: every survivor has
+// applied the removal and none connects to the removed member any more, so the hold
+// has done its job. It does not wait for the layout to settle: a replacement Diskful
+// may sync for hours, and under the held q the survivors stay quorate only through
+// DRBD's tiebreaker, which never gives quorum back once lost.
+func (e *Engine) releaseTiebreakerHold(c counts) bool {
+	s := &e.s
+	if oq, _ := e.override(); oq > 0 {
+		return false
+	}
+	eff := e.effective()
+	want := layout.Quorum(c.voters, eff)
+	if int(s.st.Datamesh.Quorum) <= want {
+		return false
+	}
+	e.startQuorum(want, int(s.st.Datamesh.QuorumMinimumRedundancy), &eff)
+	return true
 }
 
 // addsLanded: every replica that is not leaving is a member of the type it asks for and

@@ -1,14 +1,16 @@
 package drbd
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // Opener is something that holds a block device open: a process with a
@@ -81,7 +83,7 @@ func DeviceOpeners(path string) ([]Opener, error) {
 		return out, nil
 	}
 	major, minor := unixMajor(st.Rdev), unixMinor(st.Rdev)
-	mounts, err := mountOpeners(fmt.Sprintf("%d:%d", major, minor))
+	mounts, err := mountOpeners(major, minor)
 	if err != nil {
 		return nil, err
 	}
@@ -145,29 +147,20 @@ func fdWritable(fdinfo string) bool {
 	return true
 }
 
-// mountOpeners lists the mounts of device majmin from /proc/self/mountinfo
-// ("36 35 7:0 / /mnt rw,relatime shared:1 - ext4 /dev/loop0 rw").
-func mountOpeners(majmin string) ([]Opener, error) {
-	f, err := os.Open(filepath.Join(procRoot, "self", "mountinfo"))
+// mountOpeners lists the mounts of device major:minor from this process's
+// mountinfo (a filesystem's st_dev is its device's number).
+func mountOpeners(major, minor uint32) ([]Opener, error) {
+	ms, err := mountinfo.ReadFile(filepath.Join(procRoot, "self", "mountinfo"))
 	if err != nil {
 		return nil, fmt.Errorf("device openers: %w", err)
 	}
-	defer f.Close()
 	var out []Opener
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) < 6 || fs[2] != majmin {
-			continue
+	for _, m := range ms {
+		if uint32(m.Major) == major && uint32(m.Minor) == minor {
+			out = append(out, Opener{Write: slices.Contains(m.MountOptions, "rw"), What: "mounted at " + m.MountPoint})
 		}
-		rw := false
-		for _, o := range strings.Split(fs[5], ",") {
-			rw = rw || o == "rw"
-		}
-		out = append(out, Opener{Write: rw, What: "mounted at " + fs[4]})
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // unixMajor and unixMinor decode a Linux dev_t (glibc's gnu_dev_major/minor).

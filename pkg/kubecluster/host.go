@@ -1,7 +1,6 @@
 package kubecluster
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -370,20 +369,11 @@ func iptablesKubeChains() ([]string, error) {
 // cgroupHierarchies lists the mount points of the cgroup (v1) and cgroup2
 // hierarchies.
 func cgroupHierarchies() []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
+	ms, _ := mountinfo.Read()
 	var hs []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		for i, fld := range fields {
-			if fld == "-" && i+1 < len(fields) && (fields[i+1] == "cgroup" || fields[i+1] == "cgroup2") {
-				hs = append(hs, mountinfo.Unescape(fields[4]))
-				break
-			}
+	for _, m := range ms {
+		if m.FsType == "cgroup" || m.FsType == "cgroup2" {
+			hs = append(hs, m.MountPoint)
 		}
 	}
 	return hs
@@ -524,23 +514,8 @@ func removeCgroupTree(path string) error {
 
 // mountsUnder lists the mount points under dir, deepest first.
 func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var ms []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := mountinfo.Unescape(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			ms = append(ms, mp)
-		}
-	}
+	all, _ := mountinfo.Read()
+	ms := mountinfo.Under(all, dir)
 	sort.Slice(ms, func(i, j int) bool { return len(ms[i]) > len(ms[j]) })
 	return ms
 }

@@ -44,6 +44,8 @@ import (
 	"github.com/meshvol/meshvol/pkg/storage"
 	"github.com/meshvol/meshvol/pkg/storage/file"
 	"github.com/meshvol/meshvol/pkg/testenv"
+
+	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // ControllerFunc runs the meshvol controller against cfg until ctx is done.
@@ -512,12 +514,9 @@ func (c *Cluster) Leftovers() []string {
 			out = append(out, fmt.Sprintf("loop device %s over %s", filepath.Base(filepath.Dir(filepath.Dir(f))), path))
 		}
 	}
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], c.Dir+"/") {
-				out = append(out, "mount "+f[4])
-			}
-		}
+	ms, _ := mountinfo.Read()
+	for _, p := range mountinfo.Under(ms, c.Dir) {
+		out = append(out, "mount "+p)
 	}
 	sort.Strings(out)
 	return out

@@ -14,16 +14,22 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/funcr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -333,4 +339,146 @@ func TestReadWriteOnceRefusesASecondNode(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// TestExpansion: a pod's volume grows online through the CSI sockets
+// (external-resizer cannot be had here): ControllerExpandVolume returns
+// once every diskful replica has grown, with the new size and
+// node_expansion_required; NodeExpandVolume grows the mounted file system;
+// the pod, ControllerGetVolume and NodeGetVolumeStats see the new size.
+// xfs, because online ext4 growth needs CAP_SYS_RESOURCE, which this
+// machine does not grant (pkg/csi/expand.go; pkg/csi's TestNodeService
+// covers ext4's refusal and its growth at the next stage).
+func TestExpansion(t *testing.T) {
+	ctx := ctxT(t, 4*time.Minute)
+	scName, pvcName, podName := name(t, "-xfs"), name(t, "-pvc"), name(t, "-pod")
+	wffc, expand := storagev1.VolumeBindingWaitForFirstConsumer, true
+	sc := &storagev1.StorageClass{
+		ObjectMeta:  metav1.ObjectMeta{Name: scName},
+		Provisioner: v1.CSIDriverName,
+		Parameters: map[string]string{v1.CSIParameterStorageClass: class,
+			"csi.storage.k8s.io/fstype": "xfs"},
+		VolumeBindingMode:    &wffc,
+		AllowVolumeExpansion: &expand,
+	}
+	if err := sb.Client.Create(ctx, sc); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Client.Delete(context.Background(), sc) })
+	if err := sb.Client.Create(ctx, sandbox.PVC(pvcName, scName, "320Mi", corev1.PersistentVolumeFilesystem)); err != nil {
+		t.Fatal(err)
+	}
+	p := pod(t, ctx, podName, pvcName, "", sleepScript, false)
+	p = waitRunning(t, ctx, p.Name)
+	t.Cleanup(func() { deletePod(t, context.Background(), podName) })
+	before := dfBytes(t, ctx, podName)
+	pvc := pvcBound(t, ctx, pvcName)
+	var pv corev1.PersistentVolume
+	if err := sb.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
+		t.Fatal(err)
+	}
+	if pv.Spec.CSI.FSType != "xfs" {
+		t.Fatalf("the PV's fsType is %q, want xfs", pv.Spec.CSI.FSType)
+	}
+	volID := pv.Spec.CSI.VolumeHandle
+	want := int64(400 << 20)
+	mountCap := &csipb.VolumeCapability{
+		AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: "xfs"}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+
+	cc := csipb.NewControllerClient(csiConn(t, sb.ControllerSocket))
+	began := time.Now()
+	cres, err := cc.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{
+		VolumeId: volID, CapacityRange: &csipb.CapacityRange{RequiredBytes: want}, VolumeCapability: mountCap,
+	})
+	if err != nil {
+		var rv v1.ReplicatedVolume
+		_ = sb.Client.Get(ctx, client.ObjectKey{Name: volID}, &rv)
+		t.Fatalf("ControllerExpandVolume: %v\nRV spec.size %s, status %+v", err, rv.Spec.Size.String(), rv.Status)
+	}
+	controllerTook := time.Since(began)
+	if cres.CapacityBytes < want || !cres.NodeExpansionRequired {
+		t.Fatalf("ControllerExpandVolume answered %d bytes, node expansion required %v; want ≥ %d and true", cres.CapacityBytes, cres.NodeExpansionRequired, want)
+	}
+	// Every diskful replica has grown when it returns.
+	var rv v1.ReplicatedVolume
+	if err := sb.Client.Get(ctx, client.ObjectKey{Name: volID}, &rv); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range rv.Status.Datamesh.Members {
+		if !m.Type.HasDisk() {
+			continue
+		}
+		var r v1.ReplicatedVolumeReplica
+		if err := sb.Client.Get(ctx, client.ObjectKey{Name: m.Name}, &r); err != nil {
+			t.Fatal(err)
+		}
+		if b := r.Status.BackingVolume; b == nil || b.Size.Value() < want {
+			t.Fatalf("ControllerExpandVolume returned, but replica %s's backing volume is %v", m.Name, b)
+		}
+	}
+	got, err := cc.ControllerGetVolume(ctx, &csipb.ControllerGetVolumeRequest{VolumeId: volID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Volume.CapacityBytes < want {
+		t.Fatalf("ControllerGetVolume reports %d bytes after growing to %d", got.Volume.CapacityBytes, want)
+	}
+
+	node := sb.Kube.Node(p.Spec.NodeName)
+	staging := filepath.Join(node.KubeletRootDir, "plugins/kubernetes.io/csi", v1.CSIDriverName,
+		fmt.Sprintf("%x", sha256.Sum256([]byte(volID))), "globalmount")
+	target := filepath.Join(node.KubeletRootDir, "pods", string(p.UID), "volumes/kubernetes.io~csi", pv.Name, "mount")
+	nc := csipb.NewNodeClient(csiConn(t, sb.NodeSocket(p.Spec.NodeName)))
+	began = time.Now()
+	nres, err := nc.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{
+		VolumeId: volID, VolumePath: target, StagingTargetPath: staging,
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: want}, VolumeCapability: mountCap,
+	})
+	if err != nil {
+		t.Fatalf("NodeExpandVolume: %v", err)
+	}
+	nodeTook := time.Since(began)
+	if nres.CapacityBytes < want {
+		t.Fatalf("NodeExpandVolume answered %d bytes, want ≥ %d", nres.CapacityBytes, want)
+	}
+	after := dfBytes(t, ctx, podName)
+	// xfs's df leaves its log out: the 80 MiB gained, less a little.
+	if after < before+70<<20 {
+		t.Fatalf("the pod's file system had %d bytes, has %d after expanding to %d", before, after, want)
+	}
+	stats, err := nc.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: volID, VolumePath: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total := stats.Usage[0].Total; total != after {
+		t.Fatalf("NodeGetVolumeStats reports %d bytes, the pod's df %d", total, after)
+	}
+	t.Logf("ControllerExpandVolume %s, NodeExpandVolume %s; file system in the pod: %d → %d bytes",
+		controllerTook.Round(time.Millisecond), nodeTook.Round(time.Millisecond), before, after)
+}
+
+func dfBytes(t *testing.T, ctx context.Context, podName string) int64 {
+	t.Helper()
+	out := exec(t, ctx, podName, "df -k /data | tail -n 1")
+	f := strings.Fields(out)
+	if len(f) < 2 {
+		t.Fatalf("df: %q", out)
+	}
+	kb, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		t.Fatalf("df: %q", out)
+	}
+	return kb << 10
+}
+
+func csiConn(t *testing.T, socket string) *grpc.ClientConn {
+	t.Helper()
+	c, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

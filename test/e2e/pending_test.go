@@ -13,8 +13,6 @@ package e2e
 //     stays, and the volume can neither attach elsewhere nor be deleted.
 //   - TestBlockVolume (a pod on the node of the 2D+1TB volume's
 //     tie-breaker): "Waiting for TieBreaker ... to become Access" forever.
-//   - TestExpansion: ControllerExpandVolume answers "the controller has not
-//     published the new DRBD size" for minutes.
 //   - TestNodeCrash: the controller decides the node lost in about 6 s,
 //     taints it out-of-service and force-detaches the member; Kubernetes
 //     moves the pod at once, but the RVA of the dead node stays Detaching,
@@ -28,8 +26,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
-	"fmt"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -37,9 +33,6 @@ import (
 	"testing"
 	"time"
 
-	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -99,94 +92,6 @@ blockdev --getsize64 /dev/xvda`)
 	if size < 16<<20 {
 		t.Fatalf("the device has %d bytes, the claim asked for 16 MiB", size)
 	}
-}
-
-// TestExpansion: ControllerExpandVolume and NodeExpandVolume called through
-// the CSI sockets (external-resizer cannot be had here); the pod sees the
-// larger file system.
-func TestExpansion(t *testing.T) {
-	ctx := ctxT(t, 4*time.Minute)
-	pvcName, podName := name(t, "-pvc"), name(t, "-pod")
-	if err := sb.Client.Create(ctx, sandbox.PVC(pvcName, class, "32Mi", corev1.PersistentVolumeFilesystem)); err != nil {
-		t.Fatal(err)
-	}
-	p := pod(t, ctx, podName, pvcName, "", sleepScript, false)
-	p = waitRunning(t, ctx, p.Name)
-	t.Cleanup(func() { deletePod(t, context.Background(), podName) })
-	before := dfBytes(t, ctx, podName)
-	pvc := pvcBound(t, ctx, pvcName)
-	var pv corev1.PersistentVolume
-	if err := sb.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
-		t.Fatal(err)
-	}
-	volID := pv.Spec.CSI.VolumeHandle
-	want := int64(64 << 20)
-
-	cc := csiConn(t, sb.ControllerSocket)
-	cres, err := csipb.NewControllerClient(cc).ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{
-		VolumeId:         volID,
-		CapacityRange:    &csipb.CapacityRange{RequiredBytes: want},
-		VolumeCapability: &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: pv.Spec.CSI.FSType}}, AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}},
-	})
-	if err != nil {
-		t.Fatalf("ControllerExpandVolume: %v", err)
-	}
-	if cres.CapacityBytes < want {
-		t.Fatalf("ControllerExpandVolume answered %d bytes, want ≥ %d", cres.CapacityBytes, want)
-	}
-	node := sb.Kube.Node(p.Spec.NodeName)
-	staging := filepath.Join(node.KubeletRootDir, "plugins/kubernetes.io/csi", v1.CSIDriverName,
-		fmt.Sprintf("%x", sha256.Sum256([]byte(volID))), "globalmount")
-	target := filepath.Join(node.KubeletRootDir, "pods", string(p.UID), "volumes/kubernetes.io~csi", pv.Name, "mount")
-	nc := csiConn(t, sb.NodeSocket(p.Spec.NodeName))
-	// The device grows once the controller's resize reaches the node's
-	// Primary: NodeExpandVolume says so until then.
-	deadline := time.Now().Add(time.Minute)
-	for {
-		_, err = csipb.NewNodeClient(nc).NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{
-			VolumeId:          volID,
-			VolumePath:        target,
-			StagingTargetPath: staging,
-			CapacityRange:     &csipb.CapacityRange{RequiredBytes: want},
-			VolumeCapability:  &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}}, AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}},
-		})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("NodeExpandVolume: %v", err)
-		}
-		time.Sleep(time.Second)
-	}
-	after := dfBytes(t, ctx, podName)
-	if after <= before+16<<20 {
-		t.Fatalf("the pod's file system had %d bytes, has %d after expanding to %d", before, after, want)
-	}
-	t.Logf("file system in the pod: %d → %d bytes", before, after)
-}
-
-func dfBytes(t *testing.T, ctx context.Context, podName string) int64 {
-	t.Helper()
-	out := exec(t, ctx, podName, "df -k /data | tail -n 1")
-	f := strings.Fields(out)
-	if len(f) < 2 {
-		t.Fatalf("df: %q", out)
-	}
-	kb, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil {
-		t.Fatalf("df: %q", out)
-	}
-	return kb << 10
-}
-
-func csiConn(t *testing.T, socket string) *grpc.ClientConn {
-	t.Helper()
-	c, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // TestDeleteLeavesNothing: deleting the claim deletes the PV, the

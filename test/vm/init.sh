@@ -1,52 +1,22 @@
 #!/bin/sh
 # PID 1 of the real-LVM test VM (hack/vm-test-lvm.sh packs it as /init).
 #
-# The guest is a debootstrapped Debian with no init system and no udev: the
-# node agent's container has neither, and lvm2 must work without them. It
-# mounts the kernel filesystems, loads the disk and device-mapper modules,
-# runs the test binary against the virtio disk /dev/vda, and powers off.
+# The guest has no init system and no udev: the node agent's container has
+# neither, and lvm2 must work without them. It loads the disk and
+# device-mapper modules, runs the test binary against the virtio disk
+# /dev/vda, and powers off.
 #
-# The console (ttyS0) gets the kernel's messages; the second serial port
-# (ttyS1) gets only what the host parses: the facts below, the go test -v
-# output, and a last line "meshvol-vm: exit N" with the test binary's status.
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-export HOME=/root LC_ALL=C
+# The second serial port (ttyS1) gets the facts below, the go test -v output,
+# and a last line "meshvol-vm: exit N" with the test binary's status.
+. /meshvol/guest.sh
 
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
 # lvm2's lock files and run directory; /run is empty in the image.
 mkdir -p /run/lock/lvm /run/lvm /tmp
 
-out=/dev/ttyS1
-say() { echo "meshvol-vm: $*" >"$out"; }
-
-poweroff_now() {
-	sync
-	# No init system to ask: the kernel's own power-off. qemu runs with
-	# -no-reboot, so a panic (init exiting) also ends it.
-	echo o >/proc/sysrq-trigger
-	sleep 30
-}
-
 # dm_snapshot is in the image but not loaded here: lvm2 loads it on demand
 # for snapshots, as it would on a node, and the tests see that work.
-for m in virtio_pci virtio_blk dm_mod dm_thin_pool; do
-	if ! modprobe "$m" 2>"$out"; then
-		say "modprobe $m failed"
-		say "exit 125"
-		poweroff_now
-	fi
-done
-
-# virtio_blk probes the disk asynchronously; give it a few seconds.
-i=0
-while [ ! -b /dev/vda ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
-if [ ! -b /dev/vda ]; then
-	say "no /dev/vda: the PV disk did not appear"
-	say "exit 125"
-	poweroff_now
-fi
+load_modules virtio_pci virtio_blk dm_mod dm_thin_pool
+wait_disk "the PV disk did not appear"
 
 say "kernel $(uname -r), $(lvm version | sed -n 's/^ *LVM version: *//p') (lvm2), $(dmsetup version | sed -n 's/^Driver version: *//p') (dm driver), thin_check $(thin_check --version)"
 say "udev: $(if [ -e /run/udev/control ]; then echo running; else echo absent; fi); lvm.conf udev_rules: $(lvmconfig --typeconfig full activation/udev_rules 2>&1)"

@@ -306,6 +306,7 @@ func (c *Checker) apply(w *World, i int) {
 		r.UpToDate = false
 	}
 	r.Applied = snap
+	w.DP.noteConnections(i)
 }
 
 func (c *Checker) published(w *World) *Snapshot {

@@ -34,14 +34,14 @@ var (
 // to check liveness.
 var depths = map[string][3]Bounds{
 	"ci": {
-		{Depth: 11, Requests: 1, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
-		{Depth: 7, Requests: 1, Losses: 1, Restarts: 0, Spare: 2, MaxStates: 200000},
-		{Depth: 11, Requests: 0, AttachRequests: 2, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
+		{Depth: 11, Requests: 1, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
+		{Depth: 7, Requests: 1, Losses: 1, Returns: 1, Restarts: 0, Spare: 2, MaxStates: 200000},
+		{Depth: 11, Requests: 0, AttachRequests: 2, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
 	},
 	"deep": {
-		{Depth: 14, Requests: 2, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
-		{Depth: 10, Requests: 1, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
-		{Depth: 14, Requests: 0, AttachRequests: 3, Losses: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 14, Requests: 2, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 10, Requests: 1, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 14, Requests: 0, AttachRequests: 3, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
 	},
 }
 

@@ -20,6 +20,28 @@ type DataPlane struct {
 	// ShadowDiskful). Only then are sD and sD∅ non-voters; without it an
 	// attached sD would be an ordinary voter to its peers.
 	Shadow bool
+	// Seen[i] has bit j when i and j were ever connected: both alive, neither
+	// behind a partition, and each one's applied config connecting to the
+	// other (noteConnections). DRBD keeps a peer it has seen in its metadata
+	// and counts it, connected or not, for as long as its config names it;
+	// only a peer never seen "does not exist for it" (DRBD-QUORUM.md). Slots
+	// are never reused, so the bits stay true for good.
+	Seen [MaxReplicas]uint32
+}
+
+// noteConnections records, after node i applied a new config, the peers it is
+// now connected to in the whole network (no cut): from now on each has seen
+// the other.
+func (dp *DataPlane) noteConnections(i int) {
+	if !dp.configured(i) || dp.Replicas[i].Returned {
+		return
+	}
+	for j := 0; j < dp.N; j++ {
+		if j != i && dp.configured(j) && !dp.Replicas[j].Returned && dp.mutual(i, j) {
+			dp.Seen[i] |= 1 << j
+			dp.Seen[j] |= 1 << i
+		}
+	}
 }
 
 // selfView is how node i's own DRBD counts itself and what it may do.
@@ -156,9 +178,10 @@ type Analyzer struct {
 //   - QuorateNow is true: every node was quorate before the cut, so the
 //     tiebreaker may keep quorum for it.
 //   - A peer that is dead (lost before the cut) is tried both as unknown
-//     and as having left the node's members set; a peer that was never
+//     and as having left the node's members set; a peer that is not
 //     connected under the current configs both as the node's config says
-//     and as never seen (not counted); quorate if any variant is.
+//     and, unless the two were ever connected (DataPlane.Seen), as never
+//     seen (not counted); quorate if any variant is.
 //   - A peer on the other side is unknown: the members set only shrinks by
 //     an agreement taken while quorate after the cut, which cannot make a
 //     side quorate that was not quorate at the cut.
@@ -222,8 +245,8 @@ const (
 	// Dead peers left the members set (an agreement was taken without
 	// them while this node was quorate).
 	variantDeadLeft
-	// Peers never connected under the current configs were never seen:
-	// DRBD does not count them at all.
+	// Peers not connected under the current configs and never connected
+	// before (DataPlane.Seen) were never seen: DRBD does not count them.
 	variantUnseen
 	numVariants
 )
@@ -257,8 +280,9 @@ func (a *Analyzer) quorate(dp *DataPlane, i int, side uint32, sv selfView, quora
 			p.Diskless = disk == quorum.DiskNone
 			p.LeftMembers = v == variantDeadLeft && !rj.Alive
 		default:
-			// Never connected under the current configs.
-			if v == variantUnseen {
+			// Not connected under the current configs: one of the two
+			// has dropped the other, or they never met.
+			if v == variantUnseen && dp.Seen[i]&(1<<j) == 0 {
 				continue
 			}
 			disk, nonVoting := dp.physical(m.Type, false)

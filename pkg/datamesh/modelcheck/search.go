@@ -90,6 +90,7 @@ func dpHash(dp *DataPlane) uint64 {
 		} else {
 			h.i64(0)
 		}
+		h.i64(int64(dp.Seen[i]))
 	}
 	return h.sum()
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
@@ -209,6 +211,34 @@ func TestSafeDownRecoversWithAdjust(t *testing.T) {
 	if st := rg.state("node1"); len(st.Connections) != 2 || st.Connections[0].ConnectionState != "Connected" || !st.Devices[0].Quorum {
 		t.Fatalf("node1 after SafeDown's adjust: %v", st)
 	}
+}
+
+// SafeDown names a mount of the device as its opener, read-only or
+// read-write as mounted, with the mount point as the user wrote it (the
+// space is \040 in mountinfo).
+func TestSafeDownNamesTheMount(t *testing.T) {
+	rg := deviceRig(t, nil, nil)
+	n1 := rg.formedPrimary("node1")
+	dev := n1.DevicePath("r0")
+	mkfs(t, dev)
+	mnt := filepath.Join(rg.dir, "a mount")
+	rg.must(os.MkdirAll(mnt, 0o755))
+	for _, tc := range []struct {
+		opts  string
+		write bool
+	}{{"ro", false}, {"rw", true}} {
+		run(t, "mount", "-o", tc.opts, dev, mnt)
+		err := drbd.SafeDown(rg.ctx, n1, "r0", nil)
+		rg.must(unix.Unmount(mnt, 0))
+		var held *drbd.HeldOpenError
+		if !errors.Is(err, drbd.ErrDeviceInUse) || !errors.As(err, &held) {
+			t.Fatalf("SafeDown with a %s mount: %v", tc.opts, err)
+		}
+		if want := (drbd.Opener{Write: tc.write, What: "mounted at " + mnt}); len(held.Openers) != 1 || held.Openers[0] != want {
+			t.Fatalf("SafeDown with a %s mount named %v, want %v", tc.opts, held.Openers, want)
+		}
+	}
+	rg.must(drbd.SafeDown(rg.ctx, n1, "r0", nil))
 }
 
 // inOrder reports whether every string of want occurs in s, in order.

@@ -1,7 +1,6 @@
 package drbdsim
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"log"
@@ -200,16 +199,11 @@ func cleanStale(mnt string) error {
 
 // isMountPoint reports whether path is a mount point (in mountinfo).
 func isMountPoint(path string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return false
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && mountinfo.Unescape(f[4]) == path {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ms, func(m mountinfo.Mount) bool { return m.MountPoint == path })
 }
 
 // closeOnExecFuseFDs marks every descriptor of this process on /dev/fuse
@@ -293,16 +287,17 @@ func (r *resource) setupDevice() error {
 	return nil
 }
 
-// growDevice makes a Primary's device as large as its replica after a
-// resize: the FUSE file reports the new size, a stat makes the kernel
-// fetch it (attributes are never cached), and losetup -c makes the loop
-// device take it — no IO on the device, so the cluster lock may be held.
-func (r *resource) growDevice() error {
+// growDevice makes a Primary's device size bytes large after a resize
+// (diskful or diskless: the size is the connected resource's): the FUSE
+// file reports the new size, a stat makes the kernel fetch it (attributes
+// are never cached), and losetup -c makes the loop device take it — no IO
+// on the device, so the cluster lock may be held.
+func (r *resource) growDevice(size int64) error {
 	dev := r.dev
-	if dev == nil || r.md == nil || r.md.sizeBytes <= dev.size.Load() {
+	if dev == nil || size <= dev.size.Load() {
 		return nil
 	}
-	dev.size.Store(r.md.sizeBytes)
+	dev.size.Store(size)
 	if _, err := os.Stat(filepath.Join(r.n.c.devs.mnt, dev.name)); err != nil {
 		return err
 	}
@@ -567,18 +562,14 @@ func mountsOf(dev string) []string {
 	if err := unix.Stat(dev, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
 		return nil
 	}
-	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
 	var points []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		// id parent major:minor root mountpoint ...
-		if fl := strings.Fields(s.Text()); len(fl) > 4 && fl[2] == want {
-			points = append(points, mountinfo.Unescape(fl[4]))
+	for _, m := range ms {
+		if uint32(m.Major) == unix.Major(st.Rdev) && uint32(m.Minor) == unix.Minor(st.Rdev) {
+			points = append(points, m.MountPoint)
 		}
 	}
 	return points

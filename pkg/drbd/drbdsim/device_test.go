@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -90,11 +91,9 @@ func formedWithDevices(t *testing.T) *rig {
 // under dir.
 func leftovers(dir string) []string {
 	var out []string
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(mountinfo.Unescape(f[4]), dir+"/") {
-			out = append(out, "mount "+mountinfo.Unescape(f[4]))
-		}
+	ms, _ := mountinfo.Read()
+	for _, p := range mountinfo.Under(ms, dir) {
+		out = append(out, "mount "+p)
 	}
 	for _, loop := range loopsUnder(dir) {
 		out = append(out, "loop device "+loop)
@@ -119,10 +118,10 @@ func (rg *rig) mount(dev, name string) string {
 
 func mountsAt(mnt string) []string {
 	var out []string
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && mountinfo.Unescape(f[4]) == mnt {
-			out = append(out, line)
+	ms, _ := mountinfo.Read()
+	for _, m := range ms {
+		if m.MountPoint == mnt {
+			out = append(out, m.MountPoint)
 		}
 	}
 	return out
@@ -519,16 +518,22 @@ func TestDeviceGrowsWithResize(t *testing.T) {
 	mkfs(t, dev)
 	mnt := rg.mount(dev, "mnt")
 	old := rg.c.nodes["node1"].mds[filepath.Join(rg.dir, "node1.img")].sizeBytes
-	for _, node := range []string{"node1", "node2"} {
-		rg.must(os.Truncate(filepath.Join(rg.dir, node+".img"), 256<<20))
-	}
-	rg.must(rg.c.Node("node2").Resize(rg.ctx, "r0"))
+	// One backing volume grown: the connected resource's size is the
+	// smallest replica's, so the resize grows nothing.
+	rg.must(os.Truncate(filepath.Join(rg.dir, "node1.img"), 256<<20))
 	rg.must(n1.Resize(rg.ctx, "r0"))
+	if got := blockdevSize(t, dev); got != old {
+		t.Fatalf("device size after a resize with node2's backing still small: %d, want %d", got, old)
+	}
+	// Both grown: node2's resize grows node1's Primary device as well.
+	rg.must(os.Truncate(filepath.Join(rg.dir, "node2.img"), 256<<20))
+	rg.must(rg.c.Node("node2").Resize(rg.ctx, "r0"))
 	grown := rg.c.nodes["node1"].mds[filepath.Join(rg.dir, "node1.img")].sizeBytes
-	out, err := exec.Command("blockdev", "--getsize64", dev).Output()
-	rg.must(err)
-	if got := strings.TrimSpace(string(out)); got != fmt.Sprint(grown) || grown <= old {
-		t.Fatalf("device size after resize %s, want %d (was %d)", got, grown, old)
+	if got := blockdevSize(t, dev); got != grown || grown <= old {
+		t.Fatalf("device size after resize %d, want %d (was %d)", got, grown, old)
+	}
+	if other := rg.c.nodes["node2"].mds[filepath.Join(rg.dir, "node2.img")].sizeBytes; other != grown {
+		t.Fatalf("node2's replica has %d bytes after the resize, node1's %d", other, grown)
 	}
 	// Offline: online growth needs CAP_SYS_RESOURCE, which containers
 	// (this test's machine among them) often lack.
@@ -543,6 +548,53 @@ func TestDeviceGrowsWithResize(t *testing.T) {
 	}
 	rg.must(writeFsync(filepath.Join(mnt, "big"), bytes.Repeat([]byte("g"), 150<<20)))
 	rg.noLostWrites()
+}
+
+// A diskless Primary's device grows with its diskful peers: the last
+// diskful replica's resize grows it, and the new end reads what a diskful
+// peer holds there.
+func TestDeviceDisklessGrowsWithResize(t *testing.T) {
+	rg := deviceRig(t, nil, nil)
+	rg.upAll()
+	rg.must(rg.c.Node("node1").NewCurrentUUIDClearBitmap(rg.ctx, "r0"))
+	n3 := rg.c.Node("node3")
+	rg.must(n3.Primary(rg.ctx, "r0", drbd.NoForce))
+	dev := n3.DevicePath("r0")
+	old := blockdevSize(t, dev)
+	for _, node := range []string{"node1", "node2"} {
+		rg.must(os.Truncate(filepath.Join(rg.dir, node+".img"), 256<<20))
+		rg.must(rg.c.Node(node).Resize(rg.ctx, "r0"))
+	}
+	grown := rg.c.nodes["node1"].mds[filepath.Join(rg.dir, "node1.img")].sizeBytes
+	if got := blockdevSize(t, dev); got != grown || grown <= old {
+		t.Fatalf("diskless Primary's device: %d bytes after the resize, want %d (was %d)", got, grown, old)
+	}
+	f, err := os.OpenFile(dev, os.O_RDWR|syscall.O_DIRECT, 0)
+	rg.must(err)
+	defer f.Close()
+	buf := directIO(4096)
+	copy(buf, "at the new end")
+	_, err = f.WriteAt(buf, grown-4096)
+	rg.must(err)
+	got, err := rg.c.Node("node2").Read(rg.ctx, "r0", grown-4096, 14)
+	rg.must(err)
+	if string(got) != "at the new end" {
+		t.Fatalf("node2 reads %q at the new end", got)
+	}
+	rg.noLostWrites()
+}
+
+func blockdevSize(t *testing.T, dev string) int64 {
+	t.Helper()
+	out, err := exec.Command("blockdev", "--getsize64", dev).Output()
+	if err != nil {
+		t.Fatalf("blockdev --getsize64 %s: %v", dev, err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // Close leaves nothing behind even when filesystems are still mounted on

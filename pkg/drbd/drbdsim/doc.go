@@ -126,8 +126,10 @@
 //     changes underneath (a resync, a Node.Write) and nothing is cached
 //     twice; the FUSE file is write-through (no writeback cache).
 //
-// Resize of a Primary grows its device (the loop device re-reads the
-// file's size). Demotion refuses (-12) while the device is mounted or
+// Resize grows the connected resource to its smallest diskful replica's
+// backing size, on every connected replica at once, as drbdadm resize does;
+// every connected Primary's device grows with it, diskless ones included
+// (the loop device re-reads the file's size). Demotion refuses (-12) while the device is mounted or
 // open for writing; a read-only opener keeps the device, and its reads,
 // after demotion until it closes it (down fails -2 meanwhile). A crash
 // fails every later request with EIO, like a dead machine's disk; the

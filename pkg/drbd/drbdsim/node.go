@@ -744,8 +744,13 @@ func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 	return nil
 }
 
-// Resize re-reads the backing device size (grown volumes); a Primary's
-// block device grows with it.
+// Resize re-reads the backing device sizes and grows the replicated device,
+// as `drbdadm resize` does: the size is one for the whole connected
+// resource, the smallest usable size of the connected diskful replicas, so
+// a resize on a node whose peers' backing volumes have not grown yet grows
+// nothing, and the resize that follows the last of them grows every
+// connected replica at once. Every connected Primary's block device grows
+// with it, a diskless one too (it serves its peers' size).
 func (n *Node) Resize(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "resize", name); err != nil {
 		return err
@@ -755,33 +760,69 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 	if r == nil {
 		return unknownRes("resize", name)
 	}
-	if r.md == nil {
-		return nil
-	}
-	size, err := deviceSize(r.md.backing)
-	if err != nil {
+	fail := func(err error) error {
 		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "resize", name}, 0, 20, err.Error()+"\n")
 	}
-	kib := size / 1024
-	usable := (kib - internalMetaKiB(kib, r.md.maxPeers)) * 1024
-	usable -= usable % blockSize
-	if usable > r.md.sizeBytes {
-		r.md.sizeBytes = usable
-		for _, pm := range r.md.peers {
-			nb := newBitmap(r.md.blocks())
+	group := []*resource{r}
+	for _, k := range r.sortedConns() {
+		if pr := n.c.peerResource(r, k); pr != nil && k.connected() {
+			group = append(group, pr)
+		}
+	}
+	size, cur := int64(-1), int64(-1)
+	for _, x := range group {
+		if !x.attached() {
+			continue
+		}
+		u, err := usableSize(x.md)
+		if err != nil {
+			return fail(err)
+		}
+		if size < 0 || u < size {
+			size = u
+		}
+		if cur < 0 || x.md.sizeBytes < cur {
+			cur = x.md.sizeBytes
+		}
+	}
+	if size <= cur {
+		n.c.settle()
+		return nil // no diskful replica connected, or nothing to grow
+	}
+	for _, x := range group {
+		if !x.attached() || x.md.sizeBytes >= size {
+			continue
+		}
+		x.md.sizeBytes = size
+		for _, pm := range x.md.peers {
+			nb := newBitmap(x.md.blocks())
 			copy(nb, pm.bits)
 			pm.bits = nb
 		}
-		if err := r.growDevice(); err != nil {
-			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
-		}
 		// Internal metadata moves to the new end of the device.
-		if err := r.md.sign(); err != nil {
-			return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "resize", name}, 0, 20, err.Error()+"\n")
+		if err := x.md.sign(); err != nil {
+			return fail(err)
+		}
+	}
+	for _, x := range group {
+		if err := x.growDevice(size); err != nil {
+			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
 	n.c.settle()
 	return nil
+}
+
+// usableSize is what md's backing device offers DRBD now: its size less
+// the internal metadata, in whole blocks.
+func usableSize(md *metadata) (int64, error) {
+	size, err := deviceSize(md.backing)
+	if err != nil {
+		return 0, err
+	}
+	kib := size / 1024
+	usable := (kib - internalMetaKiB(kib, md.maxPeers)) * 1024
+	return usable - usable%blockSize, nil
 }
 
 // ForgetPeer clears the peer's bitmap slot; the peer must not be configured.

@@ -2,55 +2,33 @@
 # PID 1 of each guest of the real-DRBD VM tier (hack/vm-test-drbd.sh packs it
 # as /init; test/vm/README.md).
 #
-# The guest is a debootstrapped Debian with drbd-utils and no init system or
-# udev, like the node agent's container. From the kernel command line it
-# gets its node name (MESHVOL_VM_NODE) and address (MESHVOL_VM_IP, on the
-# tier's private network). It loads the virtio and DRBD modules, brings up
-# the network, and runs the test binary as this node's agent, which serves
-# the node's drbd.ExecDriver to the tests on the host until they power it off.
+# The guest has drbd-utils and no init system or udev, like the node agent's
+# container. From the kernel command line it gets its node name
+# (MESHVOL_VM_NODE) and address (MESHVOL_VM_IP, on the tier's private
+# network). It loads the virtio and DRBD modules, brings up the network, and
+# runs the test binary as this node's agent, which serves the node's
+# drbd.ExecDriver to the tests on the host until they power it off.
 #
-# The console (ttyS0) gets the kernel's messages; the second serial port
-# (ttyS1) the facts below, the agent's log (every drbd-utils command it ran,
-# with exit code and duration) and a last line "meshvol-vm: exit N".
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-export HOME=/root LC_ALL=C
+# The second serial port (ttyS1) gets the facts below, the agent's log (every
+# drbd-utils command it ran, with exit code and duration) and a last line
+# "meshvol-vm: exit N".
+. /meshvol/guest.sh
 
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
 mkdir -p /run/lock /tmp /var/lib/meshvol
-
-out=/dev/ttyS1
-say() { echo "meshvol-vm: $*" >"$out"; }
-
-poweroff_now() {
-	sync
-	echo o >/proc/sysrq-trigger
-	sleep 30
-}
-fail() {
-	say "$*"
-	say "exit 125"
-	poweroff_now
-}
 
 node=${MESHVOL_VM_NODE:?}
 hostname "$node"
 
 # DRBD's own handshake module first: Debian's 6.1 has no net/handshake, and
 # drbd_transport_tcp needs its symbols (tls_client_hello_x509).
-for m in virtio_pci virtio_blk virtio_net handshake drbd drbd_transport_tcp; do
-	modprobe "$m" 2>"$out" || fail "modprobe $m failed"
-done
+load_modules virtio_pci virtio_blk virtio_net handshake drbd drbd_transport_tcp
 
 ip link set lo up
 ip link set eth0 up || fail "no eth0"
 ip addr add "${MESHVOL_VM_IP:?}/24" dev eth0 || fail "ip addr add $MESHVOL_VM_IP failed"
 
 if [ "${MESHVOL_VM_DISK:-}" = yes ]; then
-	i=0
-	while [ ! -b /dev/vda ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
-	[ -b /dev/vda ] || fail "no /dev/vda: the backing disk did not appear"
+	wait_disk "the backing disk did not appear"
 fi
 
 say "$node: kernel $(uname -r); $(head -1 /proc/drbd); drbd.ko $(modinfo -F filename drbd); $(drbdadm --version 2>/dev/null | grep '^DRBDADM_VERSION='); $MESHVOL_VM_IP; disk ${MESHVOL_VM_DISK:-no}"
