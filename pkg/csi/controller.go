@@ -709,6 +709,8 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 	}
 	if cur := rv.Spec.Size.Value(); cur >= want {
 		want = cur
+	} else if err := c.checkGrowth(ctx, rv, want); err != nil {
+		return nil, err
 	} else if err := c.applySize(ctx, id, want); err != nil {
 		return nil, err
 	}
@@ -735,6 +737,56 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		CapacityBytes:         volumeSize(rv),
 		NodeExpansionRequired: req.GetVolumeCapability().GetBlock() == nil,
 	}, nil
+}
+
+// checkGrowth refuses, with ResourceExhausted and before spec.size changes (it
+// never shrinks again), a size that a diskful replica's node is known not to have
+// room for: its backing volume grows to drbd.BackingBytes(want) from what it has,
+// out of the pool's free space on that node (RSP status), the rule CreateVolume's
+// checkCapacity applies. A node or a backing volume not reported yet counts as
+// fitting; the agent then says what it cannot do.
+func (c *Controller) checkGrowth(ctx context.Context, rv *v1.ReplicatedVolume, want int64) error {
+	cfg := rv.Status.Configuration
+	if cfg == nil || cfg.StoragePool == "" {
+		return nil
+	}
+	rsp := &v1.ReplicatedStoragePool{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: cfg.StoragePool}, rsp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return internal("reading ReplicatedStoragePool "+cfg.StoragePool, err)
+	}
+	free := map[string]int64{}
+	for _, n := range rsp.Status.EligibleNodes {
+		if n.FreeCapacity != nil {
+			free[n.NodeName] = n.FreeCapacity.Value()
+		}
+	}
+	need := drbd.BackingBytes(want, MaxPeers)
+	for _, m := range rv.Status.Datamesh.Members {
+		f, known := free[m.NodeName]
+		if !m.Type.HasDisk() || !known {
+			continue
+		}
+		var r v1.ReplicatedVolumeReplica
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: m.Name}, &r); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return internal("reading ReplicatedVolumeReplica "+m.Name, err)
+		}
+		b := r.Status.BackingVolume
+		if b == nil {
+			continue
+		}
+		if more := need - b.Size.Value(); more > f {
+			return status.Errorf(codes.ResourceExhausted,
+				"capacity_range.required_bytes: growing to %d bytes needs %d more bytes of storage pool %q on node %s (replica %s's backing volume from %d to %d bytes, DRBD metadata included); it has %d free",
+				want, more, cfg.StoragePool, m.NodeName, m.Name, b.Size.Value(), need, f)
+		}
+	}
+	return nil
 }
 
 // applySize raises spec.size with a server-side apply of that one field.

@@ -57,7 +57,7 @@ func TestExpansion(t *testing.T) {
 				if node != "" {
 					r.attach(vol, node)
 				}
-				r.grow(vol, "96Mi", node)
+				r.grow(vol, "128Mi", node)
 				if node != "" {
 					r.detach(vol, node)
 				}
@@ -184,6 +184,16 @@ func TestControllerExpandWaitsForEveryReplica(t *testing.T) {
 	r.must(err)
 	if res.CapacityBytes != 128<<20 || res.NodeExpansionRequired {
 		t.Fatalf("ControllerExpandVolume of a block volume: %v", res)
+	}
+	// More than a node's pool has free: refused before spec.size changes.
+	_, err = cs.ControllerExpandVolume(r.ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: vol,
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 1 << 50}, VolumeCapability: blockCap})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), pool) {
+		t.Fatalf("growing to 1 PiB: %v; want ResourceExhausted naming the pool", err)
+	}
+	t.Logf("1 PiB: %v", err)
+	if s := r.rv(vol).Spec.Size.Value(); s != 128<<20 {
+		t.Fatalf("a refused expansion changed spec.size to %d", s)
 	}
 	got, err := cs.ControllerGetVolume(r.ctx, &csipb.ControllerGetVolumeRequest{VolumeId: vol})
 	r.must(err)
