@@ -402,8 +402,9 @@ func volumeSize(rv *v1.ReplicatedVolume) int64 {
 
 // ensureVolume creates (or grows) the replica's backing volume.
 func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) (storage.Volume, error) {
-	size := volumeSize(rv)
-	need := size + metadataBytes(size)
+	// Enough for DRBD's internal metadata on top of the volume's size, so that
+	// the device offers at least the size (the agent confirms no less).
+	need := drbd.BackingBytes(volumeSize(rv), MaxPeers)
 	a.mu.Lock()
 	v, known := a.volumes[rvr.UID]
 	a.mu.Unlock()

@@ -200,13 +200,3 @@ func family(ip netip.Addr) string {
 	}
 	return "IPv6"
 }
-
-// metadataBytes is an upper bound of DRBD's internal metadata for a device of
-// size bytes: 4 KiB superblock, 32 KiB activity log, and MaxPeers bitmaps of
-// one bit per 4 KiB, each rounded up to 4 KiB. The backing volume is the
-// usable size plus this, so the DRBD device offers at least the volume's size.
-func metadataBytes(size int64) int64 {
-	bm := (size/4096 + 7) / 8
-	bm = (bm + 4095) / 4096 * 4096
-	return 36<<10 + MaxPeers*bm
-}

@@ -115,6 +115,28 @@ func TestValidateCreate(t *testing.T) {
 	}
 }
 
+// Requisite without preferred: the requisite segments become the placement preference,
+// in their order; an explicit preferred list is kept as it is.
+func TestPlacementHintsPreferRequisite(t *testing.T) {
+	seg := func(n string) *csipb.Topology {
+		return &csipb.Topology{Segments: map[string]string{v1.TopologyKeyNode: n}}
+	}
+	h, err := placementHints(&csipb.TopologyRequirement{Requisite: []*csipb.Topology{seg("n2"), seg("n1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Preferred) != 2 || h.Preferred[0].NodeName != "n2" || h.Preferred[1].NodeName != "n1" || len(h.Requisite) != 2 {
+		t.Fatalf("requisite only: hints %+v, want preferred n2, n1", h)
+	}
+	h, err = placementHints(&csipb.TopologyRequirement{Requisite: []*csipb.Topology{seg("n2"), seg("n1")}, Preferred: []*csipb.Topology{seg("n1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Preferred) != 1 || h.Preferred[0].NodeName != "n1" {
+		t.Fatalf("with preferred: hints %+v, want preferred n1 only", h)
+	}
+}
+
 func TestRequiredSize(t *testing.T) {
 	for _, tc := range []struct {
 		cr   *csipb.CapacityRange
