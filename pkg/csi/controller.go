@@ -60,6 +60,9 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csipb.Controlle
 		csipb.ControllerServiceCapability_RPC_VOLUME_CONDITION,
 		csipb.ControllerServiceCapability_RPC_GET_VOLUME,
 		csipb.ControllerServiceCapability_RPC_PUBLISH_READONLY,
+		// The access modes SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER, which
+		// checkCapability accepts; the node service enforces the single writer.
+		csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 	} {
 		caps = append(caps, &csipb.ControllerServiceCapability{Type: &csipb.ControllerServiceCapability_Rpc{
 			Rpc: &csipb.ControllerServiceCapability_RPC{Type: t}}})

@@ -26,7 +26,10 @@ func blockCap(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapabili
 	}
 }
 
-const snw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+const (
+	snw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	ssw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+)
 
 func createReq(name string, mut func(*csipb.CreateVolumeRequest)) *csipb.CreateVolumeRequest {
 	r := &csipb.CreateVolumeRequest{

@@ -45,6 +45,7 @@ import (
 	"github.com/meshvol/meshvol/pkg/storage/file"
 	"github.com/meshvol/meshvol/pkg/testenv"
 
+	"github.com/meshvol/meshvol/pkg/internal/goproc"
 	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
@@ -107,7 +108,7 @@ type Cluster struct {
 	clockWG sync.WaitGroup
 
 	mu         sync.Mutex
-	controller *proc
+	controller *goproc.Proc
 }
 
 // Node is one simulated machine.
@@ -121,37 +122,8 @@ type Node struct {
 	Root string
 
 	c     *Cluster
-	agent *proc
+	agent *goproc.Proc
 	pools sync.Map // pool name → *file.Pool
-}
-
-// proc is a goroutine-run component that can be stopped and waited for.
-type proc struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-func startProc(parent context.Context, run func(ctx context.Context) error) *proc {
-	ctx, cancel := context.WithCancel(parent)
-	p := &proc{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.err = run(ctx)
-	}()
-	return p
-}
-
-func (p *proc) stop() error {
-	if p == nil {
-		return nil
-	}
-	p.cancel()
-	<-p.done
-	if errors.Is(p.err, context.Canceled) {
-		return nil
-	}
-	return p.err
 }
 
 // Start brings a cluster up: control plane, namespace, Nodes, agents (and
@@ -307,7 +279,7 @@ func (n *Node) PoolDir(rsp *v1.ReplicatedStoragePool) string {
 func (n *Node) startAgent() {
 	cfg := n.AgentConfig()
 	restCfg := n.c.Writes.counted(n.c.Env.Config, "agent")
-	n.agent = startProc(n.c.ctx, func(ctx context.Context) error {
+	n.agent = goproc.Start(n.c.ctx, func(ctx context.Context) error {
 		return agent.Run(ctx, restCfg, n.c.Env.Scheme, cfg)
 	})
 }
@@ -331,7 +303,7 @@ func (c *Cluster) StartController() {
 	}
 	restCfg := c.Writes.counted(c.Env.Config, "controller")
 	run := c.opts.Controller
-	c.controller = startProc(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
+	c.controller = goproc.Start(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
 }
 
 // StopController stops the controller and waits until it has returned.
@@ -340,7 +312,7 @@ func (c *Cluster) StopController() error {
 	p := c.controller
 	c.controller = nil
 	c.mu.Unlock()
-	return p.stop()
+	return p.Stop()
 }
 
 // RestartAgent stops the node's agent and starts a new one; DRBD keeps
@@ -350,7 +322,7 @@ func (c *Cluster) RestartAgent(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.startAgent()
 	return err
 }
@@ -361,7 +333,7 @@ func (c *Cluster) StopAgent(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.agent = nil
 	return err
 }
@@ -373,7 +345,7 @@ func (c *Cluster) CrashNode(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.agent = nil
 	n.Sim.Crash()
 	return err
@@ -386,7 +358,7 @@ func (c *Cluster) RestartNode(node string) error {
 	if n == nil {
 		return fmt.Errorf("localcluster: no node %q", node)
 	}
-	err := n.agent.stop()
+	err := n.agent.Stop()
 	n.Sim.Restart()
 	n.startAgent()
 	return err
@@ -448,7 +420,7 @@ func (c *Cluster) Stop() error {
 		errs = append(errs, fmt.Errorf("controller: %w", err))
 	}
 	for _, n := range c.Nodes {
-		if err := n.agent.stop(); err != nil {
+		if err := n.agent.Stop(); err != nil {
 			errs = append(errs, fmt.Errorf("agent %s: %w", n.Name, err))
 		}
 		n.agent = nil

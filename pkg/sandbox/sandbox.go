@@ -30,6 +30,7 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/csi"
+	"github.com/meshvol/meshvol/pkg/internal/goproc"
 	"github.com/meshvol/meshvol/pkg/kubecluster"
 	"github.com/meshvol/meshvol/pkg/localcluster"
 	"github.com/meshvol/meshvol/pkg/pluginreg"
@@ -76,7 +77,7 @@ type Sandbox struct {
 	opts     Options
 	ctx      context.Context
 	cancel   context.CancelFunc
-	ctrlCSI  *goproc
+	ctrlCSI  *goproc.Proc
 	nodes    map[string]*nodeServices
 	sidecars []*sidecar
 	stopOnce sync.Once
@@ -87,46 +88,8 @@ type Sandbox struct {
 // beside its agent: the CSI node service and the registration socket.
 type nodeServices struct {
 	Socket string
-	csi    *goproc
-	reg    *goproc
-}
-
-// goproc is a goroutine that runs until its context is cancelled.
-type goproc struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-func startGo(parent context.Context, run func(context.Context) error) *goproc {
-	ctx, cancel := context.WithCancel(parent)
-	p := &goproc{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.err = run(ctx)
-	}()
-	return p
-}
-
-func (p *goproc) stop() error {
-	if p == nil {
-		return nil
-	}
-	p.cancel()
-	<-p.done
-	if errors.Is(p.err, context.Canceled) {
-		return nil
-	}
-	return p.err
-}
-
-func (p *goproc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	csi    *goproc.Proc
+	reg    *goproc.Proc
 }
 
 func (s *Sandbox) progress(format string, args ...any) {
@@ -208,7 +171,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	began = time.Now()
 	s.ControllerSocket = filepath.Join(opts.Dir, "csi-controller.sock")
 	cfg := rest.CopyConfig(s.Kube.Env.Config)
-	s.ctrlCSI = startGo(s.ctx, func(ctx context.Context) error {
+	s.ctrlCSI = goproc.Start(s.ctx, func(ctx context.Context) error {
 		return csi.RunController(ctx, csi.ControllerOptions{
 			Endpoint:  "unix://" + s.ControllerSocket,
 			Config:    cfg,
@@ -268,7 +231,7 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 	ns := &nodeServices{Socket: filepath.Join(dir, "csi.sock")}
 	cfg := rest.CopyConfig(s.Kube.Env.Config)
 	zone, name := n.Zone, n.Name
-	ns.csi = startGo(s.ctx, func(ctx context.Context) error {
+	ns.csi = goproc.Start(s.ctx, func(ctx context.Context) error {
 		return csi.RunNode(ctx, csi.NodeOptions{
 			Endpoint: "unix://" + ns.Socket,
 			Config:   cfg,
@@ -287,22 +250,22 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 	if err != nil {
 		return err
 	}
-	ns.reg = startGo(s.ctx, reg.Serve)
+	ns.reg = goproc.Start(s.ctx, reg.Serve)
 	s.nodes[n.Name] = ns
 	return nil
 }
 
 // waitSocket waits until a unix socket accepts connections, or its server
 // ended.
-func waitSocket(ctx context.Context, path string, server *goproc) error {
+func waitSocket(ctx context.Context, path string, server *goproc.Proc) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
 			return nil
 		}
-		if server.exited() {
-			return fmt.Errorf("ended before serving %s: %v", path, server.err)
+		if server.Exited() {
+			return fmt.Errorf("ended before serving %s: %v", path, server.Err())
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s does not accept connections after a minute", path)
@@ -344,8 +307,8 @@ func (s *Sandbox) waitCSINodes(ctx context.Context) error {
 			return nil
 		}
 		for name, ns := range s.nodes {
-			if ns.csi.exited() {
-				return fmt.Errorf("sandbox: the CSI node service of %s ended: %v", name, ns.csi.err)
+			if ns.csi.Exited() {
+				return fmt.Errorf("sandbox: the CSI node service of %s ended: %v", name, ns.csi.Err())
 			}
 		}
 		if time.Now().After(deadline) {
@@ -370,8 +333,8 @@ func (s *Sandbox) CrashNode(name string) error {
 	go func() { defer wg.Done(); kubeErr = kn.Crash() }()
 	go func() { defer wg.Done(); meshErr = s.Mesh.CrashNode(name) }()
 	if ns := s.nodes[name]; ns != nil {
-		_ = ns.csi.stop()
-		_ = ns.reg.stop()
+		_ = ns.csi.Stop()
+		_ = ns.reg.Stop()
 	}
 	wg.Wait()
 	return errors.Join(kubeErr, meshErr)
@@ -395,9 +358,9 @@ func (s *Sandbox) stop() error {
 	}
 	stopSidecars(s.sidecars)
 	for _, ns := range s.nodes {
-		errs = append(errs, ns.reg.stop(), ns.csi.stop())
+		errs = append(errs, ns.reg.Stop(), ns.csi.Stop())
 	}
-	errs = append(errs, s.ctrlCSI.stop())
+	errs = append(errs, s.ctrlCSI.Stop())
 	if s.Mesh != nil {
 		errs = append(errs, s.Mesh.Stop())
 		if left := s.Mesh.Leftovers(); len(left) > 0 {
