@@ -186,11 +186,15 @@ func runLayout(ctx context.Context, h *sanity.Harness, l sanity.Layout, bin, foc
 		return false, err
 	}
 	fmt.Printf("\nsanity %s: %s in %v (log %s)\n", l.Name, summarize(b), took, logFile)
+	ok := runErr == nil
 	for _, s := range skipped(b) {
-		fmt.Printf("  skipped: %s\n", s)
+		fmt.Printf("  skipped: %s: %s\n", s.spec, s.reason)
+		if !sanity.AllowedSkip(s.reason) {
+			ok = false
+			fmt.Printf("sanity %s: the spec above skipped for a reason other than a capability meshvol does not advertise\n", l.Name)
+		}
 	}
 	fmt.Printf("CSI calls of layout %s, by slowest call:\n%s", l.Name, h.RPCs.Table())
-	ok := runErr == nil
 	if runErr != nil {
 		fmt.Printf("sanity %s: csi-sanity: %v\n", l.Name, runErr)
 	}
@@ -213,29 +217,32 @@ func summarize(b []byte) string {
 	return strings.Join(ranRE.FindAllString(string(b), -1), ", ")
 }
 
+// skip is a spec that skipped itself and the reason it gave.
+type skip struct{ spec, reason string }
+
 // skipped lists the specs that skipped themselves, with the reason each gave: with
 // --ginkgo.v Ginkgo prints "S [SKIPPED] [t]" then the spec's path and text, then the
 // reason on a line "[SKIPPED] <reason>".
-func skipped(b []byte) []string {
+func skipped(b []byte) []skip {
 	lines := strings.Split(string(b), "\n")
-	var out []string
+	var out []skip
 	for i := 0; i < len(lines); i++ {
 		if !strings.HasPrefix(lines[i], "S [SKIPPED]") {
 			continue
 		}
-		var spec, reason string
+		var s skip
 		for j := i + 1; j < len(lines) && j < i+40; j++ {
 			l := strings.TrimSpace(lines[j])
-			if spec == "" && l != "" && !strings.HasPrefix(l, "github.com/") {
-				spec = l
+			if s.spec == "" && l != "" && !strings.HasPrefix(l, "github.com/") {
+				s.spec = l
 			}
 			if r, ok := strings.CutPrefix(l, "[SKIPPED] "); ok {
-				reason = r
+				s.reason = r
 				break
 			}
 		}
-		out = append(out, spec+": "+reason)
+		out = append(out, s)
 	}
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return out[i].spec < out[j].spec })
 	return out
 }

@@ -162,7 +162,7 @@ func TestSanity(t *testing.T) {
 			t.Logf("layout %s, CSI calls by slowest call:\n%s", l.Name, res.rpcs)
 		}
 		for _, n := range names {
-			if !allowedSkip(res.skips[n]) {
+			if !sanity.AllowedSkip(res.skips[n]) {
 				t.Errorf("layout %s: spec %q skipped (%s): only specs of capabilities meshvol does not advertise may skip", l.Name, n, res.skips[n])
 			}
 		}
@@ -198,18 +198,4 @@ func callTimeout(ctx context.Context, method string, req, reply any, cc *grpc.Cl
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return invoker(ctx, method, req, reply, cc, opts...)
-}
-
-// allowedSkip: a spec may skip only because it tests something meshvol does not
-// advertise: snapshots, clones, group snapshots, volume modification, or a per-node
-// volume limit (NodeGetInfo's max_volumes_per_node is 0: meshvol sets none). These are
-// the reasons csi-test v5.4.0 gives for exactly those cases.
-func allowedSkip(reason string) bool {
-	switch strings.ToLower(reason) {
-	case "snapshot not supported", "createsnapshot not supported", "deletesnapshot not supported",
-		"listsnapshots not supported", "volume cloning not supported", "modify volume not supported",
-		"controllermodifyvolume not supported", "groupcontrollerservice not supported", "no maxvolumespernode":
-		return true
-	}
-	return false
 }
