@@ -223,7 +223,11 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		}
 		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration, msg)
 	}
-	a.fillKernel(ctx, &s.st, rv, rvr, s.acted)
+	// A newly confirmed revision is what marks an Attach done (RVA Attached) and
+	// NodeStage then trusts the role written with it: read that role from the
+	// kernel, as applyRole just did, not from an Observer that may lag it.
+	confirming := s.st.DatameshRevision != rvr.Status.DatameshRevision
+	a.fillKernel(ctx, &s.st, rv, rvr, s.acted || confirming)
 	return s
 }
 
