@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
@@ -87,6 +88,25 @@ func configDiff(want *drbd.Resource, got *drbd.ShowResource) []string {
 			add("%s: shared-secret differs", what) // never print it
 		}
 		optEq(add, what+" allow-remote-read", c.Net, "allow-remote-read", yesNo(p.EffectiveAllowRemoteRead(o)), "yes")
+		optEq(add, what+" ping-timeout", c.Net, "ping-timeout", strconv.Itoa(int(o.Net.PingTimeout)), strconv.Itoa(int(drbd.DefaultPingTimeout)))
+		if want.Disk != nil {
+			// c-max-rate, rendered in this node's disk section, is a
+			// peer-device option that drbdadm sets on every connection; show
+			// prints it there with its unit suffix ("4096k": KiB/s).
+			var pd drbd.ShowOptions
+			for _, v := range c.Volumes {
+				if v.VolumeNr == drbd.VolumeNumber {
+					pd = v.Disk
+				}
+			}
+			rate, ok := pd["c-max-rate"]
+			if !ok {
+				rate = strconv.Itoa(int(drbd.DefaultCMaxRate))
+			}
+			if want := strconv.Itoa(int(o.Disk.CMaxRate)); strings.TrimSuffix(rate, "k") != want {
+				add("%s c-max-rate %q, want %sk", what, rate, want)
+			}
+		}
 	}
 	var missing []int
 	for id := range wantPeers {

@@ -61,6 +61,7 @@ func Render(r *Resource, f Features) ([]byte, error) {
 	if o.Net.VerifyAlg != "" {
 		w.line("verify-alg %s;", o.Net.VerifyAlg)
 	}
+	w.line("ping-timeout %d;", o.Net.PingTimeout)
 	w.close()
 
 	// This node.
@@ -81,6 +82,9 @@ func Render(r *Resource, f Features) ([]byte, error) {
 		if f.NonVoting {
 			w.line("non-voting %s;", yesNo(o.Disk.NonVoting))
 		}
+		// A peer-device option: drbdadm passes it on to this volume's peer
+		// device on every connection (the rate is the SyncTarget's to ask).
+		w.line("c-max-rate %d;", o.Disk.CMaxRate)
 		w.close()
 	}
 	w.close()

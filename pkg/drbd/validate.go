@@ -214,6 +214,12 @@ func validateOptions(p *problems, o Options, f Features) {
 	if g := o.Disk.RsDiscardGranularity; g < 0 || g > 1<<20 || (g != 0 && g%512 != 0) {
 		p.addf("disk.rsDiscardGranularity %d: must be 0 or a multiple of 512 up to 1048576 bytes", g)
 	}
+	if t := o.Net.PingTimeout; t < 1 || t > 300 {
+		p.addf("net.pingTimeout %d: must be 1..300 tenths of a second (drbdsetup 9.22's range)", t)
+	}
+	if r := o.Disk.CMaxRate; r < 0 || r > 4<<20 {
+		p.addf("disk.cMaxRate %d: must be 0..4194304 KiB/s (drbdsetup 9.22's range; 0 is no limit)", r)
+	}
 	if o.Disk.NonVoting && !f.NonVoting {
 		p.addf("disk.nonVoting: the installed DRBD does not support non-voting (upstream 9.2 has no such option)")
 	}
