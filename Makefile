@@ -93,7 +93,7 @@ verify: k8s ## Fail if `make generate` or `make manifests` changes any generated
 	$(MAKE) --no-print-directory lint
 
 .PHONY: sanity
-sanity: k8s ## Run the real bin/k8s/csi-sanity against the CSI services on an in-process cluster, layouts 1D, 2D+1TB, 3D (root; logs in _output/sanity)
+sanity: build k8s ## Run the real bin/k8s/csi-sanity against `meshvol controller --csi-endpoint` and a node service on an in-process cluster, layouts 1D, 2D+1TB, 3D (root; logs in _output/sanity)
 	$(GO) run ./hack/sanity $(SANITY_ARGS)
 
 .PHONY: fuzz

@@ -223,7 +223,11 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		}
 		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration, msg)
 	}
-	a.fillKernel(ctx, &s.st, rv, rvr, s.acted)
+	// A newly confirmed revision is what marks an Attach done (RVA Attached) and
+	// NodeStage then trusts the role written with it: read that role from the
+	// kernel, as applyRole just did, not from an Observer that may lag it.
+	confirming := s.st.DatameshRevision != rvr.Status.DatameshRevision
+	a.fillKernel(ctx, &s.st, rv, rvr, s.acted || confirming)
 	return s
 }
 
@@ -402,8 +406,9 @@ func volumeSize(rv *v1.ReplicatedVolume) int64 {
 
 // ensureVolume creates (or grows) the replica's backing volume.
 func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) (storage.Volume, error) {
-	size := volumeSize(rv)
-	need := size + metadataBytes(size)
+	// Enough for DRBD's internal metadata on top of the volume's size, so that
+	// the device offers at least the size (the agent confirms no less).
+	need := drbd.BackingBytes(volumeSize(rv), MaxPeers)
 	a.mu.Lock()
 	v, known := a.volumes[rvr.UID]
 	a.mu.Unlock()

@@ -134,8 +134,9 @@ func quorumSetting(n int32) drbd.Quorum {
 	return drbd.QuorumCount(int(n))
 }
 
-// optionSet maps the API's override scope to pkg/drbd's. Options that
-// pkg/drbd does not model yet (ping-timeout, c-max-rate) are not rendered.
+// optionSet maps the API's override scope to pkg/drbd's. The API's units
+// are DRBD's: pingTimeoutTenthsOfSecond is ping-timeout, resyncMaxRateKiB
+// is c-max-rate in KiB/s.
 func optionSet(o *v1.DRBDOptions) drbd.OptionSet {
 	var s drbd.OptionSet
 	if o == nil {
@@ -150,6 +151,8 @@ func optionSet(o *v1.DRBDOptions) drbd.OptionSet {
 	s.Disk.DiscardZeroesIfAligned = o.DiscardZeroesIfAligned
 	s.Disk.RsDiscardGranularity = o.RsDiscardGranularity
 	s.Net.AllowRemoteRead = o.AllowRemoteRead
+	s.Net.PingTimeout = o.PingTimeoutTenthsOfSecond
+	s.Disk.CMaxRate = o.ResyncMaxRateKiB
 	return s
 }
 
@@ -199,14 +202,4 @@ func family(ip netip.Addr) string {
 		return "IPv4"
 	}
 	return "IPv6"
-}
-
-// metadataBytes is an upper bound of DRBD's internal metadata for a device of
-// size bytes: 4 KiB superblock, 32 KiB activity log, and MaxPeers bitmaps of
-// one bit per 4 KiB, each rounded up to 4 KiB. The backing volume is the
-// usable size plus this, so the DRBD device offers at least the volume's size.
-func metadataBytes(size int64) int64 {
-	bm := (size/4096 + 7) / 8
-	bm = (bm + 4095) / 4096 * 4096
-	return 36<<10 + MaxPeers*bm
 }

@@ -429,26 +429,16 @@ func (p *placer) zonal() ([]Placement, error) {
 	return out, nil
 }
 
-// transZonalZones is how many zones a TransZonal layout needs so that losing any one
-// zone keeps quorum and GMDR+1 copies (docs/layouts.md §7). FTT 0 promises nothing
-// about zones: its replicas are spread as far as the zones allow.
-func transZonalZones(cfg v1.ReplicatedVolumeConfiguration) int {
-	l := layout.Layout{FTT: int(cfg.FailuresToTolerate), GMDR: int(cfg.GuaranteedMinimumDataRedundancy)}
-	switch {
-	case l.FTT == 0:
-		return 1
-	case l.FTT == 1 && l.GMDR == 2:
-		// 4D: over three zones one zone holds 2 of 4 D, and losing it leaves 2 < q=3.
-		return 4
-	}
-	return 3
-}
-
 // transZonal spreads Diskful replicas over zones (fewest Diskful first), then puts each
 // TieBreaker in the zone with the fewest replicas, so 3D goes 1/1/1, 2D+1TB D/D/TB,
 // 4D+1TB 2/1+TB/1 and 5D 2/2/1.
 func (p *placer) transZonal() ([]Placement, error) {
-	need := transZonalZones(p.in.Config)
+	// need: the zones over which losing any one keeps quorum and GMDR+1 copies
+	// (docs/layouts.md §7), the same count the engine refuses a configuration by.
+	// FTT 0 promises nothing about zones (1): its replicas spread as far as the
+	// zones allow.
+	l := layout.Layout{FTT: int(p.in.Config.FailuresToTolerate), GMDR: int(p.in.Config.GuaranteedMinimumDataRedundancy)}
+	need := l.MinZones()
 	zones := p.zones()
 	dCount := map[string]int{}
 	all := map[string]int{}
@@ -466,7 +456,6 @@ func (p *placer) transZonal() ([]Placement, error) {
 	}
 	// Zones that can take a Diskful replica now or already hold one, and zones that
 	// can take any replica (a TieBreaker needs no capacity).
-	l := layout.Layout{FTT: int(p.in.Config.FailuresToTolerate), GMDR: int(p.in.Config.GuaranteedMinimumDataRedundancy)}
 	needD := need - layout.TieBreakerMin(l.DiskfulCount(), l.FTT)
 	if needD < 1 {
 		needD = 1

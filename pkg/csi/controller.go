@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -59,6 +60,9 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csipb.Controlle
 		csipb.ControllerServiceCapability_RPC_VOLUME_CONDITION,
 		csipb.ControllerServiceCapability_RPC_GET_VOLUME,
 		csipb.ControllerServiceCapability_RPC_PUBLISH_READONLY,
+		// The access modes SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER, which
+		// checkCapability accepts; the node service enforces the single writer.
+		csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 	} {
 		caps = append(caps, &csipb.ControllerServiceCapability{Type: &csipb.ControllerServiceCapability_Rpc{
 			Rpc: &csipb.ControllerServiceCapability_RPC{Type: t}}})
@@ -708,6 +712,8 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 	}
 	if cur := rv.Spec.Size.Value(); cur >= want {
 		want = cur
+	} else if err := c.checkGrowth(ctx, rv, want); err != nil {
+		return nil, err
 	} else if err := c.applySize(ctx, id, want); err != nil {
 		return nil, err
 	}
@@ -736,6 +742,56 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 	}, nil
 }
 
+// checkGrowth refuses, with ResourceExhausted and before spec.size changes (it
+// never shrinks again), a size that a diskful replica's node is known not to have
+// room for: its backing volume grows to drbd.BackingBytes(want) from what it has,
+// out of the pool's free space on that node (RSP status), the rule CreateVolume's
+// checkCapacity applies. A node or a backing volume not reported yet counts as
+// fitting; the agent then says what it cannot do.
+func (c *Controller) checkGrowth(ctx context.Context, rv *v1.ReplicatedVolume, want int64) error {
+	cfg := rv.Status.Configuration
+	if cfg == nil || cfg.StoragePool == "" {
+		return nil
+	}
+	rsp := &v1.ReplicatedStoragePool{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: cfg.StoragePool}, rsp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return internal("reading ReplicatedStoragePool "+cfg.StoragePool, err)
+	}
+	free := map[string]int64{}
+	for _, n := range rsp.Status.EligibleNodes {
+		if n.FreeCapacity != nil {
+			free[n.NodeName] = n.FreeCapacity.Value()
+		}
+	}
+	need := drbd.BackingBytes(want, MaxPeers)
+	for _, m := range rv.Status.Datamesh.Members {
+		f, known := free[m.NodeName]
+		if !m.Type.HasDisk() || !known {
+			continue
+		}
+		var r v1.ReplicatedVolumeReplica
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: m.Name}, &r); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return internal("reading ReplicatedVolumeReplica "+m.Name, err)
+		}
+		b := r.Status.BackingVolume
+		if b == nil {
+			continue
+		}
+		if more := need - b.Size.Value(); more > f {
+			return status.Errorf(codes.ResourceExhausted,
+				"capacity_range.required_bytes: growing to %d bytes needs %d more bytes of storage pool %q on node %s (replica %s's backing volume from %d to %d bytes, DRBD metadata included); it has %d free",
+				want, more, cfg.StoragePool, m.NodeName, m.Name, b.Size.Value(), need, f)
+		}
+	}
+	return nil
+}
+
 // applySize raises spec.size with a server-side apply of that one field.
 func (c *Controller) applySize(ctx context.Context, name string, size int64) error {
 	u := &unstructured.Unstructured{}
@@ -755,13 +811,22 @@ func (c *Controller) applySize(ctx context.Context, name string, size int64) err
 	return nil
 }
 
-// grown: the controller has published a DRBD size of at least want and every diskful
-// member's backing volume is at least that large.
+// grown: the controller has published a DRBD size of at least want and every
+// diskful member has confirmed the datamesh revision (docs/contract.md "CSI"). An
+// agent confirms a revision only once its DRBD device is at least the datamesh's
+// size, so a confirmed revision means the device grew, not just the backing
+// volume under it. If not, why says what it waits for, in words an operator can
+// act on: the transition in flight, or the replica and its own account.
 func (c *Controller) grown(ctx context.Context, rv *v1.ReplicatedVolume, want int64) (bool, string, error) {
-	if s := rv.Status.Datamesh.Size; s == nil || s.Value() < want {
-		return false, "the controller has not published the new DRBD size", nil
+	st := &rv.Status
+	if s := st.Datamesh.Size; s == nil || s.Value() < want {
+		if len(st.DatameshTransitions) > 0 {
+			return false, "the controller publishes the new size once no datamesh transition is in flight; in flight: " +
+				transitionsInFlight(st.DatameshTransitions), nil
+		}
+		return false, "the controller has not published the new DRBD size yet", nil
 	}
-	for _, m := range rv.Status.Datamesh.Members {
+	for _, m := range st.Datamesh.Members {
 		if !m.Type.HasDisk() {
 			continue
 		}
@@ -772,9 +837,40 @@ func (c *Controller) grown(ctx context.Context, rv *v1.ReplicatedVolume, want in
 			}
 			return false, "", internal("reading ReplicatedVolumeReplica "+m.Name, err)
 		}
-		if b := r.Status.BackingVolume; b == nil || b.Size.Value() < want {
-			return false, "replica " + m.Name + "'s backing volume has not grown", nil
+		if r.Status.DatameshRevision >= st.DatameshRevision {
+			continue
 		}
+		why := fmt.Sprintf("replica %s on node %s has not confirmed datamesh revision %d (its DRBD device at %s)",
+			m.Name, m.NodeName, st.DatameshRevision, st.Datamesh.Size.String())
+		for _, t := range []string{v1.ConditionAgentReady, v1.ConditionDRBDConfigured} {
+			if cond := meta.FindStatusCondition(r.Status.Conditions, t); cond != nil && cond.Status != metav1.ConditionTrue {
+				return false, why + ": " + cond.Message, nil
+			}
+		}
+		return false, why, nil
 	}
 	return true, "", nil
+}
+
+// transitionsInFlight names each transition and the step it is at.
+func transitionsInFlight(ts []v1.DatameshTransition) string {
+	var out []string
+	for _, t := range ts {
+		s := string(t.Type)
+		if t.ReplicaName != "" {
+			s += " of " + t.ReplicaName
+		}
+		for _, step := range t.Steps {
+			if step.Status != v1.StepCompleted {
+				s += fmt.Sprintf(" (step %q", step.Name)
+				if step.Message != "" {
+					s += ": " + step.Message
+				}
+				s += ")"
+				break
+			}
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, "; ")
 }

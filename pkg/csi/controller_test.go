@@ -59,7 +59,7 @@ func TestControllerService(t *testing.T) {
 	cl, err := NewControllerClient(cctx, env.Config, env.Scheme, v1.DefaultNamespace)
 	must(t, err)
 	conn := serve(t, Services{
-		Identity:   &Identity{Controller: true, Ready: apiserverReady(env.Config, cl)},
+		Identity:   &Identity{Ready: apiserverReady(env.Config, cl)},
 		Controller: &Controller{Client: cl, Namespace: v1.DefaultNamespace},
 	})
 	cs := csipb.NewControllerClient(conn)

@@ -139,7 +139,7 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 		var members []v1.DatameshMember
 		for i, n := range p.nodes[:l.DiskfulCount()] {
 			name := rv.Name + "-" + n
-			if err := p.replica(ctx, rv.Name, n, size); err != nil {
+			if err := p.replica(ctx, rv.Name, n, size, 1); err != nil {
 				return err
 			}
 			members = append(members, v1.DatameshMember{Name: name, Type: v1.MemberTypeDiskful, NodeName: n, NodeID: int32(i)})
@@ -153,19 +153,25 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 		return p.cl.Status().Update(ctx, rv)
 	}
 	if rv.Status.Datamesh.Size.Value() < size {
+		// The new size is a new revision; each replica confirms it once grown.
+		rev := rv.Status.DatameshRevision + 1
+		rv.Status.Datamesh.Size = resource.NewQuantity(size, resource.BinarySI)
+		rv.Status.DatameshRevision = rev
+		if err := p.cl.Status().Update(ctx, rv); err != nil {
+			return err
+		}
 		for _, m := range rv.Status.Datamesh.Members {
-			if err := p.replica(ctx, rv.Name, m.NodeName, size); err != nil {
+			if err := p.replica(ctx, rv.Name, m.NodeName, size, rev); err != nil {
 				return err
 			}
 		}
-		rv.Status.Datamesh.Size = resource.NewQuantity(size, resource.BinarySI)
-		return p.cl.Status().Update(ctx, rv)
 	}
 	return nil
 }
 
-// replica creates or grows the RVR of rv on node with a backing volume for size.
-func (p *playController) replica(ctx context.Context, rv, node string, size int64) error {
+// replica creates or grows the RVR of rv on node with a backing volume for size,
+// confirming datamesh revision rev.
+func (p *playController) replica(ctx context.Context, rv, node string, size int64, rev int64) error {
 	r := &v1.ReplicatedVolumeReplica{}
 	name := rv + "-" + node
 	err := p.cl.Get(ctx, client.ObjectKey{Name: name}, r)
@@ -182,6 +188,7 @@ func (p *playController) replica(ctx context.Context, rv, node string, size int6
 	backing := size + drbd.InternalMetadataBytes(size, MaxPeers)
 	r.Status.DiskState = v1.DiskStateUpToDate
 	r.Status.Role = v1.RoleSecondary
+	r.Status.DatameshRevision = rev
 	r.Status.BackingVolume = &v1.BackingVolumeStatus{Name: rv, DevicePath: "/dev/vg/" + rv, Size: *resource.NewQuantity(backing, resource.BinarySI)}
 	return p.cl.Status().Update(ctx, r)
 }

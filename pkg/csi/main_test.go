@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
@@ -32,6 +33,19 @@ func serve(t *testing.T, s Services) *grpc.ClientConn {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, "unix://"+sock, s, logr.Discard()) }()
+	// Serve binds the socket before it listens: until it does, a connection is
+	// refused, and the first RPC (not waiting for readiness) would fail with it.
+	for i := 0; ; i++ {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i == 500 {
+			t.Fatalf("Serve does not listen on %s: %v", sock, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	conn, err := grpc.NewClient("unix://"+sock,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {

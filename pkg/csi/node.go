@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // Node is the CSI node service of one node. It runs in the agent's process and only
@@ -69,6 +70,9 @@ func (n *Node) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitiesRe
 		csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csipb.NodeServiceCapability_RPC_EXPAND_VOLUME,
 		csipb.NodeServiceCapability_RPC_VOLUME_CONDITION,
+		// SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER are served (one Primary
+		// per node, published at one or many targets): NodePublish enforces the first.
+		csipb.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 	} {
 		caps = append(caps, &csipb.NodeServiceCapability{Type: &csipb.NodeServiceCapability_Rpc{
 			Rpc: &csipb.NodeServiceCapability_RPC{Type: t}}})
@@ -378,6 +382,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 		} else if mp != nil {
 			return n.publishedAlready(vol, target, mp, smp.Device, req.GetReadonly())
 		}
+		if err := n.singleWriter(vol, staging, target, req.GetVolumeCapability()); err != nil {
+			return nil, err
+		}
 		if err := os.MkdirAll(target, 0o750); err != nil {
 			return nil, status.Errorf(codes.Internal, "target_path: %v", err)
 		}
@@ -391,6 +398,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 			return nil, err
 		} else if mp != nil {
 			return n.publishedAlready(vol, target, mp, "", req.GetReadonly())
+		}
+		if err := n.singleWriter(vol, dev, target, req.GetVolumeCapability()); err != nil {
+			return nil, err
 		}
 		// A block volume is published as a file bind-mounted over the device.
 		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
@@ -406,6 +416,62 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 		return nil, status.Errorf(codes.Internal, "bind-mounting %s at %s with %v: %v", source, target, opts, err)
 	}
 	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+// singleWriter refuses, with FailedPrecondition, to publish a SINGLE_NODE_SINGLE_WRITER
+// volume at a second target path (the spec's rule for that mode, which Kubernetes
+// maps ReadWriteOncePod to). The other publications are the bind mounts of source (the
+// staging path, or the device of a block volume): the mount table's entries with
+// source's filesystem and root.
+func (n *Node) singleWriter(vol, source, target string, c *csipb.VolumeCapability) error {
+	if c.GetAccessMode().GetMode() != csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER {
+		return nil
+	}
+	refs, err := mountRefs(source)
+	if err != nil {
+		return status.Errorf(codes.Internal, "looking for other publications of %s: %v", source, err)
+	}
+	for _, r := range refs {
+		if r != filepath.Clean(target) {
+			return status.Errorf(codes.FailedPrecondition, "volume_capability.access_mode: volume %q is SINGLE_NODE_SINGLE_WRITER and already published at %s", vol, r)
+		}
+	}
+	return nil
+}
+
+// mountRefs lists the mount points that show the same file or directory as path: the
+// same filesystem (major:minor) and the same root inside it, other than the mount path
+// lies on. mount-utils' GetMountRefs answers for the first mount containing path in
+// reverse mount order rather than the deepest one, so on a machine that lists / after
+// /dev it looks for /dev/loop0 on the root filesystem and finds nothing.
+func mountRefs(path string) ([]string, error) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := mountinfo.Read()
+	if err != nil {
+		return nil, err
+	}
+	on := -1 // the deepest mount containing real; the last one when stacked
+	for i, m := range ms {
+		if real == m.MountPoint || strings.HasPrefix(real, strings.TrimSuffix(m.MountPoint, "/")+"/") {
+			if on < 0 || len(m.MountPoint) >= len(ms[on].MountPoint) {
+				on = i
+			}
+		}
+	}
+	if on < 0 {
+		return nil, fmt.Errorf("%s is on no mount", real)
+	}
+	root := filepath.Join(ms[on].Root, strings.TrimPrefix(real, ms[on].MountPoint))
+	var refs []string
+	for i, m := range ms {
+		if i != on && m.Major == ms[on].Major && m.Minor == ms[on].Minor && m.Root == root {
+			refs = append(refs, m.MountPoint)
+		}
+	}
+	return refs, nil
 }
 
 // publishedAlready answers a repeated NodePublish: the same volume with the same

@@ -171,7 +171,7 @@ func TestNodeService(t *testing.T) {
 		}, codes.OK, ""},
 		{"GetCapabilities", func(ctx context.Context) error {
 			r, err := ns.NodeGetCapabilities(ctx, &csipb.NodeGetCapabilitiesRequest{})
-			if err == nil && len(r.Capabilities) != 4 {
+			if err == nil && len(r.Capabilities) != 5 {
 				return errors.New("got " + r.String())
 			}
 			return err
@@ -184,7 +184,7 @@ func TestNodeService(t *testing.T) {
 		{"Stage: no capability", func(ctx context.Context) error { return stage(ctx, vFresh, nil) }, codes.InvalidArgument, "volume_capability"},
 		{"Stage: no replica here", func(ctx context.Context) error { return stage(ctx, pfx+"-none", ext4) }, codes.NotFound, "volume_id"},
 		{"Stage: replica not Primary at the deadline", func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
 			return stage(ctx, vSec, ext4)
 		}, codes.DeadlineExceeded, "not Primary"},
@@ -223,6 +223,9 @@ func TestNodeService(t *testing.T) {
 			}
 			return nil
 		}, codes.OK, ""},
+		{"Publish: single writer, while published elsewhere", func(ctx context.Context) error {
+			return publish(ctx, vFresh, tgt(vFresh, "p3"), mountCap("ext4", ssw), false)
+		}, codes.FailedPrecondition, "SINGLE_NODE_SINGLE_WRITER"},
 		{"Stats: bytes and inodes, healthy", func(ctx context.Context) error {
 			r, err := ns.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: vFresh, VolumePath: tgt(vFresh, "p1")})
 			if err == nil && (len(r.Usage) != 2 || r.Usage[0].Total < 50*mib || r.Usage[0].Total > 64*mib || r.Usage[1].Total == 0 || r.VolumeCondition.Abnormal) {
@@ -415,6 +418,22 @@ func TestNodeService(t *testing.T) {
 			}
 			return err
 		}, codes.OK, ""},
+		{"Block: single writer, at one target only", func(ctx context.Context) error {
+			if err := publish(ctx, vBlk, tgt(vBlk, "p1"), blockCap(ssw), false); err != nil {
+				return err
+			}
+			if err := publish(ctx, vBlk, tgt(vBlk, "p1"), blockCap(ssw), false); err != nil {
+				return fmt.Errorf("again at the same target: %w", err)
+			}
+			err := publish(ctx, vBlk, tgt(vBlk, "p2"), blockCap(ssw), false)
+			if _, uerr := ns.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: vBlk, TargetPath: tgt(vBlk, "p1")}); uerr != nil {
+				return uerr
+			}
+			if _, serr := os.Stat(tgt(vBlk, "p2")); !os.IsNotExist(serr) {
+				return errors.New("the refused target was created")
+			}
+			return err
+		}, codes.FailedPrecondition, "already published at"},
 		{"In flight: a second call for the volume is Aborted", func(ctx context.Context) error {
 			release, err := svc.guard.acquire(vBlk, "NodeStageVolume")
 			must(t, err)

@@ -30,7 +30,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	}
 	ready := apiserverReady(o.Config, cl)
 	return Serve(ctx, o.Endpoint, Services{
-		Identity:   &Identity{Controller: true, Ready: ready},
+		Identity:   &Identity{Ready: ready},
 		Controller: &Controller{Client: cl, Namespace: o.Namespace},
 	}, o.Log.WithName("csi"))
 }

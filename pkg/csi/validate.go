@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -253,6 +254,13 @@ func placementHints(tr *csipb.TopologyRequirement) (*v1.PlacementHints, error) {
 			return nil, err
 		}
 		h.Preferred = append(h.Preferred, s)
+	}
+	if len(h.Preferred) == 0 {
+		// Requisite alone says the workload runs inside these segments; the spec leaves
+		// the choice among them to the plugin. Placement prefers Diskful replicas in the
+		// preferred segments (only volumeAccess Local reads requisite), so without this
+		// a volume could get no local data where its consumer is, only a TieBreaker.
+		h.Preferred = slices.Clone(h.Requisite)
 	}
 	return h, nil
 }

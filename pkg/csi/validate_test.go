@@ -26,7 +26,10 @@ func blockCap(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapabili
 	}
 }
 
-const snw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+const (
+	snw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	ssw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+)
 
 func createReq(name string, mut func(*csipb.CreateVolumeRequest)) *csipb.CreateVolumeRequest {
 	r := &csipb.CreateVolumeRequest{
@@ -112,6 +115,28 @@ func TestValidateCreate(t *testing.T) {
 				t.Errorf("message %q does not name %q", status.Convert(err).Message(), tc.field)
 			}
 		})
+	}
+}
+
+// Requisite without preferred: the requisite segments become the placement preference,
+// in their order; an explicit preferred list is kept as it is.
+func TestPlacementHintsPreferRequisite(t *testing.T) {
+	seg := func(n string) *csipb.Topology {
+		return &csipb.Topology{Segments: map[string]string{v1.TopologyKeyNode: n}}
+	}
+	h, err := placementHints(&csipb.TopologyRequirement{Requisite: []*csipb.Topology{seg("n2"), seg("n1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Preferred) != 2 || h.Preferred[0].NodeName != "n2" || h.Preferred[1].NodeName != "n1" || len(h.Requisite) != 2 {
+		t.Fatalf("requisite only: hints %+v, want preferred n2, n1", h)
+	}
+	h, err = placementHints(&csipb.TopologyRequirement{Requisite: []*csipb.Topology{seg("n2"), seg("n1")}, Preferred: []*csipb.Topology{seg("n1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Preferred) != 1 || h.Preferred[0].NodeName != "n1" {
+		t.Fatalf("with preferred: hints %+v, want preferred n1 only", h)
 	}
 }
 

@@ -14,8 +14,16 @@ import (
 //
 // Guard (DRBD-QUORUM.md): upstream DRBD does not check quorum-minimum-redundancy on the
 // quorate-peer or tiebreaker paths, so a diskless Primary could write with fewer UpToDate
-// copies than GMDR promises. The engine therefore does not attach a diskless member (A)
-// while UpToDate D ≤ target GMDR.
+// copies than GMDR promises. The engine therefore does not attach a diskless member (A,
+// TB) while UpToDate D ≤ target GMDR.
+//
+// A TieBreaker is attached where it is, as a diskless Primary, not converted to Access
+// first. DRBD runs A and TB alike (both `disk none` star peers, both counted among the
+// diskless nodes its tiebreaker asks a majority of), so an attached TB is exactly an
+// attached A to the kernel and to the safety argument; the layout keeps counting it as
+// the TB it still is. Converting it would take the layout's TB away while it is needed
+// (TBRequired in 2D+1TB), which on a three-node cluster has nowhere else to go: the pod
+// that lands on the TB's node — after a crash of a diskful node, say — would never start.
 
 const (
 	msgAttached = "Attached"
@@ -304,8 +312,6 @@ func (e *Engine) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, bloc
 	}
 	state := e.mstate(mi)
 	switch {
-	case state == StateTB:
-		return v1.AttachmentPending, "Waiting for TieBreaker " + m.Name + " to become Access"
 	case state.IsLiminal():
 		return v1.AttachmentPending, "Waiting for " + m.Name + " to leave " + string(m.Type)
 	case local && state != StateD:
@@ -317,7 +323,7 @@ func (e *Engine) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, bloc
 	if attached >= 1 && !s.st.Datamesh.Multiattach {
 		return v1.AttachmentPending, "Waiting for multiattach to be enabled"
 	}
-	if state == StateA || state == StateSDL {
+	if state == StateA || state == StateTB || state == StateSDL {
 		c := e.counts()
 		if c.upToDateD <= s.cfg.GMDR {
 			return v1.AttachmentPending, "Cannot attach diskless member: " + strconv.Itoa(c.upToDateD) +

@@ -25,3 +25,21 @@ func UsableBytes(backingBytes int64, maxPeers int) int64 {
 	}
 	return u &^ 4095
 }
+
+// BackingBytes is the smallest 4 KiB-aligned backing device whose UsableBytes are
+// at least size: what a replica's backing volume must hold for a DRBD device of
+// size bytes. The metadata grows with the backing device it sits on, so size plus
+// the metadata of size is not enough when adding it crosses into one more bitmap
+// page (just below every multiple of 128 MiB: a 1 GiB volume would get a device
+// 28 KiB short of 1 GiB); the loop settles in at most a few rounds.
+func BackingBytes(size int64, maxPeers int) int64 {
+	if size <= 0 {
+		return 0
+	}
+	size = (size + 4095) &^ 4095
+	b := size
+	for UsableBytes(b, maxPeers) < size {
+		b = size + InternalMetadataBytes(b, maxPeers)
+	}
+	return b
+}

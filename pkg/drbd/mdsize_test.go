@@ -25,3 +25,33 @@ func TestInternalMetadataBytes(t *testing.T) {
 		t.Errorf("UsableBytes(16 KiB, 7) = %d, want 0 (metadata does not fit)", got)
 	}
 }
+
+// BackingBytes is enough for every size and not more than the smallest that is,
+// in particular at the multiples of 128 MiB where size plus the metadata of size
+// falls short.
+func TestBackingBytes(t *testing.T) {
+	check := func(size int64) {
+		b := BackingBytes(size, 7)
+		if UsableBytes(b, 7) < size {
+			t.Fatalf("BackingBytes(%d) = %d holds only %d", size, b, UsableBytes(b, 7))
+		}
+		if b%4096 != 0 || UsableBytes(b-4096, 7) >= size {
+			t.Fatalf("BackingBytes(%d) = %d, but %d holds it too", size, b, b-4096)
+		}
+	}
+	for size := int64(4096); size <= 2<<30; size += 4096 * 61 {
+		check(size)
+	}
+	for _, size := range []int64{1, 4095, 128 << 20, 1 << 30, 1<<30 - 4096, 10 << 30, 1 << 40} {
+		check(size)
+	}
+	// What GetCapacity offers for free bytes (UsableBytes) fits in them.
+	for free := int64(64 << 10); free <= 2<<30; free += 4096*97 + 512 {
+		if u := UsableBytes(free, 7); u > 0 && BackingBytes(u, 7) > free {
+			t.Fatalf("UsableBytes(%d) = %d needs %d bytes of backing", free, u, BackingBytes(u, 7))
+		}
+	}
+	if b := BackingBytes(128<<20, 7); b <= 128<<20+InternalMetadataBytes(128<<20, 7) {
+		t.Fatalf("BackingBytes(128 MiB) = %d: size plus the metadata of size is too little here", b)
+	}
+}

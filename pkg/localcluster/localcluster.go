@@ -45,6 +45,7 @@ import (
 	"github.com/meshvol/meshvol/pkg/storage/file"
 	"github.com/meshvol/meshvol/pkg/testenv"
 
+	"github.com/meshvol/meshvol/pkg/internal/goproc"
 	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
@@ -107,7 +108,7 @@ type Cluster struct {
 	clockWG sync.WaitGroup
 
 	mu         sync.Mutex
-	controller *Proc
+	controller *goproc.Proc
 }
 
 // Node is one simulated machine.
@@ -121,67 +122,8 @@ type Node struct {
 	Root string
 
 	c     *Cluster
-	agent *Proc
+	agent *goproc.Proc
 	pools sync.Map // pool name → *file.Pool
-}
-
-// Proc is a component run as a goroutine until its context is cancelled:
-// a controller, an agent, a CSI service. Stop cancels it and waits for it
-// to return, so nothing of it runs after Stop.
-type Proc struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-// StartProc runs run in a goroutine with a context derived from parent.
-func StartProc(parent context.Context, run func(ctx context.Context) error) *Proc {
-	ctx, cancel := context.WithCancel(parent)
-	p := &Proc{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.err = run(ctx)
-	}()
-	return p
-}
-
-// Stop cancels the component and waits for it to return. It returns what
-// run returned, except the cancellation itself. A nil Proc stops at once.
-func (p *Proc) Stop() error {
-	if p == nil {
-		return nil
-	}
-	p.cancel()
-	<-p.done
-	if errors.Is(p.err, context.Canceled) {
-		return nil
-	}
-	return p.err
-}
-
-// Cancel cancels the component's context without waiting for it to
-// return; Done says when it has.
-func (p *Proc) Cancel() { p.cancel() }
-
-// Done is closed once run has returned.
-func (p *Proc) Done() <-chan struct{} { return p.done }
-
-// Exited says whether run has returned (on its own or after Stop).
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Err is what run returned, once Exited; nil before.
-func (p *Proc) Err() error {
-	if !p.Exited() {
-		return nil
-	}
-	return p.err
 }
 
 // Start brings a cluster up: control plane, namespace, Nodes, agents (and
@@ -337,7 +279,7 @@ func (n *Node) PoolDir(rsp *v1.ReplicatedStoragePool) string {
 func (n *Node) startAgent() {
 	cfg := n.AgentConfig()
 	restCfg := n.c.Writes.counted(n.c.Env.Config, "agent")
-	n.agent = StartProc(n.c.ctx, func(ctx context.Context) error {
+	n.agent = goproc.Start(n.c.ctx, func(ctx context.Context) error {
 		return agent.Run(ctx, restCfg, n.c.Env.Scheme, cfg)
 	})
 }
@@ -361,7 +303,7 @@ func (c *Cluster) StartController() {
 	}
 	restCfg := c.Writes.counted(c.Env.Config, "controller")
 	run := c.opts.Controller
-	c.controller = StartProc(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
+	c.controller = goproc.Start(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
 }
 
 // StopController stops the controller and waits until it has returned.

@@ -30,6 +30,7 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/csi"
+	"github.com/meshvol/meshvol/pkg/internal/goproc"
 	"github.com/meshvol/meshvol/pkg/kubecluster"
 	"github.com/meshvol/meshvol/pkg/localcluster"
 	"github.com/meshvol/meshvol/pkg/pluginreg"
@@ -76,7 +77,7 @@ type Sandbox struct {
 	opts     Options
 	ctx      context.Context
 	cancel   context.CancelFunc
-	ctrlCSI  *localcluster.Proc
+	ctrlCSI  *goproc.Proc
 	nodes    map[string]*nodeServices
 	sidecars []*sidecar
 	stopOnce sync.Once
@@ -87,8 +88,8 @@ type Sandbox struct {
 // beside its agent: the CSI node service and the registration socket.
 type nodeServices struct {
 	Socket string
-	csi    *localcluster.Proc
-	reg    *localcluster.Proc
+	csi    *goproc.Proc
+	reg    *goproc.Proc
 }
 
 func (s *Sandbox) progress(format string, args ...any) {
@@ -179,7 +180,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	began = time.Now()
 	s.ControllerSocket = filepath.Join(opts.Dir, "csi-controller.sock")
 	cfg := rest.CopyConfig(s.Kube.Env.Config)
-	s.ctrlCSI = localcluster.StartProc(s.ctx, func(ctx context.Context) error {
+	s.ctrlCSI = goproc.Start(s.ctx, func(ctx context.Context) error {
 		return csi.RunController(ctx, csi.ControllerOptions{
 			Endpoint:  "unix://" + s.ControllerSocket,
 			Config:    cfg,
@@ -247,7 +248,7 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 	ns := &nodeServices{Socket: filepath.Join(dir, "csi.sock")}
 	cfg := rest.CopyConfig(s.Kube.Env.Config)
 	zone, name := n.Zone, n.Name
-	ns.csi = localcluster.StartProc(s.ctx, func(ctx context.Context) error {
+	ns.csi = goproc.Start(s.ctx, func(ctx context.Context) error {
 		return csi.RunNode(ctx, csi.NodeOptions{
 			Endpoint: "unix://" + ns.Socket,
 			Config:   cfg,
@@ -266,14 +267,14 @@ func (s *Sandbox) startNodeServices(n *kubecluster.Node) error {
 	if err != nil {
 		return err
 	}
-	ns.reg = localcluster.StartProc(s.ctx, reg.Serve)
+	ns.reg = goproc.Start(s.ctx, reg.Serve)
 	s.nodes[n.Name] = ns
 	return nil
 }
 
 // waitSocket waits until a unix socket accepts connections, or its server
 // ended.
-func waitSocket(ctx context.Context, path string, server *localcluster.Proc) error {
+func waitSocket(ctx context.Context, path string, server *goproc.Proc) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {

@@ -332,7 +332,8 @@ func (s *suite) waitEvents(t *testing.T, node string, w *watcher, mark int, want
 	})
 }
 
-// Stage 03: node1 Primary writes 20 MiB; node2 UpToDate with the data.
+// Stage 03: node1 Primary writes 20 MiB; node2 UpToDate with the data, its
+// device refusing to open.
 func (s *suite) stage03(t *testing.T) {
 	data := pattern(3, 20<<20)
 	s.must(t, s.h.Write(s.ctx, "node1", 0, data))
@@ -344,6 +345,11 @@ func (s *suite) stage03(t *testing.T) {
 	s.must(t, err)
 	if string(got) != string(data[5<<20:5<<20+4096]) {
 		t.Errorf("read back differs from what was written")
+	}
+	// With auto-promote no a Secondary's device does not open, read-only
+	// either (drbd_open): the data is read on the Primary or not at all.
+	if _, err := s.h.Read(s.ctx, "node2", 5<<20, 4096); !errors.Is(err, syscall.EMEDIUMTYPE) {
+		t.Errorf("read through node2's device while Secondary: %v, want EMEDIUMTYPE (auto-promote no refuses the open)", err)
 	}
 	s.checkAcked(t)
 }

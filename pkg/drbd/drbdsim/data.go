@@ -264,8 +264,12 @@ func zeroRange(f *os.File, off, size int64) error {
 	return nil
 }
 
-// Read reads through the DRBD device: from the local replica if UpToDate,
-// else from a connected UpToDate peer.
+// Read opens the DRBD device, reads and closes it: from the local replica if
+// UpToDate, else from a connected UpToDate peer. Like DRBD 9.2 with
+// auto-promote no (as meshvol renders it), only a Primary's device opens: a
+// Secondary's refuses read-only opens with EMEDIUMTYPE (drbd_open; the VM
+// tier's TestSecondaryCannotBeOpened saw it), so a replica's data is read
+// where it is attached, never through a Secondary.
 func (n *Node) Read(ctx context.Context, name string, off int64, size int) ([]byte, error) {
 	if err := n.begin(ctx, "read", name); err != nil {
 		return nil, err
@@ -274,6 +278,9 @@ func (n *Node) Read(ctx context.Context, name string, off int64, size int) ([]by
 	r := n.res[name]
 	if r == nil {
 		return nil, ioErr("read", name, off, "resource not up")
+	}
+	if r.role != rolePrimary && !r.cfg.Options.Resource.AutoPromote {
+		return nil, fmt.Errorf("read %s at offset %d: open of a Secondary's device refused (auto-promote no): %w", name, off, syscall.EMEDIUMTYPE)
 	}
 	buf := make([]byte, size)
 	m, err := r.readLocked(off, buf)

@@ -158,7 +158,12 @@
 // 1,270 MB/s. Fine for tests and the sandbox, not for load tests.
 //
 // Without LoopDevices, DevicePath is the same path but nothing is there;
-// Node.Write and Node.Read are the write path.
+// Node.Write and Node.Read are the write path. Either way only a Primary's
+// device opens: Node.Read on a Secondary fails with EMEDIUMTYPE and
+// Node.Write with EROFS, as DRBD 9.2's drbd_open refuses them with
+// auto-promote no. (A reader that opened the device while it was Primary
+// keeps it across the demotion, as above; drbdsim cannot refuse a new open
+// of that loop device, which real DRBD would.)
 //
 // # Approximations
 //

@@ -2,14 +2,20 @@ package cluster_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/csi"
 )
 
 // Scenario: expansion of a formed volume, detached and attached (online), for
@@ -21,7 +27,11 @@ func TestExpansion(t *testing.T) {
 		name      string
 		ftt, gmdr int32
 	}{{"1d", 0, 0}, {"2d1tb", 1, 0}, {"3d", 1, 1}} {
-		for _, mode := range []string{"detached", "attached", "diskless"} {
+		modes := []string{"detached", "attached", "diskless"}
+		if tc.name == "2d1tb" {
+			modes = append(modes, "tiebreaker")
+		}
+		for _, mode := range modes {
 			t.Run(tc.name+"-"+mode, func(t *testing.T) {
 				r := newRig(t)
 				vol := "expand-" + tc.name + "-" + mode
@@ -34,6 +44,12 @@ func TestExpansion(t *testing.T) {
 						if m.Type == v1.MemberTypeDiskful {
 							node = m.NodeName
 							break
+						}
+					}
+				case "tiebreaker": // on the tie-breaker's node: attached in place, diskless
+					for _, m := range rv.Status.Datamesh.Members {
+						if m.Type == v1.MemberTypeTieBreaker {
+							node = m.NodeName
 						}
 					}
 				case "diskless": // on a node without a replica: an Access member
@@ -51,7 +67,7 @@ func TestExpansion(t *testing.T) {
 				if node != "" {
 					r.attach(vol, node)
 				}
-				r.grow(vol, "96Mi", node)
+				r.grow(vol, "128Mi", node)
 				if node != "" {
 					r.detach(vol, node)
 				}
@@ -121,4 +137,78 @@ func (r *rig) grow(vol, size, node string) {
 		r.must(r.c.Node(node).Sim.Write(r.ctx, vol, want.Value()-4096, bytes.Repeat([]byte{7}, 4096)))
 	}
 	r.t.Logf("%s: %s published and grown on every diskful replica in %s", vol, size, time.Since(began).Round(time.Millisecond))
+}
+
+// Scenario: ControllerExpandVolume on the real controller and agents returns
+// only once every diskful replica has grown. With one diskful replica's agent
+// stopped, it answers DeadlineExceeded naming that replica and why; once the
+// agent is back, the retry returns the new size, node expansion required
+// for a mount volume and not for a block one.
+func TestControllerExpandWaitsForEveryReplica(t *testing.T) {
+	r := newRig(t)
+	const vol = "expand-csi-3d"
+	r.volume(vol, r.class(1, 1, v1.TopologyIgnored), 1)
+	rv := r.ready(vol, 2*time.Minute)
+	cl, err := csi.NewControllerClient(r.ctx, r.c.Env.Config, r.c.Env.Scheme, r.c.Namespace)
+	r.must(err)
+	cs := &csi.Controller{Client: cl, Namespace: r.c.Namespace}
+	mountCap := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	blockCap := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+
+	stopped := rv.Status.Datamesh.Members[0]
+	r.must(r.c.StopAgent(stopped.NodeName))
+	t.Cleanup(func() { _ = r.c.RestartAgent(stopped.NodeName) })
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	_, err = cs.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: vol,
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 96 << 20}, VolumeCapability: mountCap})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), stopped.Name) {
+		t.Fatalf("with the agent of %s stopped: %v; want DeadlineExceeded naming the replica", stopped.Name, err)
+	}
+	t.Logf("agent stopped: %v", err)
+
+	r.must(r.c.RestartAgent(stopped.NodeName))
+	began := time.Now()
+	res, err := cs.ControllerExpandVolume(r.ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: vol,
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 96 << 20}, VolumeCapability: mountCap})
+	r.must(err)
+	if res.CapacityBytes != 96<<20 || !res.NodeExpansionRequired {
+		t.Fatalf("ControllerExpandVolume: %v", res)
+	}
+	t.Logf("agent back: grown on every diskful replica in %s", time.Since(began).Round(time.Millisecond))
+	cur := r.rv(vol)
+	for _, m := range cur.Status.Datamesh.Members {
+		if !m.Type.HasDisk() {
+			continue
+		}
+		st, err := r.c.Node(m.NodeName).Sim.Status(r.ctx, vol)
+		r.must(err)
+		if kib := st[0].Devices[0].Size; kib*1024 < 96<<20 {
+			t.Fatalf("ControllerExpandVolume returned while %s's DRBD device has %d KiB", m.Name, kib)
+		}
+	}
+	res, err = cs.ControllerExpandVolume(r.ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: vol,
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 128 << 20}, VolumeCapability: blockCap})
+	r.must(err)
+	if res.CapacityBytes != 128<<20 || res.NodeExpansionRequired {
+		t.Fatalf("ControllerExpandVolume of a block volume: %v", res)
+	}
+	// More than a node's pool has free: refused before spec.size changes.
+	_, err = cs.ControllerExpandVolume(r.ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: vol,
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 1 << 50}, VolumeCapability: blockCap})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), pool) {
+		t.Fatalf("growing to 1 PiB: %v; want ResourceExhausted naming the pool", err)
+	}
+	t.Logf("1 PiB: %v", err)
+	if s := r.rv(vol).Spec.Size.Value(); s != 128<<20 {
+		t.Fatalf("a refused expansion changed spec.size to %d", s)
+	}
+	got, err := cs.ControllerGetVolume(r.ctx, &csipb.ControllerGetVolumeRequest{VolumeId: vol})
+	r.must(err)
+	if got.Volume.CapacityBytes != 128<<20 {
+		t.Fatalf("ControllerGetVolume after growing to 128 MiB: %d bytes", got.Volume.CapacityBytes)
+	}
+	r.deleteVolume(vol)
 }

@@ -66,7 +66,10 @@ func cluster(t *testing.T) *localcluster.Cluster {
 	}
 	lc, err = localcluster.Start(ctx, localcluster.Options{
 		Env: env, Nodes: 9, Zones: 3, Log: log,
-		Controller: localcluster.Controller(controller.Options{AgentGracePeriod: 3 * time.Second}),
+		// A Primary's device is a real loop device, as in the sandbox, so a
+		// scenario can mount a file system on it as NodeStage does.
+		LoopDevices: true,
+		Controller:  localcluster.Controller(controller.Options{AgentGracePeriod: 3 * time.Second}),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -234,7 +234,8 @@ func TestSafeDown(t *testing.T) {
 // can hold a Secondary open, and a down of a Secondary never meets an
 // opener. (The recording's "down of a Secondary held open read-only
 // succeeded" was a down with nothing holding the device: its open had
-// failed.) drbdsim's Read on a Secondary succeeds.
+// failed.) drbdsim's Read on a Secondary fails the same way (the contract
+// suite checks both in stage 03).
 func TestSecondaryCannotBeOpened(t *testing.T) {
 	healthy(t)
 	for _, n := range contract.Nodes {
