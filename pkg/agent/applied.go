@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
@@ -76,7 +77,7 @@ func configDiff(want *drbd.Resource, got *drbd.ShowResource) []string {
 		if c.Name() != p.Name {
 			add("%s: name %q", what, c.Name())
 		}
-		wantPath := drbd.ShowPath{ThisHost: showAddr(want.Self.Address), RemoteHost: showAddr(p.Address)}
+		wantPath := drbd.ShowPath{ThisHost: want.Self.Address.ShowString(), RemoteHost: p.Address.ShowString()}
 		if paths := c.AllPaths(); len(paths) != 1 || paths[0] != wantPath {
 			add("%s: paths %v, want [%v]", what, paths, wantPath)
 		}
@@ -87,6 +88,25 @@ func configDiff(want *drbd.Resource, got *drbd.ShowResource) []string {
 			add("%s: shared-secret differs", what) // never print it
 		}
 		optEq(add, what+" allow-remote-read", c.Net, "allow-remote-read", yesNo(p.EffectiveAllowRemoteRead(o)), "yes")
+		optEq(add, what+" ping-timeout", c.Net, "ping-timeout", strconv.Itoa(int(o.Net.PingTimeout)), strconv.Itoa(int(drbd.DefaultPingTimeout)))
+		if want.Disk != nil {
+			// c-max-rate, rendered in this node's disk section, is a
+			// peer-device option that drbdadm sets on every connection; show
+			// prints it there with its unit suffix ("4096k": KiB/s).
+			var pd drbd.ShowOptions
+			for _, v := range c.Volumes {
+				if v.VolumeNr == drbd.VolumeNumber {
+					pd = v.Disk
+				}
+			}
+			rate, ok := pd["c-max-rate"]
+			if !ok {
+				rate = strconv.Itoa(int(drbd.DefaultCMaxRate))
+			}
+			if want := strconv.Itoa(int(o.Disk.CMaxRate)); strings.TrimSuffix(rate, "k") != want {
+				add("%s c-max-rate %q, want %sk", what, rate, want)
+			}
+		}
 	}
 	var missing []int
 	for id := range wantPeers {
@@ -123,14 +143,6 @@ func quorumEq(add func(string, ...any), what, got string, want drbd.Quorum) {
 	if q != want {
 		add("%s %s, want %s", what, q, want)
 	}
-}
-
-// showAddr is an address the way `drbdsetup show` prints a path end.
-func showAddr(a drbd.Address) string {
-	if a.IP.Is4() {
-		return fmt.Sprintf("ipv4 %s:%d", a.IP, a.Port)
-	}
-	return fmt.Sprintf("ipv6 [%s]:%d", a.IP, a.Port)
 }
 
 func yesNo(b bool) string {

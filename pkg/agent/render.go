@@ -134,8 +134,9 @@ func quorumSetting(n int32) drbd.Quorum {
 	return drbd.QuorumCount(int(n))
 }
 
-// optionSet maps the API's override scope to pkg/drbd's. Options that
-// pkg/drbd does not model yet (ping-timeout, c-max-rate) are not rendered.
+// optionSet maps the API's override scope to pkg/drbd's. The API's units
+// are DRBD's: pingTimeoutTenthsOfSecond is ping-timeout, resyncMaxRateKiB
+// is c-max-rate in KiB/s.
 func optionSet(o *v1.DRBDOptions) drbd.OptionSet {
 	var s drbd.OptionSet
 	if o == nil {
@@ -150,6 +151,8 @@ func optionSet(o *v1.DRBDOptions) drbd.OptionSet {
 	s.Disk.DiscardZeroesIfAligned = o.DiscardZeroesIfAligned
 	s.Disk.RsDiscardGranularity = o.RsDiscardGranularity
 	s.Net.AllowRemoteRead = o.AllowRemoteRead
+	s.Net.PingTimeout = o.PingTimeoutTenthsOfSecond
+	s.Disk.CMaxRate = o.ResyncMaxRateKiB
 	return s
 }
 

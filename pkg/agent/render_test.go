@@ -151,10 +151,25 @@ func TestConfigDiffReadsBackTheKernel(t *testing.T) {
 	changed.Status.Datamesh.Quorum = 3
 	changed.Status.Datamesh.Multiattach = false
 	changed.Status.Datamesh.Members = changed.Status.Datamesh.Members[:4]
+	// The API's ping timeout (tenths of a second) and resync cap (KiB/s)
+	// reach the configuration in DRBD's own units, and the read-back sees
+	// them (as show prints them: "10", "4096k").
+	changed.Spec.DRBDOptions = &v1.DRBDOptions{PingTimeoutTenthsOfSecond: drbd.Ptr(int32(10)), ResyncMaxRateKiB: drbd.Ptr(int32(4096))}
 	w2, err := render(renderInput{rv: changed, self: &changed.Status.Datamesh.Members[0], secret: "other-secret", backing: backing})
 	must(err)
+	if w2.Options.Net.PingTimeout != 10 || w2.Options.Disk.CMaxRate != 4096 {
+		t.Fatalf("ping-timeout %d, c-max-rate %d from the API's 10 and 4096", w2.Options.Net.PingTimeout, w2.Options.Disk.CMaxRate)
+	}
+	res, err := drbd.Render(w2, drbd.Features{})
+	must(err)
+	for _, s := range []string{"ping-timeout 10;", "c-max-rate 4096;"} {
+		if !strings.Contains(string(res), s) {
+			t.Errorf("rendered .res lacks %q:\n%s", s, res)
+		}
+	}
 	d := strings.Join(configDiff(w2, show()), "\n")
-	for _, s := range []string{"quorum 2, want 3", "allow-two-primaries", "node-id 4", "shared-secret differs"} {
+	for _, s := range []string{"quorum 2, want 3", "allow-two-primaries", "node-id 4", "shared-secret differs",
+		`ping-timeout "5", want "10"`, `c-max-rate "102400", want 4096k`} {
 		if !strings.Contains(d, s) {
 			t.Errorf("diff does not mention %q:\n%s", s, d)
 		}

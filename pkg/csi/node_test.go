@@ -184,7 +184,7 @@ func TestNodeService(t *testing.T) {
 		{"Stage: no capability", func(ctx context.Context) error { return stage(ctx, vFresh, nil) }, codes.InvalidArgument, "volume_capability"},
 		{"Stage: no replica here", func(ctx context.Context) error { return stage(ctx, pfx+"-none", ext4) }, codes.NotFound, "volume_id"},
 		{"Stage: replica not Primary at the deadline", func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
 			return stage(ctx, vSec, ext4)
 		}, codes.DeadlineExceeded, "not Primary"},

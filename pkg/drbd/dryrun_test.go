@@ -60,11 +60,14 @@ func TestExecDriverArgvAcceptedByDrbdadm(t *testing.T) {
 		{func() error { return d.Up(ctx, name) }, []string{
 			"drbdsetup new-resource pvc-2dtb 0 --auto-promote=no --quorum=majority --quorum-minimum-redundancy=off --on-no-quorum=suspend-io --on-no-data-accessible=io-error",
 			"drbdsetup new-minor pvc-2dtb 1002 0",
-			"drbdsetup new-peer pvc-2dtb 1 --_name=node-b --allow-two-primaries=no --protocol=C --allow-remote-read=yes",
-			"drbdsetup new-peer pvc-2dtb 2 --_name=node-t --allow-two-primaries=no --protocol=C --allow-remote-read=yes",
+			"drbdsetup new-peer pvc-2dtb 1 --_name=node-b --ping-timeout=5 --allow-two-primaries=no --protocol=C --allow-remote-read=yes",
+			"drbdsetup new-peer pvc-2dtb 2 --_name=node-t --ping-timeout=5 --allow-two-primaries=no --protocol=C --allow-remote-read=yes",
 			"drbdsetup new-path pvc-2dtb 2 ipv4:10.0.0.1:7002 ipv4:10.0.0.9:7002",
-			// The diskless TieBreaker gets no bitmap slot.
-			"drbdsetup peer-device-options pvc-2dtb 2 0 --bitmap=no",
+			// c-max-rate, rendered in this volume's disk section, reaches the
+			// peer device on every connection; the diskless TieBreaker gets
+			// no bitmap slot.
+			"drbdsetup peer-device-options pvc-2dtb 1 0 --c-max-rate=102400",
+			"drbdsetup peer-device-options pvc-2dtb 2 0 --c-max-rate=102400 --bitmap=no",
 			"drbdsetup attach 1002 /dev/vg0/pvc-2dtb_00000 /dev/vg0/pvc-2dtb_00000 internal --discard-zeroes-if-aligned=yes --rs-discard-granularity=0",
 			"drbdsetup connect pvc-2dtb 2",
 		}},
@@ -91,7 +94,9 @@ func TestExecDriverArgvAcceptedByDrbdadm(t *testing.T) {
 
 // What each rendered option becomes in the kernel, per drbdadm's own
 // translation: allow-remote-read lands on the one connection it was set
-// for, the secret on every peer, the resource options on new-resource.
+// for, the secret and ping-timeout on every peer, c-max-rate (a
+// peer-device option in the disk section) on every peer device, the
+// resource options on new-resource.
 func TestRenderedOptionsReachTheKernel(t *testing.T) {
 	m := goldenModels()["options-overridden"]
 	dir := t.TempDir()
@@ -106,8 +111,10 @@ func TestRenderedOptionsReachTheKernel(t *testing.T) {
 	out := ex.output[0]
 	for _, w := range []string{
 		"new-resource pvc-tuned 0 --auto-promote=no --quorum=all --quorum-minimum-redundancy=off --on-no-quorum=io-error --on-no-data-accessible=suspend-io",
-		"new-peer pvc-tuned 1 --_name=node-b --shared-secret=Zq3-not-a-real-secret_9x --cram-hmac-alg=sha256 --allow-two-primaries=no --protocol=C --allow-remote-read=yes",
-		"new-peer pvc-tuned 2 --_name=node-t --shared-secret=Zq3-not-a-real-secret_9x --cram-hmac-alg=sha256 --allow-two-primaries=no --protocol=C --allow-remote-read=no",
+		"new-peer pvc-tuned 1 --_name=node-b --ping-timeout=10 --shared-secret=Zq3-not-a-real-secret_9x --cram-hmac-alg=sha256 --allow-two-primaries=no --protocol=C --allow-remote-read=yes",
+		"new-peer pvc-tuned 2 --_name=node-t --ping-timeout=10 --shared-secret=Zq3-not-a-real-secret_9x --cram-hmac-alg=sha256 --allow-two-primaries=no --protocol=C --allow-remote-read=no",
+		"peer-device-options pvc-tuned 1 0 --c-max-rate=4096\n",
+		"peer-device-options pvc-tuned 2 0 --c-max-rate=4096 --bitmap=no",
 		"--discard-zeroes-if-aligned=no --rs-discard-granularity=65536",
 	} {
 		if !strings.Contains(out, w) {

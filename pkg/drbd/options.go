@@ -158,6 +158,10 @@ type NetOptions struct {
 	VerifyAlg string
 	// AllowRemoteRead is the default for every connection.
 	AllowRemoteRead bool
+	// PingTimeout is how long a peer may take to answer a keep-alive before
+	// DRBD drops the connection, in tenths of a second (drbd.conf(5)
+	// ping-timeout: 1..300, DRBD's default 5).
+	PingTimeout int32
 }
 
 // DiskOptions render into the `disk { }` section of this node's volume.
@@ -169,6 +173,11 @@ type DiskOptions struct {
 	// Upstream DRBD 9.2 has no such option (DRBD-QUORUM.md); it is rendered
 	// only when Features.NonVoting says the module supports it.
 	NonVoting bool
+	// CMaxRate caps the dynamically controlled resync rate, in KiB/s
+	// (drbd.conf(5) c-max-rate: a peer-device option, which a disk section
+	// passes on to every connection's peer device; 0..4194304, 0 meaning no
+	// limit, DRBD's default 102400).
+	CMaxRate int32
 }
 
 // OptionSet is one scope of the option override chain (defaults → storage
@@ -197,12 +206,14 @@ type NetOptionSet struct {
 	SharedSecret      *string
 	VerifyAlg         *string
 	AllowRemoteRead   *bool
+	PingTimeout       *int32
 }
 
 type DiskOptionSet struct {
 	DiscardZeroesIfAligned *bool
 	RsDiscardGranularity   *int32
 	NonVoting              *bool
+	CMaxRate               *int32
 }
 
 // DefaultOptions are meshvol's base scope: what a resource gets when no
@@ -224,14 +235,23 @@ func DefaultOptions() OptionSet {
 			SharedSecret:      Ptr(""),
 			VerifyAlg:         Ptr(""),
 			AllowRemoteRead:   Ptr(true),
+			PingTimeout:       Ptr(DefaultPingTimeout),
 		},
 		Disk: DiskOptionSet{
 			DiscardZeroesIfAligned: Ptr(true),
 			RsDiscardGranularity:   Ptr(int32(0)),
 			NonVoting:              Ptr(false),
+			CMaxRate:               Ptr(DefaultCMaxRate),
 		},
 	}
 }
+
+// DRBD's own defaults for the numeric options meshvol renders, which
+// `drbdsetup show` leaves out (drbd.conf(5), drbd_limits.h).
+const (
+	DefaultPingTimeout int32 = 5      // tenths of a second
+	DefaultCMaxRate    int32 = 102400 // KiB/s
+)
 
 // Resolve applies chain (broadest first) over defaults and returns the
 // resolved options. A field that is nil in defaults and every scope gets
@@ -256,11 +276,13 @@ func Resolve(defaults OptionSet, chain ...OptionSet) Options {
 			SharedSecret:      deref(acc.Net.SharedSecret),
 			VerifyAlg:         deref(acc.Net.VerifyAlg),
 			AllowRemoteRead:   deref(acc.Net.AllowRemoteRead),
+			PingTimeout:       deref(acc.Net.PingTimeout),
 		},
 		Disk: DiskOptions{
 			DiscardZeroesIfAligned: deref(acc.Disk.DiscardZeroesIfAligned),
 			RsDiscardGranularity:   deref(acc.Disk.RsDiscardGranularity),
 			NonVoting:              deref(acc.Disk.NonVoting),
+			CMaxRate:               deref(acc.Disk.CMaxRate),
 		},
 	}
 }
@@ -279,9 +301,11 @@ func overlay(base, over OptionSet) OptionSet {
 	pick(&base.Net.SharedSecret, over.Net.SharedSecret)
 	pick(&base.Net.VerifyAlg, over.Net.VerifyAlg)
 	pick(&base.Net.AllowRemoteRead, over.Net.AllowRemoteRead)
+	pick(&base.Net.PingTimeout, over.Net.PingTimeout)
 	pick(&base.Disk.DiscardZeroesIfAligned, over.Disk.DiscardZeroesIfAligned)
 	pick(&base.Disk.RsDiscardGranularity, over.Disk.RsDiscardGranularity)
 	pick(&base.Disk.NonVoting, over.Disk.NonVoting)
+	pick(&base.Disk.CMaxRate, over.Disk.CMaxRate)
 	return base
 }
 
@@ -314,10 +338,10 @@ func (o Options) String() string {
 	if o.Net.SharedSecret != "" {
 		secret = Redacted
 	}
-	fmt.Fprintf(&b, "protocol=%s allow-two-primaries=%t cram-hmac-alg=%q shared-secret=%q verify-alg=%q allow-remote-read=%t ",
-		o.Net.Protocol, o.Net.AllowTwoPrimaries, o.Net.CramHMACAlg, secret, o.Net.VerifyAlg, o.Net.AllowRemoteRead)
-	fmt.Fprintf(&b, "discard-zeroes-if-aligned=%t rs-discard-granularity=%d non-voting=%t",
-		o.Disk.DiscardZeroesIfAligned, o.Disk.RsDiscardGranularity, o.Disk.NonVoting)
+	fmt.Fprintf(&b, "protocol=%s allow-two-primaries=%t cram-hmac-alg=%q shared-secret=%q verify-alg=%q allow-remote-read=%t ping-timeout=%d ",
+		o.Net.Protocol, o.Net.AllowTwoPrimaries, o.Net.CramHMACAlg, secret, o.Net.VerifyAlg, o.Net.AllowRemoteRead, o.Net.PingTimeout)
+	fmt.Fprintf(&b, "discard-zeroes-if-aligned=%t rs-discard-granularity=%d non-voting=%t c-max-rate=%d",
+		o.Disk.DiscardZeroesIfAligned, o.Disk.RsDiscardGranularity, o.Disk.NonVoting, o.Disk.CMaxRate)
 	return b.String()
 }
 

@@ -107,7 +107,8 @@ func goldenModels() map[string]model {
 		},
 		OptionSet{ // volume
 			Resource: ResourceOptionSet{Quorum: Ptr(QuorumAll)},
-			Disk:     DiskOptionSet{DiscardZeroesIfAligned: Ptr(false)},
+			Net:      NetOptionSet{PingTimeout: Ptr(int32(10))},
+			Disk:     DiskOptionSet{DiscardZeroesIfAligned: Ptr(false), CMaxRate: Ptr(int32(4096))},
 		},
 	)
 	no := false
@@ -223,6 +224,8 @@ func TestRenderSections(t *testing.T) {
 		"allow-remote-read":         "resource/connection/net",
 		"discard-zeroes-if-aligned": "resource/on/volume/disk",
 		"rs-discard-granularity":    "resource/on/volume/disk",
+		"ping-timeout":              "resource/net",
+		"c-max-rate":                "resource/on/volume/disk",
 	} {
 		if got := sectionOf(option); got != want {
 			t.Errorf("%s rendered in %s, want %s", option, got, want)

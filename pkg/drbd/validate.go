@@ -119,7 +119,7 @@ func (r *Resource) Validate(f Features) error {
 				field, peer.Address.IP, pf, selfFamily)
 		}
 		if peer.Address == r.Self.Address && peer.Address.IP.IsValid() {
-			p.addf("%s.address %s: same address and port as self", field, formatAddr(peer.Address))
+			p.addf("%s.address %s: same address and port as self", field, peer.Address.ShowString())
 		}
 		// A diskless node may have diskless peers: a liminal member (D∅, sD∅)
 		// runs `disk none` (decision D1) yet is a full-mesh member, connected
@@ -213,6 +213,12 @@ func validateOptions(p *problems, o Options, f Features) {
 	}
 	if g := o.Disk.RsDiscardGranularity; g < 0 || g > 1<<20 || (g != 0 && g%512 != 0) {
 		p.addf("disk.rsDiscardGranularity %d: must be 0 or a multiple of 512 up to 1048576 bytes", g)
+	}
+	if t := o.Net.PingTimeout; t < 1 || t > 300 {
+		p.addf("net.pingTimeout %d: must be 1..300 tenths of a second (drbdsetup 9.22's range)", t)
+	}
+	if r := o.Disk.CMaxRate; r < 0 || r > 4<<20 {
+		p.addf("disk.cMaxRate %d: must be 0..4194304 KiB/s (drbdsetup 9.22's range; 0 is no limit)", r)
 	}
 	if o.Disk.NonVoting && !f.NonVoting {
 		p.addf("disk.nonVoting: the installed DRBD does not support non-voting (upstream 9.2 has no such option)")

@@ -64,6 +64,9 @@ func TestValidateRules(t *testing.T) {
 		}, Features{}, `net.cramHMACAlg "SHA 256"`},
 		{"discard gran", func(r *Resource) { r.Options.Disk.RsDiscardGranularity = 1000 }, Features{}, `disk.rsDiscardGranularity 1000`},
 		{"non-voting unsupported", func(r *Resource) { r.Options.Disk.NonVoting = true }, Features{}, `disk.nonVoting: the installed DRBD does not support non-voting`},
+		{"ping-timeout zero", func(r *Resource) { r.Options.Net.PingTimeout = 0 }, Features{}, `net.pingTimeout 0: must be 1..300 tenths of a second`},
+		{"ping-timeout above 30 s", func(r *Resource) { r.Options.Net.PingTimeout = 301 }, Features{}, `net.pingTimeout 301`},
+		{"c-max-rate above 4 GiB/s", func(r *Resource) { r.Options.Disk.CMaxRate = 4<<20 + 1 }, Features{}, `disk.cMaxRate 4194305: must be 0..4194304 KiB/s`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

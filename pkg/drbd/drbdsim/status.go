@@ -307,10 +307,25 @@ func showResource(r *resource) ordered {
 		if !k.peer.EffectiveAllowRemoteRead(o) {
 			net = append(net, kvAny{"allow-remote-read", false})
 		}
-		co := ordered{{"path", ordered{{"_this_host", showEndpoint(r.cfg.Self.Address)}, {"_remote_host", showEndpoint(k.peer.Address)}}},
+		// Numbers as drbdsetup prints them: strings, with the option's
+		// unit suffix where it has one (c-max-rate is in KiB: "k").
+		if t := o.Net.PingTimeout; t != drbd.DefaultPingTimeout {
+			net = append(net, kvAny{"ping-timeout", strconv.Itoa(int(t))})
+		}
+		co := ordered{{"path", ordered{{"_this_host", r.cfg.Self.Address.ShowString()}, {"_remote_host", k.peer.Address.ShowString()}}},
 			{"net", net}}
+		// Peer-device options, in drbdsetup's order: c-max-rate from this
+		// node's disk section (on every connection), no bitmap slot for a
+		// diskless peer.
+		var pd ordered
+		if rate := o.Disk.CMaxRate; r.cfg.Disk != nil && rate != drbd.DefaultCMaxRate {
+			pd = append(pd, kvAny{"c-max-rate", strconv.Itoa(int(rate)) + "k"})
+		}
 		if k.peer.Diskless {
-			co = append(co, kvAny{"volumes", []any{ordered{{"volume_nr", 0}, {"disk", ordered{{"bitmap", false}}}}}})
+			pd = append(pd, kvAny{"bitmap", false})
+		}
+		if len(pd) > 0 {
+			co = append(co, kvAny{"volumes", []any{ordered{{"volume_nr", 0}, {"disk", pd}}}})
 		}
 		co = append(co, kvAny{"_peer_node_id", k.peer.NodeID})
 		conns = append(conns, co)

@@ -27,7 +27,11 @@ func TestExpansion(t *testing.T) {
 		name      string
 		ftt, gmdr int32
 	}{{"1d", 0, 0}, {"2d1tb", 1, 0}, {"3d", 1, 1}} {
-		for _, mode := range []string{"detached", "attached", "diskless"} {
+		modes := []string{"detached", "attached", "diskless"}
+		if tc.name == "2d1tb" {
+			modes = append(modes, "tiebreaker")
+		}
+		for _, mode := range modes {
 			t.Run(tc.name+"-"+mode, func(t *testing.T) {
 				r := newRig(t)
 				vol := "expand-" + tc.name + "-" + mode
@@ -40,6 +44,12 @@ func TestExpansion(t *testing.T) {
 						if m.Type == v1.MemberTypeDiskful {
 							node = m.NodeName
 							break
+						}
+					}
+				case "tiebreaker": // on the tie-breaker's node: attached in place, diskless
+					for _, m := range rv.Status.Datamesh.Members {
+						if m.Type == v1.MemberTypeTieBreaker {
+							node = m.NodeName
 						}
 					}
 				case "diskless": // on a node without a replica: an Access member
