@@ -77,7 +77,7 @@ func configDiff(want *drbd.Resource, got *drbd.ShowResource) []string {
 		if c.Name() != p.Name {
 			add("%s: name %q", what, c.Name())
 		}
-		wantPath := drbd.ShowPath{ThisHost: showAddr(want.Self.Address), RemoteHost: showAddr(p.Address)}
+		wantPath := drbd.ShowPath{ThisHost: want.Self.Address.ShowString(), RemoteHost: p.Address.ShowString()}
 		if paths := c.AllPaths(); len(paths) != 1 || paths[0] != wantPath {
 			add("%s: paths %v, want [%v]", what, paths, wantPath)
 		}
@@ -143,14 +143,6 @@ func quorumEq(add func(string, ...any), what, got string, want drbd.Quorum) {
 	if q != want {
 		add("%s %s, want %s", what, q, want)
 	}
-}
-
-// showAddr is an address the way `drbdsetup show` prints a path end.
-func showAddr(a drbd.Address) string {
-	if a.IP.Is4() {
-		return fmt.Sprintf("ipv4 %s:%d", a.IP, a.Port)
-	}
-	return fmt.Sprintf("ipv6 [%s]:%d", a.IP, a.Port)
 }
 
 func yesNo(b bool) string {

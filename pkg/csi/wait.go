@@ -30,11 +30,11 @@ func waitFor(ctx context.Context, cond func() (bool, error)) error {
 		defer cancel()
 	} else {
 		// Stop a little before the caller's deadline, so that the answer saying what
-		// the volume waits for reaches the CO instead of its own "deadline exceeded".
-		margin := time.Until(d) / 10
-		if margin > time.Second {
-			margin = time.Second
-		}
+		// the volume waits for reaches the CO instead of its own "deadline exceeded":
+		// a tenth of the time left, between 100ms (a loaded node needs that much to
+		// answer) and 1s, and never more than half of it.
+		left := time.Until(d)
+		margin := min(max(left/10, 100*time.Millisecond), time.Second, left/2)
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, d.Add(-margin))
 		defer cancel()

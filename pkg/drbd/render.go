@@ -108,8 +108,8 @@ func Render(r *Resource, f Features) ([]byte, error) {
 	for _, p := range peers {
 		w.open("connection")
 		w.open("path")
-		w.line("host %q address %s;", r.Self.Name, formatAddr(r.Self.Address))
-		w.line("host %q address %s;", p.Name, formatAddr(p.Address))
+		w.line("host %q address %s;", r.Self.Name, r.Self.Address.ShowString())
+		w.line("host %q address %s;", p.Name, p.Address.ShowString())
 		w.close()
 		w.open("net")
 		w.line("allow-remote-read %s;", yesNo(p.EffectiveAllowRemoteRead(o)))
@@ -129,15 +129,6 @@ func Render(r *Resource, f Features) ([]byte, error) {
 // Render produces, so the tests can hand each one to the real drbdadm parser
 // whichever test or code path rendered it.
 var renderHook func(r *Resource, f Features, out []byte)
-
-// formatAddr renders an address the way drbd.conf wants it:
-// "ipv4 10.0.0.1:7000" or "ipv6 [fd00::1]:7000".
-func formatAddr(a Address) string {
-	if a.IP.Is4() {
-		return fmt.Sprintf("ipv4 %s:%d", a.IP, a.Port)
-	}
-	return fmt.Sprintf("ipv6 [%s]:%d", a.IP, a.Port)
-}
 
 func yesNo(b bool) string {
 	if b {

@@ -119,7 +119,7 @@ func (r *Resource) Validate(f Features) error {
 				field, peer.Address.IP, pf, selfFamily)
 		}
 		if peer.Address == r.Self.Address && peer.Address.IP.IsValid() {
-			p.addf("%s.address %s: same address and port as self", field, formatAddr(peer.Address))
+			p.addf("%s.address %s: same address and port as self", field, peer.Address.ShowString())
 		}
 		// A diskless node may have diskless peers: a liminal member (D∅, sD∅)
 		// runs `disk none` (decision D1) yet is a full-mesh member, connected

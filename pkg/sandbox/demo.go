@@ -22,6 +22,16 @@ const (
 	DemoDeployment = "demo"
 )
 
+// DemoStorageClass is the demonstration's class: three Diskful replicas. On
+// the sandbox's three nodes a 2D+1TB volume cannot move its writer after a
+// Diskful node's crash: the survivor is quorate only through DRBD's
+// tiebreaker until the new Primary's promotion drops the dead voter from
+// its members set, and the engine holds q=2 until a replacement Diskful
+// joins, for which three nodes have no room (test/e2e/pending_test.go).
+// 3D keeps two of three voters. A variable so that that pending test can
+// run the demonstration on another class.
+var DemoStorageClass = "meshvol-3d"
+
 // demoScript is the demonstration pod's script: on the first start it
 // writes a file of random data and its checksum onto the volume; on every
 // start it checks the file against the checksum and says so in its log,
@@ -96,8 +106,8 @@ func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
 	}
 	res := &DemoResult{}
 
-	step("a PersistentVolumeClaim on %s (WaitForFirstConsumer: it stays Pending until a pod needs it)", DefaultStorageClass)
-	if err := s.Client.Create(ctx, PVC(DemoPVC, DefaultStorageClass, "64Mi", corev1.PersistentVolumeFilesystem)); err != nil {
+	step("a PersistentVolumeClaim on %s (WaitForFirstConsumer: it stays Pending until a pod needs it)", DemoStorageClass)
+	if err := s.Client.Create(ctx, PVC(DemoPVC, DemoStorageClass, "64Mi", corev1.PersistentVolumeFilesystem)); err != nil {
 		return nil, err
 	}
 	get()

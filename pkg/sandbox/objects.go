@@ -27,7 +27,8 @@ var storageClasses = []storageClass{
 	{"meshvol-3d", v1.ReplicationConsistencyAndAvailability, "three diskful replicas: survives one node, never fewer than two copies"},
 }
 
-// DefaultStorageClass is the class the demonstration uses.
+// DefaultStorageClass is the sandbox's default class (the demonstration uses
+// DemoStorageClass).
 const DefaultStorageClass = "meshvol-2d-1tb"
 
 // PoolName is the sandbox's one storage pool: a file pool on every node.

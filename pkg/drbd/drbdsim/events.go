@@ -3,14 +3,11 @@ package drbdsim
 import (
 	"context"
 	"io"
-	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
 // kv is one "key:value" field of an events2 line.
@@ -162,7 +159,7 @@ func (r *resource) objects() []*object {
 				{"pending", "0"}, {"unacked", "0"}},
 		})
 		out = append(out, &object{kind: "path", ids: ids,
-			state: []kv{{"local", endpoint(r.cfg.Self.Address)}, {"peer", endpoint(k.peer.Address)},
+			state: []kv{{"local", r.cfg.Self.Address.EventsString()}, {"peer", k.peer.Address.EventsString()},
 				{"established", yn(k.connected() || k.pathUp)}},
 		})
 	}
@@ -187,39 +184,6 @@ func (o *object) fullLine() string {
 }
 
 func i64(v int64) string { return strconv.FormatInt(v, 10) }
-
-// endpoint is an address as drbdsetup prints it in an events2 path line.
-// drbd-utils' address_str() writes "<family>:<ip>:<port>" and brackets an
-// IPv6 address: "ipv4:10.99.0.1:7000", "ipv6:[fd00::1]:7000". show prints
-// the same string with its first colon turned into a space (showEndpoint).
-func endpoint(a drbd.Address) string {
-	port := strconv.Itoa(a.Port)
-	if a.IP.Is4() {
-		return "ipv4:" + a.IP.String() + ":" + port
-	}
-	return "ipv6:[" + inet6String(a.IP) + "]:" + port
-}
-
-// showEndpoint is an address as drbdsetup show prints it, in the text and
-// in the JSON form alike: "ipv4 10.99.0.1:7000", "ipv6 [fd00::1]:7000".
-func showEndpoint(a drbd.Address) string {
-	return strings.Replace(endpoint(a), ":", " ", 1)
-}
-
-// inet6String formats an IPv6 address as glibc's inet_ntop, which
-// address_str uses, does. That is netip's RFC 5952 form (lower case, the
-// longest run of two or more zero groups as "::") except for the deprecated
-// IPv4-compatible addresses: when the first six groups are zero and the
-// seventh is not, inet_ntop prints the last 32 bits dotted ("::1.2.3.4",
-// where netip says "::102:304"; "::1" and "::102" agree). IPv4-mapped and
-// zoned addresses never get here: drbd.Resource.Validate refuses them.
-func inet6String(ip netip.Addr) string {
-	b := ip.As16()
-	if [12]byte(b[:12]) == [12]byte{} && (b[12] != 0 || b[13] != 0) {
-		return "::" + netip.AddrFrom4([4]byte(b[12:])).String()
-	}
-	return ip.String()
-}
 
 func (r *resource) suspendedString() string {
 	if r.suspendedQuorum {

@@ -57,11 +57,11 @@ func TestEndpointMatchesDrbdsetup(t *testing.T) {
 		{"64:ff9b::1.2.3.4", "ipv6:[64:ff9b::102:304]:7000", "ipv6 [64:ff9b::102:304]:7000"},
 	} {
 		a := drbd.Address{IP: netip.MustParseAddr(tc.ip), Port: 7000}
-		if got := endpoint(a); got != tc.events2 {
-			t.Errorf("endpoint(%s) = %q, want %q", tc.ip, got, tc.events2)
+		if got := a.EventsString(); got != tc.events2 {
+			t.Errorf("EventsString(%s) = %q, want %q", tc.ip, got, tc.events2)
 		}
-		if got := showEndpoint(a); got != tc.show {
-			t.Errorf("showEndpoint(%s) = %q, want %q", tc.ip, got, tc.show)
+		if got := a.ShowString(); got != tc.show {
+			t.Errorf("ShowString(%s) = %q, want %q", tc.ip, got, tc.show)
 		}
 		for _, f := range []struct{ s, sep string }{{tc.events2, ":"}, {tc.show, " "}} {
 			if ap, err := parseEndpoint(f.s, f.sep); err != nil || ap != addrPort(a) {

@@ -312,7 +312,7 @@ func showResource(r *resource) ordered {
 		if t := o.Net.PingTimeout; t != drbd.DefaultPingTimeout {
 			net = append(net, kvAny{"ping-timeout", strconv.Itoa(int(t))})
 		}
-		co := ordered{{"path", ordered{{"_this_host", showEndpoint(r.cfg.Self.Address)}, {"_remote_host", showEndpoint(k.peer.Address)}}},
+		co := ordered{{"path", ordered{{"_this_host", r.cfg.Self.Address.ShowString()}, {"_remote_host", k.peer.Address.ShowString()}}},
 			{"net", net}}
 		// Peer-device options, in drbdsetup's order: c-max-rate from this
 		// node's disk section (on every connection), no bitmap slot for a
