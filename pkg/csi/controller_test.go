@@ -70,13 +70,7 @@ func TestControllerService(t *testing.T) {
 	var upperID string
 	vslow := pfx + "-slow"
 
-	type row struct {
-		name  string
-		call  func(ctx context.Context) error
-		code  codes.Code
-		field string // the message must contain it
-	}
-	rows := []row{
+	rows := []codeRow{
 		{"Probe ready", func(ctx context.Context) error {
 			r, err := ids.Probe(ctx, &csipb.ProbeRequest{})
 			if err == nil && !r.GetReady().GetValue() {
@@ -426,19 +420,7 @@ func TestControllerService(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "volume_id"},
 	}
-	for _, r := range rows {
-		ctx, cancel := withTimeout(30 * time.Second)
-		start := time.Now()
-		err := r.call(ctx)
-		cancel()
-		if got := status.Code(err); got != r.code {
-			t.Fatalf("%s: code %v (%v), want %v", r.name, got, err, r.code)
-		}
-		if r.field != "" && !strings.Contains(status.Convert(err).Message(), r.field) {
-			t.Errorf("%s: message %q does not name %q", r.name, status.Convert(err).Message(), r.field)
-		}
-		t.Logf("%-70s %v in %v", r.name, r.code, time.Since(start).Round(time.Millisecond))
-	}
+	runCodeRows(t, rows, 30*time.Second)
 	_ = upperID
 }
 

@@ -5,13 +5,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshvol/meshvol/pkg/testenv"
 )
@@ -69,3 +72,30 @@ func serve(t *testing.T, s Services) *grpc.ClientConn {
 }
 
 var _ = csipb.NewIdentityClient
+
+// codeRow is one row of an RPC table test: the call, the CSI code it must
+// answer with, and a word its message must contain (the field or the cause).
+type codeRow struct {
+	name  string
+	call  func(ctx context.Context) error
+	code  codes.Code
+	field string
+}
+
+// runCodeRows runs each row with its own deadline and checks code and message.
+func runCodeRows(t *testing.T, rows []codeRow, timeout time.Duration) {
+	t.Helper()
+	for _, r := range rows {
+		ctx, cancel := withTimeout(timeout)
+		start := time.Now()
+		err := r.call(ctx)
+		cancel()
+		if got := status.Code(err); got != r.code {
+			t.Fatalf("%s: code %v (%v), want %v", r.name, got, err, r.code)
+		}
+		if r.field != "" && !strings.Contains(status.Convert(err).Message(), r.field) {
+			t.Errorf("%s: message %q does not name %q", r.name, status.Convert(err).Message(), r.field)
+		}
+		t.Logf("%-70s %v in %v", r.name, r.code, time.Since(start).Round(time.Millisecond))
+	}
+}

@@ -154,13 +154,7 @@ func TestNodeService(t *testing.T) {
 	ext4 := mountCap("ext4", snw, "noatime")
 	dataHead := head(t, hasData.dev, int(mib))
 
-	type row struct {
-		name  string
-		call  func(ctx context.Context) error
-		code  codes.Code
-		field string
-	}
-	rows := []row{
+	rows := []codeRow{
 		{"GetInfo: node id and topology", func(ctx context.Context) error {
 			r, err := ns.NodeGetInfo(ctx, &csipb.NodeGetInfoRequest{})
 			if err == nil && (r.NodeId != node || r.AccessibleTopology.Segments[v1.TopologyKeyNode] != node ||
@@ -441,19 +435,7 @@ func TestNodeService(t *testing.T) {
 			return stage(ctx, vBlk, blockCap(snw))
 		}, codes.Aborted, "already in progress"},
 	}
-	for _, r := range rows {
-		ctx, cancel := withTimeout(60 * time.Second)
-		start := time.Now()
-		err := r.call(ctx)
-		cancel()
-		if got := status.Code(err); got != r.code {
-			t.Fatalf("%s: code %v (%v), want %v", r.name, got, err, r.code)
-		}
-		if r.field != "" && !strings.Contains(status.Convert(err).Message(), r.field) {
-			t.Errorf("%s: message %q does not name %q", r.name, status.Convert(err).Message(), r.field)
-		}
-		t.Logf("%-70s %v in %v", r.name, r.code, time.Since(start).Round(time.Millisecond))
-	}
+	runCodeRows(t, rows, 60*time.Second)
 }
 
 // hasCapSysResource reports whether this process may grow a mounted ext4

@@ -46,6 +46,7 @@ import (
 	"github.com/meshvol/meshvol/pkg/testenv"
 
 	"github.com/meshvol/meshvol/pkg/internal/goproc"
+	"github.com/meshvol/meshvol/pkg/internal/loopdev"
 	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
@@ -475,16 +476,8 @@ func (c *Cluster) Stop() error {
 // directory, and mounts under it: what a clean teardown must not leave.
 func (c *Cluster) Leftovers() []string {
 	var out []string
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		path := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)")
-		if strings.HasPrefix(path, c.Dir+"/") {
-			out = append(out, fmt.Sprintf("loop device %s over %s", filepath.Base(filepath.Dir(filepath.Dir(f))), path))
-		}
+	for _, l := range loopdev.Under(c.Dir) {
+		out = append(out, fmt.Sprintf("loop device %s over %s", filepath.Base(l.Dev), l.Backing))
 	}
 	ms, _ := mountinfo.Read()
 	for _, p := range mountinfo.Under(ms, c.Dir) {

@@ -18,6 +18,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshvol/meshvol/pkg/internal/loopdev"
 	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
@@ -578,15 +579,8 @@ func mountsOf(dev string) []string {
 // loopsUnder lists the loop devices whose backing file is under dir.
 func loopsUnder(dir string) []string {
 	var out []string
-	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, e := range ents {
-		b, err := os.ReadFile(e)
-		if err != nil {
-			continue
-		}
-		if strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(e))))
-		}
+	for _, l := range loopdev.Under(dir) {
+		out = append(out, l.Dev)
 	}
 	return out
 }

@@ -315,9 +315,11 @@ func TestDeviceNoQuorumEIO(t *testing.T) {
 	rg.noLostWrites()
 }
 
-// With on-no-quorum suspend-io a write through the device blocks while
-// quorum is lost and completes, replicated, once it returns.
-func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
+// suspendedWrite forms a suspend-io volume with node1 Primary, cuts node1
+// off and starts a dd write of "suspended" into block 2 of its device; it
+// checks the write blocks and returns dd's outcome to come.
+func suspendedWrite(t *testing.T) (*rig, <-chan error) {
+	t.Helper()
 	rg := deviceRig(t, nil, func(_ string, o *drbd.OptionSet) { o.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorumSuspendIO) })
 	n1 := rg.formedPrimary("node1")
 	rg.c.Partition("node1")
@@ -327,6 +329,13 @@ func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
 		t.Fatalf("write without quorum returned (%v) instead of blocking", err)
 	case <-time.After(300 * time.Millisecond):
 	}
+	return rg, done
+}
+
+// With on-no-quorum suspend-io a write through the device blocks while
+// quorum is lost and completes, replicated, once it returns.
+func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
+	rg, done := suspendedWrite(t)
 	rg.healed()
 	select {
 	case err := <-done:
@@ -398,15 +407,7 @@ func (rg *rig) healed() {
 // staying suspended, so nothing is left holding the loop device, the FUSE
 // mount, or a thread in D state.
 func TestDeviceSuspendedWriteFailsWhenDeviceGoes(t *testing.T) {
-	rg := deviceRig(t, nil, func(_ string, o *drbd.OptionSet) { o.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorumSuspendIO) })
-	n1 := rg.formedPrimary("node1")
-	rg.c.Partition("node1")
-	done := ddWrite(t, n1.DevicePath("r0"), 2, "suspended")
-	select {
-	case err := <-done:
-		t.Fatalf("write without quorum returned (%v) instead of blocking", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	rg, done := suspendedWrite(t)
 	closed := make(chan error, 1)
 	go func() { closed <- rg.c.Close() }()
 	select {
