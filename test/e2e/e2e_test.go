@@ -27,10 +27,13 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/funcr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -349,18 +352,24 @@ func TestReadWriteOnceRefusesASecondNode(t *testing.T) {
 // once every diskful replica has grown, with the new size and
 // node_expansion_required; NodeExpandVolume grows the mounted file system;
 // the pod, ControllerGetVolume and NodeGetVolumeStats see the new size.
-// xfs, because online ext4 growth needs CAP_SYS_RESOURCE, which this
-// machine does not grant (pkg/csi/expand.go; pkg/csi's TestNodeService
-// covers ext4's refusal and its growth at the next stage).
+// Online ext4 growth needs CAP_SYS_RESOURCE (pkg/csi/expand.go): where the
+// node plugin lacks it, as on this machine, NodeExpandVolume must answer
+// FailedPrecondition saying so, the file system stays as it was, and it
+// grows once a new pod has the volume staged again.
 func TestExpansion(t *testing.T) {
+	t.Run("xfs", func(t *testing.T) { expansion(t, "xfs", 320<<20, 400<<20) })
+	t.Run("ext4", func(t *testing.T) { expansion(t, "ext4", 64<<20, 96<<20) })
+}
+
+func expansion(t *testing.T, fs string, size, want int64) {
 	ctx := ctxT(t, 4*time.Minute)
-	scName, pvcName, podName := name(t, "-xfs"), name(t, "-pvc"), name(t, "-pod")
+	scName, pvcName, podName := name(t, "-sc"), name(t, "-pvc"), name(t, "-pod")
 	wffc, expand := storagev1.VolumeBindingWaitForFirstConsumer, true
 	sc := &storagev1.StorageClass{
 		ObjectMeta:  metav1.ObjectMeta{Name: scName},
 		Provisioner: v1.CSIDriverName,
 		Parameters: map[string]string{v1.CSIParameterStorageClass: class,
-			"csi.storage.k8s.io/fstype": "xfs"},
+			"csi.storage.k8s.io/fstype": fs},
 		VolumeBindingMode:    &wffc,
 		AllowVolumeExpansion: &expand,
 	}
@@ -368,7 +377,8 @@ func TestExpansion(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sb.Client.Delete(context.Background(), sc) })
-	if err := sb.Client.Create(ctx, sandbox.PVC(pvcName, scName, "320Mi", corev1.PersistentVolumeFilesystem)); err != nil {
+	claim := resource.NewQuantity(size, resource.BinarySI).String()
+	if err := sb.Client.Create(ctx, sandbox.PVC(pvcName, scName, claim, corev1.PersistentVolumeFilesystem)); err != nil {
 		t.Fatal(err)
 	}
 	p := pod(t, ctx, podName, pvcName, "", sleepScript, false)
@@ -380,13 +390,12 @@ func TestExpansion(t *testing.T) {
 	if err := sb.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
 		t.Fatal(err)
 	}
-	if pv.Spec.CSI.FSType != "xfs" {
-		t.Fatalf("the PV's fsType is %q, want xfs", pv.Spec.CSI.FSType)
+	if pv.Spec.CSI.FSType != fs {
+		t.Fatalf("the PV's fsType is %q, want %s", pv.Spec.CSI.FSType, fs)
 	}
 	volID := pv.Spec.CSI.VolumeHandle
-	want := int64(400 << 20)
 	mountCap := &csipb.VolumeCapability{
-		AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: "xfs"}},
+		AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: fs}},
 		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
 
@@ -417,8 +426,9 @@ func TestExpansion(t *testing.T) {
 		if err := sb.Client.Get(ctx, client.ObjectKey{Name: m.Name}, &r); err != nil {
 			t.Fatal(err)
 		}
-		if b := r.Status.BackingVolume; b == nil || b.Size.Value() < want {
-			t.Fatalf("ControllerExpandVolume returned, but replica %s's backing volume is %v", m.Name, b)
+		if b := r.Status.BackingVolume; b == nil || b.Size.Value() < want || r.Status.DatameshRevision < rv.Status.DatameshRevision {
+			t.Fatalf("ControllerExpandVolume returned, but replica %s is at revision %d of %d with backing volume %v",
+				m.Name, r.Status.DatameshRevision, rv.Status.DatameshRevision, b)
 		}
 	}
 	got, err := cc.ControllerGetVolume(ctx, &csipb.ControllerGetVolumeRequest{VolumeId: volID})
@@ -439,16 +449,42 @@ func TestExpansion(t *testing.T) {
 		VolumeId: volID, VolumePath: target, StagingTargetPath: staging,
 		CapacityRange: &csipb.CapacityRange{RequiredBytes: want}, VolumeCapability: mountCap,
 	})
+	nodeTook := time.Since(began)
+	if fs == "ext4" && !hasCapSysResource(t) {
+		// The node services run in this process: they lack it as the test does.
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
+			t.Fatalf("NodeExpandVolume of a mounted ext4 without CAP_SYS_RESOURCE: %v; want FailedPrecondition naming it", err)
+		}
+		if after := dfBytes(t, ctx, podName); after != before {
+			t.Fatalf("the refused growth changed the pod's file system from %d to %d bytes", before, after)
+		}
+		t.Logf("ControllerExpandVolume %s; NodeExpandVolume refused in %s: %v", controllerTook.Round(time.Millisecond),
+			nodeTook.Round(time.Millisecond), err)
+		// What the message promises: a new pod, the volume staged again, the
+		// file system grown (NodeStage grows the unmounted ext4).
+		began = time.Now()
+		deletePod(t, ctx, podName)
+		again := podName + "-again"
+		pod(t, ctx, again, pvcName, p.Spec.NodeName, sleepScript, false)
+		waitRunning(t, ctx, again)
+		t.Cleanup(func() { deletePod(t, context.Background(), again) })
+		after := dfBytes(t, ctx, again)
+		if after < before+(want-size)*7/8 {
+			t.Fatalf("staged again after the refusal: the file system has %d bytes, had %d, the device grew by %d", after, before, want-size)
+		}
+		t.Logf("pod restarted on %s: file system %d → %d bytes, %s", p.Spec.NodeName, before, after, time.Since(began).Round(time.Millisecond))
+		return
+	}
 	if err != nil {
 		t.Fatalf("NodeExpandVolume: %v", err)
 	}
-	nodeTook := time.Since(began)
 	if nres.CapacityBytes < want {
 		t.Fatalf("NodeExpandVolume answered %d bytes, want ≥ %d", nres.CapacityBytes, want)
 	}
 	after := dfBytes(t, ctx, podName)
-	// xfs's df leaves its log out: the 80 MiB gained, less a little.
-	if after < before+70<<20 {
+	// df leaves out what the file system keeps for itself (xfs's log, ext4's
+	// journal and tables): most of the bytes gained, not all.
+	if after < before+(want-size)*7/8 {
 		t.Fatalf("the pod's file system had %d bytes, has %d after expanding to %d", before, after, want)
 	}
 	stats, err := nc.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: volID, VolumePath: target})
@@ -460,6 +496,26 @@ func TestExpansion(t *testing.T) {
 	}
 	t.Logf("ControllerExpandVolume %s, NodeExpandVolume %s; file system in the pod: %d → %d bytes",
 		controllerTook.Round(time.Millisecond), nodeTook.Round(time.Millisecond), before, after)
+}
+
+// hasCapSysResource reports whether this process may grow a mounted ext4
+// (CAP_SYS_RESOURCE, bit 24 of CapEff in /proc/self/status).
+func hasCapSysResource(t *testing.T) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return caps&(1<<24) != 0
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return false
 }
 
 func dfBytes(t *testing.T, ctx context.Context, podName string) int64 {

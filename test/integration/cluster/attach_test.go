@@ -380,3 +380,27 @@ func TestAttachOnTieBreaker(t *testing.T) {
 	}
 	r.deleteVolume(vol)
 }
+
+// The stuck Detaching of the sandbox's first runs: the CSI service then
+// created the RVA with the controller's finalizer already in it, so its own
+// field manager co-owned the finalizer, and the controller's release by
+// server-side apply (which drops only what the applier alone owns) left it
+// in place: the engine said "Detached", the RVA stayed phase Detaching, and
+// ControllerUnpublish never returned. Whoever put the finalizer there, the
+// controller releases it once the node is detached.
+func TestDetachReleasesACreatorsFinalizer(t *testing.T) {
+	r := newRig(t)
+	const vol = "detach-finalizer"
+	r.volume(vol, r.class(0, 0, v1.TopologyIgnored), 1)
+	rv := r.ready(vol, 2*time.Minute)
+	node := rv.Status.Datamesh.Members[0].NodeName
+	rva := &v1.ReplicatedVolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: rvaName(vol, node), Labels: map[string]string{v1.LabelVolume: vol, v1.LabelNode: node},
+			Finalizers: []string{v1.FinalizerController}},
+		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: vol, NodeName: node},
+	}
+	r.must(r.cl.Create(r.ctx, rva, client.FieldOwner(v1.FieldManagerCSI)))
+	r.attached(vol, node, time.Minute)
+	r.detach(vol, node)
+	r.deleteVolume(vol)
+}
