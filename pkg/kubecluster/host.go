@@ -185,6 +185,12 @@ func cleanHost(st *hostState) error {
 	if err := killCgroupTree(cgroupParent); err != nil {
 		errs = append(errs, err)
 	}
+	// Components outside the nodes' cgroups outlive a cluster whose process
+	// was killed: the control plane (envtest starts it without a parent-
+	// death signal) and the sidecars. They name the cluster's directory.
+	if err := killProcessesWithRoot(st.Dir); err != nil {
+		errs = append(errs, err)
+	}
 	if err := unmountUnder(st.Dir); err != nil {
 		errs = append(errs, err)
 	}
@@ -314,6 +320,9 @@ func leftovers(st *hostState) []string {
 		}
 	}
 	for _, pid := range processesWithRoot(st.Dir) {
+		if !processAlive(pid) {
+			continue
+		}
 		left = append(left, fmt.Sprintf("process %d (%s)", pid, procName(pid)))
 	}
 	before := map[string]bool{}
@@ -363,6 +372,94 @@ func processesWithRoot(dir string) []int {
 		}
 		if strings.Contains(string(b), dir+"/") {
 			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// killProcessesWithRoot kills the processes whose command line mentions
+// dir, and the etcd of a kube-apiserver among them (etcd's own arguments
+// name only its data directory, elsewhere), and waits until they are gone.
+func killProcessesWithRoot(dir string) error {
+	var pids []int
+	for _, pid := range processesWithRoot(dir) {
+		// Only the cluster's own components: a person's `tail -f` of a
+		// log in dir is not the cluster's to kill.
+		if componentNames[procName(pid)] {
+			pids = append(pids, pid)
+		}
+	}
+	for _, pid := range pids {
+		if url := argValue(pid, "--etcd-servers="); url != "" {
+			pids = append(pids, processesWithArg("--listen-client-urls="+url)...)
+		}
+	}
+	for _, pid := range pids {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for processAlive(pid) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("kubecluster: process %d (%s) survived SIGKILL for 10 s", pid, procName(pid))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// componentNames are the command names (comm, at most 15 bytes) of what a
+// cluster runs outside its nodes' cgroups.
+var componentNames = map[string]bool{
+	"kube-apiserver": true, "etcd": true, "kube-controller": true, "kube-scheduler": true,
+	"csi-provisioner": true, "csi-attacher": true, "kubelet": true, "containerd": true,
+}
+
+// processAlive says whether pid runs (a zombie, dead but not yet reaped by
+// a parent that is not this process, does not).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+func cmdline(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// argValue is the value of the process's argument that starts with prefix.
+func argValue(pid int, prefix string) string {
+	for _, a := range cmdline(pid) {
+		if v, ok := strings.CutPrefix(a, prefix); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// processesWithArg lists the processes with exactly that argument.
+func processesWithArg(arg string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		for _, a := range cmdline(pid) {
+			if a == arg {
+				pids = append(pids, pid)
+				break
+			}
 		}
 	}
 	return pids
