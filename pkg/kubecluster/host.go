@@ -273,7 +273,9 @@ func runcAlive(dir string) bool {
 	if json.Unmarshal(b, &s) != nil || s.Pid <= 0 {
 		return false
 	}
-	return unix.Kill(s.Pid, 0) == nil
+	// Not kill(pid, 0): a container killed with its shim is a zombie until
+	// init reaps it, and kill(2) still finds a zombie.
+	return processAlive(s.Pid)
 }
 
 // leftovers lists what of the cluster is still on the machine after
