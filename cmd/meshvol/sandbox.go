@@ -31,6 +31,7 @@ func runSandbox(args []string, stdout, stderr io.Writer) int {
 	pause := fs.String("pause-binary", filepath.Join(filepath.Dir(exe), "meshvol-pause"), "the static pause program the pause image is built from (`make sandbox` builds it)")
 	taint := fs.Bool("taint-lost-nodes", true, "let the controller taint lost nodes out-of-service, so their pods move at once")
 	exitAfterDemo := fs.Bool("exit-after-demo", false, "tear down after the demonstration instead of waiting for Ctrl-C")
+	wait := fs.Bool("wait", false, "wait for another sandbox or e2e run on this machine to end instead of exiting (one runs at a time)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -68,18 +69,19 @@ func runSandbox(args []string, stdout, stderr io.Writer) int {
 		BinDir:         *binDir,
 		PauseBinary:    *pause,
 		TaintLostNodes: *taint,
+		WaitForLock:    *wait,
 		Progress:       stdout,
 		Log:            log,
 	})
 	if errors.Is(err, kubecluster.ErrBusy) {
-		fmt.Fprintf(stderr, "meshvol sandbox: %v\nOnly one runs at a time; stop the other one (Ctrl-C in its terminal) first.\n", err)
+		fmt.Fprintf(stderr, "meshvol sandbox: %v\nOnly one runs at a time; stop the other one (Ctrl-C in its terminal) first, or wait for it with -wait.\n", err)
 		return 1
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "meshvol sandbox:", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "meshvol sandbox: up in %s\n", time.Since(began).Round(100*time.Millisecond))
+	fmt.Fprintf(stdout, "meshvol sandbox: up in %s\n", (time.Since(began) - sb.Kube.LockWait).Round(100*time.Millisecond))
 	code := 0
 	if *demo {
 		res, err := sb.Demo(ctx, stdout)

@@ -87,6 +87,9 @@ type Cluster struct {
 	NodeIP string
 	// Nodes in the order of Options.Nodes.
 	Nodes []*Node
+	// LockWait is how long Start waited for another cluster on the
+	// machine to end (Options.WaitForLock): not part of the start time.
+	LockWait time.Duration
 
 	log        io.Writer
 	lock       *os.File
@@ -133,9 +136,13 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		logw = io.Discard
 	}
 	c = &Cluster{Dir: opts.Dir, BinDir: opts.BinDir, log: logw}
+	locking := time.Now()
 	c.lock, err = hostLock(opts.WaitForLock, c.logf)
 	if err != nil {
 		return nil, err
+	}
+	if c.LockWait = time.Since(locking); c.LockWait > time.Second {
+		c.logf("the machine is ours after waiting %s", c.LockWait.Round(time.Second))
 	}
 	defer func() {
 		if err != nil {

@@ -69,6 +69,10 @@ type hostState struct {
 	// Entries of the shared directories before the start: only new ones
 	// are the cluster's.
 	Entries map[string][]string
+	// Links are the machine's network interfaces before the start. The
+	// nodes' loopback-only CNI adds none; a new CNI bridge or veth would
+	// be the cluster's and is reported as left behind.
+	Links []string
 }
 
 var sharedDirs = []string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/netns", "/var/log/containers"}
@@ -121,6 +125,7 @@ func captureHostState(dir string) (*hostState, error) {
 	for _, d := range sharedDirs {
 		st.Entries[d] = listDir(d)
 	}
+	st.Links = linkNames()
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return nil, err
@@ -311,11 +316,33 @@ func leftovers(st *hostState) []string {
 	for _, pid := range processesWithRoot(st.Dir) {
 		left = append(left, fmt.Sprintf("process %d (%s)", pid, procName(pid)))
 	}
+	before := map[string]bool{}
+	for _, l := range st.Links {
+		before[l] = true
+	}
+	for _, l := range linkNames() {
+		// Only what CNI's bridge and ptp plugins would have made: other
+		// work on the machine may add links of its own meanwhile.
+		if !before[l] && (strings.HasPrefix(l, "cni") || strings.HasPrefix(l, "veth")) {
+			left = append(left, "network interface "+l)
+		}
+	}
 	if out, err := iptablesKubeChains(); err == nil && len(out) > 0 {
 		left = append(left, "iptables chains "+strings.Join(out, " "))
 	}
 	sort.Strings(left)
 	return left
+}
+
+// linkNames lists the machine's network interfaces (of this network
+// namespace: the one the kubelets and host-network pods share).
+func linkNames() []string {
+	ifs, _ := net.Interfaces()
+	var names []string
+	for _, i := range ifs {
+		names = append(names, i.Name)
+	}
+	return names
 }
 
 // processesWithRoot lists processes whose command line mentions dir: the

@@ -5,14 +5,18 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/kubecluster"
 )
 
@@ -95,7 +99,10 @@ type DemoResult struct {
 // crash of the pod's node, and the pod back on another node with the same
 // checksum.
 func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
-	step := func(format string, args ...any) { fmt.Fprintf(w, "\n== "+format+"\n", args...) }
+	began0 := time.Now()
+	step := func(format string, args ...any) {
+		fmt.Fprintf(w, "\n== [demo +%.1fs] "+format+"\n", append([]any{time.Since(began0).Seconds()}, args...)...)
+	}
 	get := func() {
 		out, err := s.Kube.Kubectl(ctx, "get", "rv,rvr,rva,pvc,pv,pod", "-o", "wide")
 		if err != nil {
@@ -151,7 +158,11 @@ func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
 	if err := s.CrashNode(res.FirstNode); err != nil {
 		return nil, err
 	}
-	pod2, err := s.WaitPodRunning(ctx, labels, res.FirstNode, 5*time.Minute)
+	tl := s.watchFailover(ctx, crashed, res.FirstNode, pod.Name, labels)
+	pod2, err := s.WaitPodRunning(ctx, labels, res.FirstNode, 2*time.Minute)
+	res.CrashToReady = time.Since(crashed)
+	tl.stop()
+	fmt.Fprint(w, tl.String())
 	if err != nil {
 		get()
 		return nil, err
@@ -161,7 +172,6 @@ func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.CrashToReady = time.Since(crashed)
 	if sum2 != sum {
 		get()
 		return res, fmt.Errorf("sandbox: the data changed: sha256 %s on %s, %s on %s", sum, res.FirstNode, sum2, res.SecondNode)
@@ -170,6 +180,126 @@ func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
 		pod2.Name, res.SecondNode, res.CrashToReady.Round(100*time.Millisecond), sum2)
 	get()
 	return res, nil
+}
+
+// failover records when each thing a pod's move off a crashed node waits
+// for was first seen, to say where the time goes.
+type failover struct {
+	began  time.Time
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	seen   []milestone
+}
+
+type milestone struct {
+	what string
+	at   time.Duration
+}
+
+func (f *failover) mark(what string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.seen {
+		if m.what == what {
+			return
+		}
+	}
+	f.seen = append(f.seen, milestone{what, time.Since(f.began)})
+}
+
+func (f *failover) stop() {
+	f.cancel()
+	<-f.done
+}
+
+func (f *failover) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	for _, m := range f.seen {
+		fmt.Fprintf(&b, "  +%5.1fs  %s\n", m.at.Seconds(), m.what)
+	}
+	return b.String()
+}
+
+// watchFailover polls, until stopped, what moves the pod: the Node object
+// and its taint, meshvol's view of the node, the old pod, the new pod and
+// its VolumeAttachment.
+func (s *Sandbox) watchFailover(ctx context.Context, began time.Time, node, oldPod string, labels map[string]string) *failover {
+	ctx, cancel := context.WithCancel(ctx)
+	f := &failover{began: began, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		for ctx.Err() == nil {
+			var n corev1.Node
+			if err := s.Client.Get(ctx, client.ObjectKey{Name: node}, &n); err == nil {
+				for _, c := range n.Status.Conditions {
+					if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+						f.mark(fmt.Sprintf("node %s NotReady (kube-controller-manager)", node))
+					}
+				}
+				for _, t := range n.Spec.Taints {
+					if t.Key == controller.TaintOutOfService.Key {
+						f.mark(fmt.Sprintf("node %s tainted %s by meshvol's controller", node, t.Key))
+					}
+				}
+			}
+			var pods corev1.PodList
+			if err := s.Client.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels(labels)); err == nil {
+				oldThere := false
+				for _, p := range pods.Items {
+					if p.Name == oldPod {
+						oldThere = true
+						if p.DeletionTimestamp != nil {
+							f.mark(fmt.Sprintf("pod %s being deleted", oldPod))
+						}
+						continue
+					}
+					if p.Spec.NodeName != "" {
+						f.mark(fmt.Sprintf("pod %s scheduled to %s", p.Name, p.Spec.NodeName))
+					}
+					if p.Status.Phase == corev1.PodRunning {
+						f.mark(fmt.Sprintf("pod %s Running", p.Name))
+					}
+				}
+				if !oldThere {
+					f.mark(fmt.Sprintf("pod %s gone", oldPod))
+				}
+			}
+			var rvas v1.ReplicatedVolumeAttachmentList
+			if err := s.Client.List(ctx, &rvas); err == nil {
+				for _, a := range rvas.Items {
+					switch {
+					case a.Spec.NodeName == node && a.Status.Phase == v1.AttachmentDetaching:
+						f.mark(fmt.Sprintf("RVA %s Detaching", a.Name))
+					case a.Spec.NodeName != node && a.Status.Phase == v1.AttachmentAttached:
+						f.mark(fmt.Sprintf("RVA %s Attached (meshvol promoted %s)", a.Name, a.Spec.NodeName))
+					}
+				}
+			}
+			var vas storagev1.VolumeAttachmentList
+			if err := s.Client.List(ctx, &vas); err == nil {
+				for _, va := range vas.Items {
+					if va.Spec.NodeName != node && va.Status.Attached {
+						f.mark(fmt.Sprintf("volume attached to %s (VolumeAttachment %s)", va.Spec.NodeName, va.Name))
+					}
+				}
+				gone := true
+				for _, va := range vas.Items {
+					gone = gone && va.Spec.NodeName != node
+				}
+				if gone {
+					f.mark(fmt.Sprintf("VolumeAttachment on %s gone (detached)", node))
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return f
 }
 
 // WaitPodRunning waits for a Running, ready pod with those labels on any

@@ -35,11 +35,14 @@ const DefaultStorageClass = "meshvol-2d-1tb"
 const PoolName = "sandbox-files"
 
 // createObjects creates the CSIDriver, the storage pool and the storage
-// classes. The CSIDriver says what the kubelet and the attach/detach
-// controller need: attach is required (ControllerPublish places the
-// Primary), and the driver needs no pod information at mount.
+// classes. The CSIDriver says what the kubelet, the attach/detach
+// controller and the scheduler need: attach is required (ControllerPublish
+// places the Primary), the driver needs no pod information at mount, and
+// the scheduler must check the CSIStorageCapacity objects external-
+// provisioner publishes, so a claim no node can hold keeps its pod Pending
+// with a reason instead of failing in CreateVolume.
 func createObjects(ctx context.Context, c client.Client) error {
-	attach, podInfo := true, false
+	attach, podInfo, capacity := true, false, true
 	fsPolicy := storagev1.FileFSGroupPolicy
 	objs := []client.Object{
 		&storagev1.CSIDriver{
@@ -47,6 +50,7 @@ func createObjects(ctx context.Context, c client.Client) error {
 			Spec: storagev1.CSIDriverSpec{
 				AttachRequired:       &attach,
 				PodInfoOnMount:       &podInfo,
+				StorageCapacity:      &capacity,
 				FSGroupPolicy:        &fsPolicy,
 				VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
 			},

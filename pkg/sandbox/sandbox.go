@@ -138,7 +138,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	}
 	s.Client = s.Kube.Env.Client
 	s.progress("sandbox: Kubernetes up (control plane, kube-controller-manager, kube-scheduler, %d kubelets Ready) in %s",
-		len(specs), time.Since(began).Round(time.Millisecond))
+		len(specs), (time.Since(began) - s.Kube.LockWait).Round(time.Millisecond))
 
 	began = time.Now()
 	taint := opts.TaintLostNodes
@@ -166,6 +166,15 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err != nil {
 		return s, err
 	}
+	// The pool first, so its free space is reported by the time
+	// external-provisioner first asks GetCapacity (else it publishes
+	// zeros and corrects them only at its next poll).
+	if _, err := s.Mesh.CreatePool(ctx, PoolName); err != nil {
+		return s, err
+	}
+	if err := createObjects(ctx, s.Client); err != nil {
+		return s, err
+	}
 	s.progress("sandbox: meshvol controller and %d agents on drbdsim nodes up in %s", opts.Nodes, time.Since(began).Round(time.Millisecond))
 
 	began = time.Now()
@@ -190,25 +199,33 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	}
 	s.progress("sandbox: CSI node services registered with every kubelet in %s", time.Since(began).Round(time.Millisecond))
 
-	if _, err := s.Mesh.CreatePool(ctx, PoolName); err != nil {
-		return s, err
-	}
-	if err := createObjects(ctx, s.Client); err != nil {
+	began = time.Now()
+	if err := s.waitPoolCapacity(ctx); err != nil {
 		return s, err
 	}
 	kc, err := s.Kube.WriteKubeconfig("csi-sidecars.kubeconfig", "system:serviceaccount:meshvol-system:csi-sidecars", "system:masters")
 	if err != nil {
 		return s, err
 	}
-	if s.sidecars, err = startSidecars(s.Kube.BinDir, kc, s.ControllerSocket, filepath.Join(opts.Dir, "logs")); err != nil {
+	if s.sidecars, err = startSidecars(s.Kube.BinDir, kc, s.ControllerSocket, filepath.Join(opts.Dir, "logs"), s.Mesh.Namespace); err != nil {
 		return s, err
 	}
 	time.Sleep(time.Second)
 	if sc := exitedSidecar(ctx, s.sidecars); sc != nil {
 		return s, fmt.Errorf("sandbox: %s exited at start; see %s", sc.name, filepath.Join(opts.Dir, "logs", sc.name+".log"))
 	}
-	s.progress("sandbox: CSIDriver %s, storage classes %s; external-provisioner and external-attacher running",
-		v1.CSIDriverName, strings.Join(classNames(), ", "))
+	s.progress("sandbox: CSIDriver %s, storage classes %s; external-provisioner and external-attacher running in %s",
+		v1.CSIDriverName, strings.Join(classNames(), ", "), time.Since(began).Round(time.Millisecond))
+	began = time.Now()
+	caps, err := s.waitCapacities(ctx)
+	if err != nil {
+		if sc := exitedSidecar(ctx, s.sidecars); sc != nil {
+			err = fmt.Errorf("%w (%s exited)", err, sc.name)
+		}
+		return s, err
+	}
+	s.progress("sandbox: storage capacity published (the largest volume the scheduler admits per node) in %s: %s",
+		time.Since(began).Round(time.Millisecond), describeCapacities(caps))
 	return s, nil
 }
 
@@ -358,7 +375,31 @@ func (s *Sandbox) stop() error {
 	}
 	stopSidecars(s.sidecars)
 	for _, ns := range s.nodes {
-		errs = append(errs, ns.reg.Stop(), ns.csi.Stop())
+		errs = append(errs, ns.reg.Stop())
+		ns.csi.Cancel()
+	}
+	// A CSI node call can be stuck in the kernel on a simulated DRBD
+	// device (an fsync while the Primary has no quorum and suspends I/O),
+	// and its service waits for it. The kubelets are gone and the
+	// volumes' users with them: crashing the simulated nodes fails such
+	// I/O as a dead disk would, so the teardown goes on.
+	deadline := time.After(10 * time.Second)
+	for name, ns := range s.nodes {
+		select {
+		case <-ns.csi.Done():
+			continue
+		case <-deadline:
+		}
+		s.progress("sandbox: the CSI node service of %s is stuck in a call at teardown; crashing every drbdsim node to end its I/O", name)
+		if s.Mesh != nil {
+			for _, n := range s.Mesh.Nodes {
+				n.Sim.Crash()
+			}
+		}
+		break
+	}
+	for _, ns := range s.nodes {
+		errs = append(errs, ns.csi.Stop())
 	}
 	errs = append(errs, s.ctrlCSI.Stop())
 	if s.Mesh != nil {

@@ -10,6 +10,10 @@ import (
 	"time"
 )
 
+// CapacityPollInterval is how often external-provisioner asks GetCapacity
+// again for every storage class and topology segment.
+const CapacityPollInterval = 10 * time.Second
+
 // sidecar is one of the CSI sidecars from bin/k8s, run as a process against
 // the controller's CSI socket.
 type sidecar struct {
@@ -19,12 +23,15 @@ type sidecar struct {
 }
 
 // startSidecars starts external-provisioner (topology on, so
-// WaitForFirstConsumer passes the selected node to CreateVolume) and
-// external-attacher, with their logs in logDir.
-func startSidecars(binDir, kubeconfig, csiSocket, logDir string) ([]*sidecar, error) {
+// WaitForFirstConsumer passes the selected node to CreateVolume; capacity
+// tracking on, so the scheduler places a pod only where its claim fits)
+// and external-attacher, with their logs in logDir. namespace holds the
+// CSIStorageCapacity objects the provisioner publishes.
+func startSidecars(binDir, kubeconfig, csiSocket, logDir, namespace string) ([]*sidecar, error) {
 	specs := []struct {
 		name string
 		args []string
+		env  []string
 	}{
 		{"csi-provisioner", []string{
 			"--csi-address=" + csiSocket,
@@ -39,8 +46,18 @@ func startSidecars(binDir, kubeconfig, csiSocket, logDir string) ([]*sidecar, er
 			"--retry-interval-start=1s",
 			"--retry-interval-max=10s",
 			"--worker-threads=10",
+			// One CSIStorageCapacity per storage class and topology
+			// segment (a node with its zone), from GetCapacity. The
+			// provisioner runs as a process, not in a pod: its objects
+			// have no owner (level -1), and NAMESPACE alone says where
+			// they go. The poll interval bounds how stale they are after
+			// a change the provisioner did not cause itself (its own
+			// CreateVolume and DeleteVolume refresh them at once).
+			"--enable-capacity",
+			"--capacity-ownerref-level=-1",
+			"--capacity-poll-interval=" + CapacityPollInterval.String(),
 			"--v=2",
-		}},
+		}, []string{"NAMESPACE=" + namespace}},
 		{"csi-attacher", []string{
 			"--csi-address=" + csiSocket,
 			"--kubeconfig=" + kubeconfig,
@@ -49,11 +66,11 @@ func startSidecars(binDir, kubeconfig, csiSocket, logDir string) ([]*sidecar, er
 			"--retry-interval-start=1s",
 			"--retry-interval-max=10s",
 			"--v=2",
-		}},
+		}, nil},
 	}
 	var started []*sidecar
 	for _, s := range specs {
-		sc, err := startSidecar(filepath.Join(binDir, s.name), s.name, logDir, s.args)
+		sc, err := startSidecar(filepath.Join(binDir, s.name), s.name, logDir, s.args, s.env)
 		if err != nil {
 			stopSidecars(started)
 			return nil, err
@@ -63,7 +80,7 @@ func startSidecars(binDir, kubeconfig, csiSocket, logDir string) ([]*sidecar, er
 	return started, nil
 }
 
-func startSidecar(bin, name, logDir string, args []string) (*sidecar, error) {
+func startSidecar(bin, name, logDir string, args, env []string) (*sidecar, error) {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -73,6 +90,7 @@ func startSidecar(bin, name, logDir string, args []string) (*sidecar, error) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()

@@ -354,8 +354,8 @@ func TestReadWriteOnceRefusesASecondNode(t *testing.T) {
 // the pod, ControllerGetVolume and NodeGetVolumeStats see the new size.
 // Online ext4 growth needs CAP_SYS_RESOURCE (pkg/csi/expand.go): where the
 // node plugin lacks it, as on this machine, NodeExpandVolume must answer
-// FailedPrecondition saying so and the file system stays as it was (pkg/csi's
-// TestNodeService shows it growing at the next stage).
+// FailedPrecondition saying so, the file system stays as it was, and it
+// grows once a new pod has the volume staged again.
 func TestExpansion(t *testing.T) {
 	t.Run("xfs", func(t *testing.T) { expansion(t, "xfs", 320<<20, 400<<20) })
 	t.Run("ext4", func(t *testing.T) { expansion(t, "ext4", 64<<20, 96<<20) })
@@ -460,6 +460,19 @@ func expansion(t *testing.T, fs string, size, want int64) {
 		}
 		t.Logf("ControllerExpandVolume %s; NodeExpandVolume refused in %s: %v", controllerTook.Round(time.Millisecond),
 			nodeTook.Round(time.Millisecond), err)
+		// What the message promises: a new pod, the volume staged again, the
+		// file system grown (NodeStage grows the unmounted ext4).
+		began = time.Now()
+		deletePod(t, ctx, podName)
+		again := podName + "-again"
+		pod(t, ctx, again, pvcName, p.Spec.NodeName, sleepScript, false)
+		waitRunning(t, ctx, again)
+		t.Cleanup(func() { deletePod(t, context.Background(), again) })
+		after := dfBytes(t, ctx, again)
+		if after < before+(want-size)*7/8 {
+			t.Fatalf("staged again after the refusal: the file system has %d bytes, had %d, the device grew by %d", after, before, want-size)
+		}
+		t.Logf("pod restarted on %s: file system %d → %d bytes, %s", p.Spec.NodeName, before, after, time.Since(began).Round(time.Millisecond))
 		return
 	}
 	if err != nil {

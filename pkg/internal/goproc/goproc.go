@@ -41,6 +41,14 @@ func (p *Proc) Stop() error {
 	return p.err
 }
 
+// Cancel cancels the context without waiting for run to return; Done
+// says when it has (a caller that must not wait forever, a teardown that
+// bounds the wait).
+func (p *Proc) Cancel() { p.cancel() }
+
+// Done is closed once run has returned.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
 // Exited reports whether run has returned (on its own, or after Stop).
 func (p *Proc) Exited() bool {
 	select {
