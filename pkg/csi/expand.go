@@ -65,11 +65,13 @@ func onlineExt4Refused(dev, path string, size int64) error {
 		dev, path, size)
 }
 
-// growExtOffline grows an unmounted ext4 on dev to the device's size, if it
-// is smaller: e2fsck -f first (resize2fs refuses a file system not checked
-// since it was last mounted), then resize2fs. It reports whether it grew.
+// growExtOffline grows an unmounted ext4 on dev to the device's size, if
+// resize2fs would grow it: e2fsck -f first (resize2fs refuses a file system
+// not checked since it was last mounted), then resize2fs. It reports whether
+// it grew. The check runs only when there is something to gain, since
+// e2fsck -f of a large file system takes minutes.
 func growExtOffline(ctx context.Context, dev string) (bool, error) {
-	fsBytes, err := extSize(ctx, dev)
+	g, err := extGeometryOf(ctx, dev)
 	if err != nil {
 		return false, err
 	}
@@ -77,11 +79,10 @@ func growExtOffline(ctx context.Context, dev string) (bool, error) {
 	if err != nil {
 		return false, status.Errorf(codes.Internal, "reading the size of %s: %v", dev, err)
 	}
-	// Less than a 4 KiB block to gain: mkfs and resize2fs round down, so a
-	// file system short of its device by less than a block is full size.
-	if devBytes-fsBytes < 4096 {
+	if g.grownBlocks(devBytes) <= g.blocks {
 		return false, nil
 	}
+	fsBytes := g.blocks * g.blockSize
 	fsck := exec.CommandContext(ctx, "e2fsck", "-f", "-p", dev)
 	out, err := fsck.CombinedOutput()
 	var ee *exec.ExitError
@@ -96,28 +97,56 @@ func growExtOffline(ctx context.Context, dev string) (bool, error) {
 	return true, nil
 }
 
-// extSize is an ext2/3/4 file system's size in bytes, from its superblock.
-func extSize(ctx context.Context, dev string) (int64, error) {
+// extGeometry is what dumpe2fs -h says about an ext2/3/4 file system's size
+// and block groups.
+type extGeometry struct {
+	blocks, blockSize, firstBlock, blocksPerGroup int64
+	reservedGDT, inodeBlocksPerGroup, descSize    int64
+}
+
+// grownBlocks is how many blocks resize2fs would make the file system on a
+// device of devBytes: all of them, except that, like mke2fs, it drops a last
+// block group too small to hold its own metadata and 50 blocks (which is why
+// a fresh file system is often up to a few MiB short of its device). The
+// metadata is bounded from above (a superblock and descriptor backup, the
+// reserved descriptor blocks, two bitmaps, the inode table), so a file system
+// short of its device by such a tail is left alone rather than checked at
+// every stage.
+func (g extGeometry) grownBlocks(devBytes int64) int64 {
+	n := devBytes / g.blockSize
+	if g.blocksPerGroup <= 0 || n <= g.blocks {
+		return n
+	}
+	groups := (n - g.firstBlock + g.blocksPerGroup - 1) / g.blocksPerGroup
+	gdt := (groups*g.descSize + g.blockSize - 1) / g.blockSize
+	overhead := 1 + gdt + g.reservedGDT + 2 + g.inodeBlocksPerGroup
+	if last := (n - g.firstBlock) % g.blocksPerGroup; last > 0 && last < overhead+50 {
+		n -= last
+	}
+	return n
+}
+
+// extGeometryOf reads an ext2/3/4 file system's superblock.
+func extGeometryOf(ctx context.Context, dev string) (extGeometry, error) {
 	out, err := exec.CommandContext(ctx, "dumpe2fs", "-h", dev).Output()
 	if err != nil {
-		return 0, status.Errorf(codes.Internal, "dumpe2fs -h %s: %v", dev, err)
+		return extGeometry{}, status.Errorf(codes.Internal, "dumpe2fs -h %s: %v", dev, err)
 	}
-	var count, size int64
+	g := extGeometry{descSize: 32}
+	fields := map[string]*int64{
+		"Block count": &g.blocks, "Block size": &g.blockSize, "First block": &g.firstBlock,
+		"Blocks per group": &g.blocksPerGroup, "Reserved GDT blocks": &g.reservedGDT,
+		"Inode blocks per group": &g.inodeBlocksPerGroup, "Group descriptor size": &g.descSize,
+	}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		switch k {
-		case "Block count":
-			count, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		case "Block size":
-			size, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if p := fields[k]; ok && p != nil {
+			*p, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
 	}
-	if count <= 0 || size <= 0 {
-		return 0, status.Errorf(codes.Internal, "dumpe2fs -h %s: no block count and size in its output", dev)
+	if g.blocks <= 0 || g.blockSize <= 0 {
+		return extGeometry{}, status.Errorf(codes.Internal, "dumpe2fs -h %s: no block count and size in its output", dev)
 	}
-	return count * size, nil
+	return g, nil
 }

@@ -212,7 +212,7 @@ func (e *Engine) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
 		}
 	}
 	if p.To == StateTB && m.Attached {
-		return "Cannot change attached member to TieBreaker: a TieBreaker is never attached"
+		return "Cannot change attached member to TieBreaker"
 	}
 	if p.From == StateD {
 		if msg := e.leavingDGuards(p, mi); msg != "" {
