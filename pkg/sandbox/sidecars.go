@@ -56,6 +56,10 @@ func startSidecars(binDir, kubeconfig, csiSocket, logDir, namespace string) ([]*
 			"--enable-capacity",
 			"--capacity-ownerref-level=-1",
 			"--capacity-poll-interval=" + CapacityPollInterval.String(),
+			// Its default of 1 write a second (burst 5) takes 5 s to
+			// create the first 9 objects (3 classes on 3 nodes).
+			"--kube-api-capacity-qps=20",
+			"--kube-api-capacity-burst=20",
 			"--v=2",
 		}, []string{"NAMESPACE=" + namespace}},
 		{"csi-attacher", []string{
