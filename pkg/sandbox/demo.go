@@ -161,6 +161,10 @@ func (s *Sandbox) Demo(ctx context.Context, w io.Writer) (*DemoResult, error) {
 	tl := s.watchFailover(ctx, crashed, res.FirstNode, pod.Name, labels)
 	pod2, err := s.WaitPodRunning(ctx, labels, res.FirstNode, 2*time.Minute)
 	res.CrashToReady = time.Since(crashed)
+	if err == nil {
+		// The wait may see the pod Running before the watcher's next poll.
+		tl.mark(fmt.Sprintf("pod %s Running", pod2.Name))
+	}
 	tl.stop()
 	fmt.Fprint(w, tl.String())
 	if err != nil {
