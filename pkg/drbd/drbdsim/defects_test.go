@@ -139,6 +139,19 @@ func TestNoConfigFileIsUnknownResource(t *testing.T) {
 	}
 }
 
+// heldPrimary forms r0 with devices, makes node1 Primary and opens its
+// device read-only (closed at the test's end, before the cluster).
+func heldPrimary(t *testing.T) (*rig, *Node, *os.File) {
+	t.Helper()
+	rg := formedWithDevices(t)
+	n1 := rg.c.Node("node1")
+	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	dev, err := os.Open(n1.DevicePath("r0"))
+	rg.must(err)
+	t.Cleanup(func() { dev.Close() })
+	return rg, n1, dev
+}
+
 // down of a Primary whose device is open read-only does what DRBD 9.2.18
 // did (down-ro-real.txt): demotes, drops every connection, then fails to
 // detach (-2, exit 17, the opener named), classified ErrDeviceInUse; the
@@ -146,14 +159,9 @@ func TestNoConfigFileIsUnknownResource(t *testing.T) {
 // peers see it Connecting; adjust restores it. SafeDown refuses before
 // touching anything while the device is held and takes it down once free.
 func TestDownReadOnlyOpenerIsPartial(t *testing.T) {
-	rg := formedWithDevices(t)
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
-	dev, err := os.Open(n1.DevicePath("r0"))
-	rg.must(err)
-	defer dev.Close()
+	rg, n1, dev := heldPrimary(t)
 
-	err = drbd.SafeDown(rg.ctx, n1, "r0", nil)
+	err := drbd.SafeDown(rg.ctx, n1, "r0", nil)
 	var held *drbd.HeldOpenError
 	if !errors.Is(err, drbd.ErrDeviceInUse) || !errors.As(err, &held) || held.Openers[0].PID != os.Getpid() || held.Openers[0].Write {
 		t.Fatalf("SafeDown with a reader: %v", err)
@@ -196,14 +204,9 @@ func TestDownReadOnlyOpenerIsPartial(t *testing.T) {
 // SafeDown repairs a down that fails half-way for a reason its opener
 // check could not see (here: the check is told nothing holds the device).
 func TestSafeDownRecoversWithAdjust(t *testing.T) {
-	rg := formedWithDevices(t)
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
-	dev, err := os.Open(n1.DevicePath("r0"))
-	rg.must(err)
-	defer dev.Close()
+	rg, n1, _ := heldPrimary(t)
 	blind := func(string) ([]drbd.Opener, error) { return nil, nil }
-	err = drbd.SafeDown(rg.ctx, n1, "r0", blind)
+	err := drbd.SafeDown(rg.ctx, n1, "r0", blind)
 	if !errors.Is(err, drbd.ErrDeviceInUse) || !strings.Contains(err.Error(), "adjust restored") {
 		t.Fatalf("SafeDown: %v", err)
 	}
