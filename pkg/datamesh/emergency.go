@@ -171,8 +171,10 @@ func (e *Engine) drbdVoters() (disks, diskless int) {
 //
 // In an even voter set with a TieBreaker (2D+1TB losing a D) the survivors keep quorum
 // through DRBD's tiebreaker while the lost voter is still configured: one of two voters
-// plus the TB. Removing it leaves one voter under q=2 (the effective layout, and with it
-// q's floor, is held: docs/datamesh.md), and IO stops until a replacement D has joined.
+// plus the TB. Removing it leaves one voter under q=2 until every survivor has
+// confirmed the removal and its q↓ follows (releaseTiebreakerHold), and DRBD refuses
+// a change that takes an attached survivor's quorum. This order is for a survivor
+// that serves IO; with none attached the removal does not wait (servingIO).
 // So when the removal would take the survivors' quorum away and the layout wants a
 // replacement Diskful that is not yet ready to join, the removal waits for it: the
 // volume keeps serving IO meanwhile, however long placement takes (no free node, a
@@ -204,6 +206,14 @@ func (e *Engine) awaitReplacement(mi int) string {
 			reporting++
 		}
 	}
+	if !e.servingIO(m.Name) {
+		// No survivor is attached or attaching: the removal stops no IO, and waiting
+		// for a replacement that may never come (2D+1TB on three nodes) would keep the
+		// volume from attaching anywhere. The survivors are one voter under q for the
+		// few rounds until every one of them has confirmed the removal; then the
+		// removal's q↓ follows (releaseTiebreakerHold) and a new attachment promotes.
+		return ""
+	}
 	qNow := int(s.st.Datamesh.Quorum)
 	quorateNow := reporting >= qNow || (c.voters%2 == 0 && c.tb > 0 && reporting == qNow-1)
 	after := c.voters - 1
@@ -232,6 +242,17 @@ func (e *Engine) awaitReplacement(mi int) string {
 	return "Force-removal waits for a replacement Diskful replica ready to join: removing " + m.Name +
 		" now would leave " + strconv.Itoa(reporting) + " of " + strconv.Itoa(after) + " voters under q=" + strconv.Itoa(qAfter) +
 		" and stop IO, while the tiebreaker keeps the volume quorate until then"
+}
+
+// servingIO: a member other than the lost one is attached, or an Attach or Detach of
+// one is in flight.
+func (e *Engine) servingIO(lost string) bool {
+	for _, m := range e.s.st.Datamesh.Members {
+		if m.Name != lost && (m.Attached || e.attachmentInFlight(m.Name)) {
+			return true
+		}
+	}
+	return false
 }
 
 // voterForceLeaving names a lost voter that is not gone yet, or "": a voter member with

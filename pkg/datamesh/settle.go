@@ -108,24 +108,42 @@ func (e *Engine) settleLayout() {
 	}
 }
 
-// releaseTiebreakerHold lowers a q that a force removal published one higher (the
-// tiebreaker hold, see emergency) as soon as nothing is in flight: every survivor has
-// applied the removal and none connects to the removed member any more, so the hold
-// has done its job. It does not wait for the layout to settle: a replacement Diskful
-// may sync for hours, and under the held q the survivors stay quorate only through
-// DRBD's tiebreaker, which never gives quorum back once lost.
+// releaseTiebreakerHold publishes, as soon as nothing is in flight, the q the members
+// that are left give, after a force removal:
+//
+//   - a q the removal held one higher (the tiebreaker hold, see emergency) comes back;
+//   - the removal's own q↓ (seed 000: ForceRemoveReplica(D) + q↓ for even → odd
+//     voters, whose q↓ lowers the effective FTT to what the voters provide) is
+//     published now, not with the removal: issue 8's model checker run found that
+//     a q lowered at once lets the removed node, alive behind a partition, keep the
+//     old quorum with a replica that has not applied the removal (R1).
+//
+// Nothing in flight means every survivor has applied the removal: none connects to
+// the removed node any more, so whatever q it still runs, it is alone and cannot be
+// quorate. It does not wait for the layout to settle: a replacement Diskful may sync
+// for hours, or never come (2D+1TB on three nodes), and until then the survivor of
+// 2D+1TB is one voter under q=2, and the survivors under a held q are quorate only
+// through DRBD's tiebreaker, which never gives quorum back once lost.
+//
+// Only a datamesh that lost voters is degraded this way: every other step moves the
+// effective FTT with the voters it adds or removes (AfterMembershipChange).
 func (e *Engine) releaseTiebreakerHold(c counts) bool {
 	s := &e.s
 	if oq, _ := e.override(); oq > 0 {
 		return false
 	}
 	eff := e.effective()
-	want := layout.Quorum(c.voters, eff)
-	if int(s.st.Datamesh.Quorum) <= want {
-		return false
+	if provided := eff.FTTForVoters(c.voters, c.tb); provided < eff.FTT {
+		eff.FTT = provided
 	}
-	e.startQuorum(want, int(s.st.Datamesh.QuorumMinimumRedundancy), &eff)
-	return true
+	switch want := layout.Quorum(c.voters, eff); {
+	case want < int(s.st.Datamesh.Quorum):
+		e.startQuorum(want, int(s.st.Datamesh.QuorumMinimumRedundancy), &eff)
+		return true
+	case eff != e.effective():
+		e.setEffective(eff) // q stays: no revision to publish
+	}
+	return false
 }
 
 // addsLanded: every replica that is not leaving is a member of the type it asks for and

@@ -8,10 +8,15 @@ package layout
 //   - each value moves only toward the configured value, never away from it
 //     and never past it: it rises as steps add protection, and it is held
 //     once reached;
-//   - it falls only when the configuration is lowered below it (explicit
-//     downgrade), and then not below the new configuration, even if the
-//     datamesh is degraded further: a degraded datamesh keeps its q, it does
-//     not get a smaller one;
+//   - it falls when the configuration is lowered below it (explicit
+//     downgrade), and then not below the new configuration, and after a lost
+//     member's force removal has been confirmed by every survivor, to what the
+//     members that are left provide (seed 000: the q↓ of ForceRemoveReplica(D)
+//     for even → odd voters). The engine publishes that fall only once the
+//     removal is confirmed (datamesh's releaseTiebreakerHold): the removed node,
+//     if alive behind a partition, is then alone and cannot be quorate, while a q
+//     lowered at once would let it keep the old quorum with a replica that has
+//     not applied the removal;
 //   - formation sets it to the configuration (Formed); a formation restart
 //     tears the datamesh down and resets it to zero (Reset).
 //
@@ -34,8 +39,9 @@ package layout
 //	A → D∅+q↑ (4 voters + TB: FTTForVoters 2) → eff (2,1), q=3, qmr=2.
 //	downgrade 5D (2,2) → 3D (1,1): qmr↓ → eff (2,1); D∅ → ✕ (4 voters:
 //	FTTForVoters 1) → eff (1,1), q=3; second removal, A+q↓ (3 voters) → q=2.
-//	force removal of 2 dead D in 5D (2,2), configuration unchanged: eff is
-//	held at (2,2), so q stays 3 for the 3 remaining voters.
+//	force removal of 2 dead D in 5D (2,2), configuration unchanged: q stays 3
+//	until both removals are confirmed, then eff (0,2) (3 voters, qmr 3) and
+//	q=2; 2D+1TB (1,0) losing a D: q=2 until confirmed, then eff (0,0), q=1.
 //
 // Where this departs from the seed. The seed updates FTT only on steps with
 // q↑ or q↓. Two steps change the provided FTT without changing q: adding a

@@ -37,11 +37,27 @@ func checkRules(s *Scenario, w *World, floor v1alpha1.Layout, prev, next *v1alph
 	}
 	target := v1alpha1.Layout{FailuresToTolerate: cfg.FailuresToTolerate, GuaranteedMinimumDataRedundancy: cfg.GuaranteedMinimumDataRedundancy}
 
+	// A confirmed loss lowers what the volume can promise (seed 000: the q↓ of
+	// ForceRemoveReplica(D), even → odd voters, lowers the effective FTT to what the
+	// voters provide): once every live replica runs a datamesh without the lost member,
+	// the FTT may fall to what the voters that are left provide, never below.
+	lostFTT := int32(-1)
+	if confirmedLoss(s, w, next, forceLeave) {
+		// With the qmr published now: a qmr above the configuration's (not lowered
+		// yet) asks for more UpToDate copies, so fewer failures are tolerated.
+		lostFTT = providedFTT(next.Datamesh.Members, max(dm.QuorumMinimumRedundancy-1, 0))
+	}
+
 	// The ratchet (layout.effective.go): an effective value moves toward the
 	// configuration and falls only when the configuration is lowered below it, and
-	// then not below the configuration. A formation restart (no members before) resets.
+	// then not below the configuration, or after a confirmed loss (above). A formation
+	// restart (no members before) resets.
 	if pe, ne := prev.EffectiveLayout, next.EffectiveLayout; pe != nil && ne != nil && len(prev.Datamesh.Members) > 0 {
-		if ne.FailuresToTolerate < min(pe.FailuresToTolerate, target.FailuresToTolerate) ||
+		fttFloor := min(pe.FailuresToTolerate, target.FailuresToTolerate)
+		if lostFTT >= 0 {
+			fttFloor = min(fttFloor, lostFTT)
+		}
+		if ne.FailuresToTolerate < fttFloor ||
 			ne.GuaranteedMinimumDataRedundancy < min(pe.GuaranteedMinimumDataRedundancy, target.GuaranteedMinimumDataRedundancy) {
 			add(InvRatchet, "effective layout fell from FTT=%d,GMDR=%d to FTT=%d,GMDR=%d with the configuration at FTT=%d,GMDR=%d",
 				pe.FailuresToTolerate, pe.GuaranteedMinimumDataRedundancy, ne.FailuresToTolerate, ne.GuaranteedMinimumDataRedundancy,
@@ -57,6 +73,9 @@ func checkRules(s *Scenario, w *World, floor v1alpha1.Layout, prev, next *v1alph
 		if dm.Members[i].Type.IsVoter() {
 			voters++
 		}
+	}
+	if lostFTT >= 0 {
+		floor.FailuresToTolerate = min(floor.FailuresToTolerate, lostFTT)
 	}
 	if rq := RequiredQ(voters, floor); dm.Quorum < rq {
 		add(InvFloor, "q=%d with %d voters, but the configuration history guarantees FTT=%d,GMDR=%d: need ≥ %d",
@@ -282,3 +301,64 @@ func changesDisklessSet(t *v1alpha1.DatameshTransition) bool {
 }
 
 var registry = datamesh.DefaultRegistry()
+
+// confirmedLoss: a member the node lifecycle declared lost (forceLeave) is out of the
+// published datamesh, and no live replica that runs the volume, the lost node behind
+// a partition aside, still runs a datamesh with a connection to it (star members,
+// A and TB, never connect to each other).
+func confirmedLoss(s *Scenario, w *World, next *v1alpha1.ReplicatedVolumeStatus, forceLeave uint32) bool {
+	dp := &w.DP
+	for i := 0; i < dp.N; i++ {
+		if forceLeave&(1<<i) == 0 || memberOf(next, s.Slots[i].Name) {
+			continue
+		}
+		confirmed := true
+		for j := 0; j < dp.N && confirmed; j++ {
+			r := &dp.Replicas[j]
+			if j == i || !r.Alive || r.Returned || r.Applied.Member(j) == nil || r.Applied.Member(i) == nil {
+				continue
+			}
+			if wantsLink(r.Applied.Member(j).Type, r.Applied.Member(i).Type) {
+				confirmed = false
+			}
+		}
+		if confirmed {
+			return true
+		}
+	}
+	return false
+}
+
+func memberOf(st *v1alpha1.ReplicatedVolumeStatus, name string) bool {
+	for i := range st.Datamesh.Members {
+		if st.Datamesh.Members[i].Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// providedFTT is the FTT the voters (D, D∅) and TieBreakers of members provide with
+// GMDR gmdr, written out from seed 000 rather than taken from pkg/datamesh/layout:
+// a majority of the voters must stay, DRBD's tiebreaker forgives one missing voter of
+// an even set with a TieBreaker, and gmdr+1 UpToDate copies must stay.
+func providedFTT(members []v1alpha1.DatameshMember, gmdr int32) int32 {
+	var voters, tb int32
+	for i := range members {
+		switch {
+		case members[i].Type.IsVoter():
+			voters++
+		case members[i].Type == v1alpha1.MemberTypeTieBreaker:
+			tb++
+		}
+	}
+	if voters == 0 {
+		return 0
+	}
+	f := voters - (voters/2 + 1)
+	if tb > 0 && voters%2 == 0 {
+		f++
+	}
+	f = min(f, voters-(gmdr+1))
+	return max(f, 0)
+}

@@ -192,6 +192,12 @@ func TestNodeLost(t *testing.T) {
 	// Node c comes back: nothing of the volume is left on it, so the taint goes.
 	cl.setRenew("c", true)
 	cl.eventually(t, "taint removed from node c", func() (bool, string) { return !hasTaint(), "" })
+	// The write log is appended after each write returns, so the removal may be seen
+	// on the Node a moment before it is in the log.
+	cl.eventually(t, "two writes to node c", func() (bool, string) {
+		ws := cl.writes.since(0, cl.node("c"))
+		return len(ws) >= 2, fmt.Sprint(ws)
+	})
 	if ws := cl.writes.since(0, cl.node("c")); len(ws) != 2 {
 		t.Errorf("writes to node c: %v, want the taint and its removal", ws)
 	}

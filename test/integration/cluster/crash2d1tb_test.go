@@ -1,24 +1,15 @@
-//go:build integrationpending
-
 package cluster_test
 
-// Scenarios that do not pass yet, kept runnable for whoever fixes them:
-// `go test -tags integrationpending ./test/integration/cluster -run 'TestNodeCrashThreeNodes2D1TB|TestZZStop'`.
-// Not part of `make test`.
-//
-// TestNodeCrashThreeNodes2D1TB (seen 2026-11-25, also as the sandbox's
-// TestNodeCrash on its default class): 2D+1TB on three nodes, the attached
-// Diskful node crashes, the attachment moves to the other Diskful or to the
-// TieBreaker. The new Primary is promoted (the survivor D is quorate through
-// DRBD's tiebreaker: one of two voters plus the TB), and then loses quorum
-// for good: the promotion is a cluster-wide state change taken while
-// quorate, which drops the dead voter from the survivor's members set
-// (docs/drbd-quorum.md: it becomes quorumless and leaves the electorate),
-// so one voter is left under the datamesh's explicit `quorum 2`. The engine
-// meanwhile holds the dead voter's force removal, and q, until a
-// replacement Diskful can join (emergency.go awaitReplacement: "the
-// tiebreaker keeps the volume quorate until then"), which three nodes never
-// offer. The survivor stays Primary with quorum:no and IO suspended.
+// TestNodeCrashThreeNodes2D1TB: 2D+1TB on three nodes, the attached Diskful
+// node crashes, and the attachment moves to the other Diskful or to the
+// TieBreaker — with no fourth node for a replacement. Until 2026-11-25 the
+// new Primary lost quorum for good: the survivor was quorate only through
+// DRBD's tiebreaker, the promotion (a cluster-wide state change) dropped the
+// dead voter from its members set, and one voter was left under the explicit
+// q=2 the engine held until a replacement could join. Now, with nothing
+// attached, the dead voter's removal starts at once, and once every survivor
+// has confirmed it its q↓ follows (q=1): the survivor, or the TieBreaker
+// through it, attaches and writes (datamesh replace_lost_voter_detached.txt).
 
 import (
 	"bytes"
