@@ -273,6 +273,35 @@ func (r *rig) cordonAllBut(nodes ...string) {
 	}
 }
 
+// moveAfterCrash crashes node a, where volume is attached, releases a's
+// attachment as Kubernetes does for a lost node (ControllerUnpublish), attaches
+// on b, and waits until b can write. Quorum must then hold, not flicker: the
+// state changes that follow the promotion (the force removal of the dead
+// member, its q↓) must not lose it. It returns the time from the crash until b
+// could write.
+func (r *rig) moveAfterCrash(volume, a, b string) time.Duration {
+	r.t.Helper()
+	crashed := time.Now()
+	r.must(r.c.CrashNode(a))
+	r.t.Cleanup(func() { _ = r.c.RestartNode(a) })
+	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rvaName(volume, a)}})))
+	r.eventually("the dead node's RVA released", 2*time.Minute, func() string {
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(volume, a)}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
+			return "RVA still there"
+		}
+		return ""
+	})
+	r.requestAttach(volume, b)
+	r.attached(volume, b, 2*time.Minute)
+	r.eventually(volume+" writable on "+b, time.Minute, func() string { return r.quorate(volume, b) })
+	took := time.Since(crashed)
+	time.Sleep(3 * time.Second)
+	if msg := r.quorate(volume, b); msg != "" {
+		r.t.Fatalf("%s on %s lost quorum after the attach: %s", volume, b, msg)
+	}
+	return took
+}
+
 // quorate says whether node's DRBD has quorum for volume and IO is not
 // suspended: what a pod's writes need.
 func (r *rig) quorate(volume, node string) string {
@@ -289,14 +318,8 @@ func (r *rig) quorate(volume, node string) string {
 // The sandbox's crash: a volume on a three-node cluster (the other nodes
 // cordoned), the attached node crashes, and the pod moves to one of the two
 // nodes left, where it must be able to write although no replacement can
-// be placed. 3D: two of three voters keep quorum by count.
-//
-// 2D+1TB cannot do this (see the report of issue 11): the survivor keeps
-// quorum through DRBD's tiebreaker only until its next cluster-wide state
-// change — the promotion of the new Primary — drops the dead voter from its
-// members set; then one voter is left under the datamesh's explicit q=2, and
-// the engine holds the force removal (and q) until a replacement Diskful
-// can join, which three nodes never offer.
+// be placed. 3D: two of three voters keep quorum by count. 2D+1TB:
+// TestNodeCrashThreeNodes2D1TB.
 func TestNodeCrashThreeNodes(t *testing.T) {
 	r := newRig(t)
 	const vol = "crash3-3d"
@@ -312,25 +335,7 @@ func TestNodeCrashThreeNodes(t *testing.T) {
 	for i := range 16 {
 		r.must(r.c.Node(a).Sim.Write(r.ctx, vol, int64(i)*4096, bytes.Repeat([]byte{byte(i + 1)}, 4096)))
 	}
-	crashed := time.Now()
-	r.must(r.c.CrashNode(a))
-	t.Cleanup(func() { _ = r.c.RestartNode(a) })
-	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rvaName(vol, a)}})))
-	r.eventually("the dead node's RVA released", 2*time.Minute, func() string {
-		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(vol, a)}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
-			return "RVA still there"
-		}
-		return ""
-	})
-	r.requestAttach(vol, b)
-	r.attached(vol, b, 2*time.Minute)
-	r.eventually(vol+" writable on "+b, time.Minute, func() string { return r.quorate(vol, b) })
-	// Quorum must hold, not flicker: the state changes that follow the
-	// promotion (the force removal of the dead member) must not lose it.
-	time.Sleep(3 * time.Second)
-	if msg := r.quorate(vol, b); msg != "" {
-		t.Fatalf("%s on %s lost quorum after the attach: %s", vol, b, msg)
-	}
+	took := r.moveAfterCrash(vol, a, b)
 	for i := range 16 {
 		got, err := r.c.Node(b).Sim.Read(r.ctx, vol, int64(i)*4096, 4096)
 		r.must(err)
@@ -339,7 +344,7 @@ func TestNodeCrashThreeNodes(t *testing.T) {
 		}
 	}
 	r.must(r.c.Node(b).Sim.Write(r.ctx, vol, 0, bytes.Repeat([]byte{9}, 4096)))
-	t.Logf("node crash → writable on %s: %s", b, time.Since(crashed).Round(10*time.Millisecond))
+	t.Logf("node crash → writable on %s: %s", b, took.Round(10*time.Millisecond))
 	r.detach(vol, b)
 	r.must(r.c.RestartNode(a))
 	r.deleteVolume(vol)

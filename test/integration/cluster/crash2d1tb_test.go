@@ -16,10 +16,6 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -50,24 +46,8 @@ func TestNodeCrashThreeNodes2D1TB(t *testing.T) {
 			}
 			r.attach(vol, a)
 			r.must(r.c.Node(a).Sim.Write(r.ctx, vol, 0, bytes.Repeat([]byte{1}, 4096)))
-			crashed := time.Now()
-			r.must(r.c.CrashNode(a))
-			t.Cleanup(func() { _ = r.c.RestartNode(a) })
-			r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rvaName(vol, a)}})))
-			r.eventually("the dead node's RVA released", 2*time.Minute, func() string {
-				if err := r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(vol, a)}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
-					return "RVA still there"
-				}
-				return ""
-			})
-			r.requestAttach(vol, b)
-			r.attached(vol, b, 2*time.Minute)
-			r.eventually(vol+" writable on "+b, time.Minute, func() string { return r.quorate(vol, b) })
-			time.Sleep(3 * time.Second)
-			if msg := r.quorate(vol, b); msg != "" {
-				t.Fatalf("%s on %s lost quorum after the attach: %s", vol, b, msg)
-			}
-			t.Logf("node crash → writable on %s: %s", b, time.Since(crashed).Round(10*time.Millisecond))
+			took := r.moveAfterCrash(vol, a, b)
+			t.Logf("node crash → writable on %s: %s", b, took.Round(10*time.Millisecond))
 			r.detach(vol, b)
 			r.must(r.c.RestartNode(a))
 			r.deleteVolume(vol)
