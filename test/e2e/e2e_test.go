@@ -713,7 +713,11 @@ func backingFiles(volume string) []string {
 // containerd, shims, containers, agent, DRBD at once); the pod comes back
 // on another node with its data, on the demonstration's 3D class (2D+1TB:
 // pending_test.go). Last in the file: the node stays dead.
-func TestNodeCrash(t *testing.T) {
+func TestNodeCrash(t *testing.T) { crashDemo(t) }
+
+// crashDemo runs the sandbox's demonstration (on sandbox.DemoStorageClass) and
+// checks the pod came back on another node with its data.
+func crashDemo(t *testing.T) {
 	ctx := ctxT(t, 6*time.Minute)
 	res, err := sb.Demo(ctx, testWriter{t})
 	if err != nil {

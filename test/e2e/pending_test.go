@@ -17,21 +17,11 @@ package e2e
 
 import (
 	"testing"
-	"time"
 
 	"github.com/meshvol/meshvol/pkg/sandbox"
 )
 
 func TestNodeCrash2D1TB(t *testing.T) {
-	ctx := ctxT(t, 6*time.Minute)
 	sandbox.DemoStorageClass = sandbox.DefaultStorageClass
-	res, err := sb.Demo(ctx, testWriter{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.SecondNode == res.FirstNode {
-		t.Fatalf("the pod came back on the crashed node %s", res.FirstNode)
-	}
-	t.Logf("crash of %s → pod Running on %s with the same data (sha256 %s) in %s",
-		res.FirstNode, res.SecondNode, res.Checksum, res.CrashToReady.Round(100*time.Millisecond))
+	crashDemo(t)
 }
