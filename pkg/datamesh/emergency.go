@@ -172,7 +172,7 @@ func (e *Engine) drbdVoters() (disks, diskless int) {
 // In an even voter set with a TieBreaker (2D+1TB losing a D) the survivors keep quorum
 // through DRBD's tiebreaker while the lost voter is still configured: one of two voters
 // plus the TB. Removing it leaves one voter under q=2 until every survivor has
-// confirmed the removal and its q↓ follows (releaseTiebreakerHold), and DRBD refuses
+// confirmed the removal and its q↓ follows (quorumAfterForceRemoval), and DRBD refuses
 // a change that takes an attached survivor's quorum. This order is for a survivor
 // that serves IO; with none attached the removal does not wait (servingIO).
 // So when the removal would take the survivors' quorum away and the layout wants a
@@ -211,7 +211,7 @@ func (e *Engine) awaitReplacement(mi int) string {
 		// for a replacement that may never come (2D+1TB on three nodes) would keep the
 		// volume from attaching anywhere. The survivors are one voter under q for the
 		// few rounds until every one of them has confirmed the removal; then the
-		// removal's q↓ follows (releaseTiebreakerHold) and a new attachment promotes.
+		// removal's q↓ follows (quorumAfterForceRemoval) and a new attachment promotes.
 		return ""
 	}
 	qNow := int(s.st.Datamesh.Quorum)

@@ -92,7 +92,7 @@ func (e *Engine) settleLayout() {
 	if len(s.st.DatameshTransitions) > 0 || s.in.ChangeQuorum != nil {
 		return
 	}
-	if e.releaseTiebreakerHold(c) {
+	if e.quorumAfterForceRemoval(c) {
 		return
 	}
 	switch {
@@ -108,7 +108,7 @@ func (e *Engine) settleLayout() {
 	}
 }
 
-// releaseTiebreakerHold publishes, as soon as nothing is in flight, the q the members
+// quorumAfterForceRemoval publishes, as soon as nothing is in flight, the q the members
 // that are left give, after a force removal:
 //
 //   - a q the removal held one higher (the tiebreaker hold, see emergency) comes back;
@@ -127,7 +127,7 @@ func (e *Engine) settleLayout() {
 //
 // Only a datamesh that lost voters is degraded this way: every other step moves the
 // effective FTT with the voters it adds or removes (AfterMembershipChange).
-func (e *Engine) releaseTiebreakerHold(c counts) bool {
+func (e *Engine) quorumAfterForceRemoval(c counts) bool {
 	s := &e.s
 	if oq, _ := e.override(); oq > 0 {
 		return false

@@ -13,7 +13,7 @@ package layout
 //     member's force removal has been confirmed by every survivor, to what the
 //     members that are left provide (seed 000: the q↓ of ForceRemoveReplica(D)
 //     for even → odd voters). The engine publishes that fall only once the
-//     removal is confirmed (datamesh's releaseTiebreakerHold): the removed node,
+//     removal is confirmed (datamesh's quorumAfterForceRemoval): the removed node,
 //     if alive behind a partition, is then alone and cannot be quorate, while a q
 //     lowered at once would let it keep the old quorum with a replica that has
 //     not applied the removal;
