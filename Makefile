@@ -18,7 +18,7 @@ LDFLAGS       := -X $(MODULE)/pkg/version.Version=$(VERSION) $(if $(COMMIT),-X $
 
 # Per test binary; the model checker and the integration packages are the slow ones.
 TEST_TIMEOUT  ?= 20m
-# Arguments for `make test`, e.g. `make test TEST_PKGS=./pkg/testenv/...`.
+# Arguments for `make test`, e.g. `make test TEST_PKGS=./internal/testenv/...`.
 TEST_PKGS     ?= ./...
 # Fuzz: each target runs for FUZZTIME. Empty FUZZ_TARGETS means every
 # `func FuzzX` in a _test.go file; otherwise a list of PKG:FuzzName, e.g.
@@ -49,8 +49,9 @@ build: ## Build bin/meshvol from ./cmd/meshvol
 
 .PHONY: sandbox
 sandbox: deps build k8s ## Run a real Kubernetes cluster with meshvol on this machine, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/meshvol-pause ./pkg/kubecluster/pause
-	bin/meshvol sandbox $(SANDBOX_ARGS)
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol-sandbox ./cmd/meshvol-sandbox
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/meshvol-pause ./internal/kubecluster/pause
+	bin/meshvol-sandbox $(SANDBOX_ARGS)
 
 .PHONY: k8s
 k8s: ## Build the real control plane and CSI sidecars into bin/k8s (hack/build-k8s.sh; no-op when up to date)

@@ -163,7 +163,7 @@ log "output: ${OUT#"$ROOT"/}, $GO_VERSION, GOTOOLCHAIN=local, CGO_ENABLED=0"
 build_wrapped etcd "$ETCD_MODULE" "$ETCD_VERSION" "" "etcd Version: ${ETCD_VERSION#v}" --version \
 	"etcd=$ETCD_MODULE"
 
-# kubelet and kubectl are for the sandbox and the e2e suite (pkg/kubecluster):
+# kubelet and kubectl are for the sandbox and the e2e suite (internal/kubecluster):
 # the same wrapper module, so one version across the cluster.
 build_wrapped kubernetes "$K8S_MODULE" "$K8S_VERSION" "$(k8s_ldflags "$K8S_VERSION")" "Kubernetes $K8S_VERSION" --version \
 	"kube-apiserver=$K8S_MODULE/cmd/kube-apiserver" \

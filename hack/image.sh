@@ -8,7 +8,7 @@
 #   layer 2  /usr/local/bin/meshvol, static (CGO off)
 #
 # entrypoint /usr/local/bin/meshvol, cmd version: the same image as the Dockerfile.
-# Then it checks the archive (pkg/ociimage.Verify: every digest, OCI media types,
+# Then it checks the archive (internal/ociimage.Verify: every digest, OCI media types,
 # and the entrypoint run in a chroot prints meshvol's version).
 #
 # The rootfs is cached in bin/image/rootfs with a stamp of this script; a rerun

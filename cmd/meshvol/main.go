@@ -25,8 +25,6 @@ func usage(w io.Writer) {
 commands:
   controller run the control plane (meshvol controller --help explains its flags)
   node       run the node agent of one node (meshvol node --help)
-  sandbox    a real Kubernetes cluster with meshvol on this machine, a demonstration,
-             up until Ctrl-C (root; meshvol sandbox --help)
   version    print the version of this binary (-o json for JSON)`)
 }
 
@@ -41,8 +39,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return runController(ctx, args[1:], stdout, stderr)
-	case "sandbox":
-		return runSandbox(args[1:], stdout, stderr)
 	case "version":
 		fs := flag.NewFlagSet("version", flag.ContinueOnError)
 		fs.SetOutput(stderr)

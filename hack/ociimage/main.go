@@ -1,5 +1,5 @@
 // Command ociimage packs a root filesystem and the meshvol binary into an OCI image
-// archive, and verifies one, without a container engine (pkg/ociimage). `make image`
+// archive, and verifies one, without a container engine (internal/ociimage). `make image`
 // runs it; see hack/image.sh.
 //
 //	ociimage build -rootfs DIR -binary FILE -ref NAME -out FILE
@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshvol/meshvol/pkg/ociimage"
+	"github.com/meshvol/meshvol/internal/ociimage"
 )
 
 func main() {

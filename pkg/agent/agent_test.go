@@ -21,14 +21,14 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/localcluster"
+	"github.com/meshvol/meshvol/internal/testenv"
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd/drbdsim"
-	"github.com/meshvol/meshvol/pkg/localcluster"
-	"github.com/meshvol/meshvol/pkg/testenv"
 )
 
-// These tests run real agents (pkg/localcluster without a controller) on a
+// These tests run real agents (internal/localcluster without a controller) on a
 // real apiserver, with drbdsim and file pools on loop devices. The test plays
 // the controller: it writes RV status (the datamesh) the way the controller
 // will, and reads what the agents report in RVR status and what each

@@ -208,7 +208,7 @@ var skipNameValidation = true
 
 // Run builds a manager for cfg (no metrics or probe endpoints, no leader election) and
 // runs the controller until ctx ends: the one-call form for a process that runs the
-// controller beside other things (pkg/localcluster's ControllerFunc, the sandbox).
+// controller beside other things (internal/localcluster's ControllerFunc, the sandbox).
 func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	mgr, err := NewManager(cfg, o, ManagerOptions{})
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshvol/meshvol/pkg/testenv"
+	"github.com/meshvol/meshvol/internal/testenv"
 )
 
 // One real kube-apiserver for the package: the controller-service tests play the

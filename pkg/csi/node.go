@@ -21,8 +21,8 @@ import (
 	mount "k8s.io/mount-utils"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/mountinfo"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // Node is the CSI node service of one node. It runs in the agent's process and only

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
+	"github.com/meshvol/meshvol/internal/mountinfo"
 )
 
 // Opener is something that holds a block device open: a process with a

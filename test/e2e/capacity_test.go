@@ -13,8 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/sandbox"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/sandbox"
 )
 
 // TestStorageCapacity: external-provisioner publishes a CSIStorageCapacity

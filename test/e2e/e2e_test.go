@@ -1,5 +1,5 @@
 // Package e2e runs meshvol end to end on a real Kubernetes cluster on this
-// machine (pkg/sandbox): real kube-apiserver, etcd, kube-controller-manager
+// machine (internal/sandbox): real kube-apiserver, etcd, kube-controller-manager
 // and kube-scheduler, three real kubelets with containerd and runc, the real
 // external-provisioner and external-attacher, meshvol's controller, agents
 // and CSI services, and drbdsim in place of the DRBD kernel module. One
@@ -37,10 +37,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/kubecluster"
+	"github.com/meshvol/meshvol/internal/sandbox"
+	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/kubecluster"
-	"github.com/meshvol/meshvol/pkg/sandbox"
-	"github.com/meshvol/meshvol/pkg/testenv"
 )
 
 var sb *sandbox.Sandbox

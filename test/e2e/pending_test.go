@@ -18,7 +18,7 @@ package e2e
 import (
 	"testing"
 
-	"github.com/meshvol/meshvol/pkg/sandbox"
+	"github.com/meshvol/meshvol/internal/sandbox"
 )
 
 func TestNodeCrash2D1TB(t *testing.T) {

@@ -1,7 +1,7 @@
 // Package packaging checks what a platform team installs: the Helm chart
 // charts/meshvol and the plain manifests in deploy/, rendered by the real helm
 // binary (bin/k8s/helm, built from its Go module by hack/build-k8s.sh) and
-// checked by the real kube-apiserver of pkg/testenv.
+// checked by the real kube-apiserver of internal/testenv.
 //
 //   - helm lint is clean for every value set the tests use;
 //   - every object the chart renders, for the default values and for the other

@@ -2,7 +2,7 @@
 // (sanity_test.go, csi-test's pkg/sanity inside `go test`) and `make sanity`
 // (hack/sanity, the real bin/k8s/csi-sanity binary).
 //
-// Start brings up a whole cluster in one process (pkg/localcluster: a real
+// Start brings up a whole cluster in one process (internal/localcluster: a real
 // kube-apiserver and etcd, three node agents on drbdsim whose Primary devices are
 // real loop devices), one File pool, and the CSI services on two unix sockets: the
 // controller service, either in this process (csi.RunController beside the
@@ -32,10 +32,10 @@ import (
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/localcluster"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/csi"
-	"github.com/meshvol/meshvol/pkg/localcluster"
 )
 
 // Layout is one protection layout sanity runs against.

@@ -18,8 +18,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/meshvol/meshvol/pkg/internal/loopdev"
-	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
+	"github.com/meshvol/meshvol/internal/loopdev"
+	"github.com/meshvol/meshvol/internal/mountinfo"
 )
 
 // The Primary's block device (doc.go, "Block device"): a loop device over a

@@ -18,9 +18,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshvol/meshvol/internal/mountinfo"
 	"github.com/meshvol/meshvol/pkg/drbd"
 	"github.com/meshvol/meshvol/pkg/drbd/contract"
-	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
 )
 
 // requireDevices fails the test, saying what is missing, unless it can

@@ -6,8 +6,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/testenv"
 )
 
 // TestDefaults checks that the apiserver, not a client library, fills in the documented

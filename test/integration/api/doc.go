@@ -1,5 +1,5 @@
 // Package api holds the integration tests that prove meshvol's storage.meshvol.io/v1alpha1
-// API on a real kube-apiserver and etcd (pkg/testenv, built by hack/build-k8s.sh).
+// API on a real kube-apiserver and etcd (internal/testenv, built by hack/build-k8s.sh).
 //
 // A unit test of the Go types proves little about the API: the rules users meet live in
 // the generated CRDs (OpenAPI bounds, enums, CEL rules, defaults, list semantics for

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/meshvol/meshvol/pkg/testenv"
+	"github.com/meshvol/meshvol/internal/testenv"
 )
 
 // env is the control plane every test of this package shares. The kinds are cluster

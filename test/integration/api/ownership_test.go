@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/meshvol/meshvol/pkg/testenv"
+	"github.com/meshvol/meshvol/internal/testenv"
 )
 
 // managed returns the managedFields entry of manager (for the main resource when

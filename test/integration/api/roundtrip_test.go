@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
+	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/testenv"
 )
 
 // A fixed instant with whole seconds: metav1.Time travels as RFC 3339 without fractions,

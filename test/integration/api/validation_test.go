@@ -3,7 +3,7 @@ package api
 import (
 	"testing"
 
-	"github.com/meshvol/meshvol/pkg/testenv"
+	"github.com/meshvol/meshvol/internal/testenv"
 )
 
 // A badCase is one object the apiserver must refuse, with the field and the message it

@@ -1,5 +1,5 @@
 // Package cluster_test is the integration suite of the controller and the node
-// agents together: one in-process cluster (pkg/localcluster: a real
+// agents together: one in-process cluster (internal/localcluster: a real
 // kube-apiserver and etcd, the controller, nine agents over three zones on
 // drbdsim and file pools on loop devices) shared by every scenario. Each
 // scenario creates its own volumes, leaves the nodes as it found them, and
@@ -23,10 +23,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/localcluster"
+	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
-	"github.com/meshvol/meshvol/pkg/localcluster"
-	"github.com/meshvol/meshvol/pkg/testenv"
 )
 
 var (

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshvol/meshvol/internal/localcluster"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/localcluster"
 )
 
 // Scenario 8: apiserver writes per operation, counted at the HTTP layer for

@@ -1,5 +1,5 @@
 // Package controller_test runs meshvol's controller on a real kube-apiserver and etcd
-// (pkg/testenv) with the manager in the test process. No agent runs: where a test needs
+// (internal/testenv) with the manager in the test process. No agent runs: where a test needs
 // replicas to report, it writes their status itself, the way docs/contract.md says an
 // agent does (field manager meshvol-agent, server-side apply of its own fields); the
 // agent issue's integration suite replaces that with real agents.
@@ -29,9 +29,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
-	"github.com/meshvol/meshvol/pkg/testenv"
 )
 
 var env *testenv.Env

@@ -1,5 +1,5 @@
 // Package kubecluster runs a real Kubernetes cluster on one machine, for
-// meshvol's sandbox and e2e suite: the control plane of pkg/testenv
+// meshvol's sandbox and e2e suite: the control plane of internal/testenv
 // (kube-apiserver, etcd) with kube-controller-manager and kube-scheduler
 // beside it, and N nodes, each a real kubelet with a containerd of its own
 // running real pods with runc. Everything comes from bin/k8s (built by
@@ -41,7 +41,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/meshvol/meshvol/pkg/testenv"
+	"github.com/meshvol/meshvol/internal/testenv"
 )
 
 // Options describe the cluster to start.
@@ -55,7 +55,7 @@ type Options struct {
 	Nodes []NodeSpec
 	// BinDir holds the Kubernetes binaries; empty means bin/k8s.
 	BinDir string
-	// PauseBinary is the static pause program (pkg/kubecluster/pause);
+	// PauseBinary is the static pause program (internal/kubecluster/pause);
 	// BusyboxBinary a static busybox (Debian's busybox-static installs
 	// /bin/busybox, the default).
 	PauseBinary, BusyboxBinary string
@@ -345,7 +345,7 @@ func (c *Cluster) startControllers() error {
 // buildImages writes the pause and busybox OCI archives.
 func (c *Cluster) buildImages(opts Options) ([]string, error) {
 	if opts.PauseBinary == "" {
-		return nil, errors.New("kubecluster: Options.PauseBinary is empty: build pkg/kubecluster/pause (static) and pass its path")
+		return nil, errors.New("kubecluster: Options.PauseBinary is empty: build internal/kubecluster/pause (static) and pass its path")
 	}
 	dir := filepath.Join(c.Dir, "images")
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
+	"github.com/meshvol/meshvol/internal/mountinfo"
 )
 
 // What a cluster touches outside its own directory, and how it leaves the

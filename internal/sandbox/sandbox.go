@@ -1,10 +1,10 @@
 // Package sandbox puts meshvol on a real Kubernetes cluster on one machine:
-// pkg/kubecluster's control plane and kubelet nodes, pkg/localcluster's
+// internal/kubecluster's control plane and kubelet nodes, internal/localcluster's
 // meshvol controller and node agents on drbdsim nodes (the agents named
 // after the kubelet nodes, sharing their Node objects), the CSI controller
 // service behind the real external-provisioner and external-attacher, and a
 // CSI node service per kubelet node registered with that kubelet through
-// its plugin registration socket. `meshvol sandbox` and the e2e suite
+// its plugin registration socket. `meshvol-sandbox` and the e2e suite
 // (test/e2e) run on it.
 package sandbox
 
@@ -26,13 +26,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/meshvol/meshvol/internal/goproc"
+	"github.com/meshvol/meshvol/internal/kubecluster"
+	"github.com/meshvol/meshvol/internal/localcluster"
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/csi"
-	"github.com/meshvol/meshvol/pkg/internal/goproc"
-	"github.com/meshvol/meshvol/pkg/kubecluster"
-	"github.com/meshvol/meshvol/pkg/localcluster"
 	"github.com/meshvol/meshvol/pkg/pluginreg"
 )
 

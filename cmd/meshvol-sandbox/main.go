@@ -1,3 +1,7 @@
+// Command meshvol-sandbox runs a real Kubernetes cluster with meshvol on this
+// machine, a demonstration, then stays up until Ctrl-C (`make sandbox`). It is
+// a binary of its own so that the product binary, cmd/meshvol, links none of
+// the harness it needs (envtest, kubelets, drbdsim).
 package main
 
 import (
@@ -14,14 +18,17 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
-	"github.com/meshvol/meshvol/pkg/kubecluster"
-	"github.com/meshvol/meshvol/pkg/sandbox"
+	"github.com/meshvol/meshvol/internal/kubecluster"
+	"github.com/meshvol/meshvol/internal/sandbox"
 )
 
-// runSandbox is `meshvol sandbox`: a real Kubernetes cluster on this
-// machine with meshvol on it, a demonstration, then up until Ctrl-C.
-func runSandbox(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("sandbox", flag.ContinueOnError)
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is meshvol-sandbox with its arguments; it returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("meshvol-sandbox", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dir := fs.String("dir", "/var/tmp/meshvol-sandbox", "directory for the cluster's state and logs (kept after teardown, with the logs)")
 	nodes := fs.Int("nodes", 3, "number of nodes, each in a zone of its own")
@@ -36,24 +43,24 @@ func runSandbox(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "meshvol sandbox: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "meshvol-sandbox: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	if *nodes < 2 {
-		fmt.Fprintln(stderr, "meshvol sandbox: -nodes must be at least 2: the demonstration moves a pod to another node")
+		fmt.Fprintln(stderr, "meshvol-sandbox: -nodes must be at least 2: the demonstration moves a pod to another node")
 		return 2
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := os.MkdirAll(filepath.Join(*dir, "logs"), 0o755); err != nil {
-		fmt.Fprintln(stderr, "meshvol sandbox:", err)
+		fmt.Fprintln(stderr, "meshvol-sandbox:", err)
 		return 1
 	}
 	logPath := filepath.Join(*dir, "logs", "meshvol.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
-		fmt.Fprintln(stderr, "meshvol sandbox:", err)
+		fmt.Fprintln(stderr, "meshvol-sandbox:", err)
 		return 1
 	}
 	defer logFile.Close()
@@ -62,7 +69,7 @@ func runSandbox(args []string, stdout, stderr io.Writer) int {
 	}, funcr.Options{Verbosity: 1})
 
 	began := time.Now()
-	fmt.Fprintf(stdout, "meshvol sandbox: starting %d nodes in %s (meshvol's log: %s)\n", *nodes, *dir, logPath)
+	fmt.Fprintf(stdout, "meshvol-sandbox: starting %d nodes in %s (meshvol's log: %s)\n", *nodes, *dir, logPath)
 	sb, err := sandbox.Start(ctx, sandbox.Options{
 		Dir:            *dir,
 		Nodes:          *nodes,
@@ -74,29 +81,29 @@ func runSandbox(args []string, stdout, stderr io.Writer) int {
 		Log:            log,
 	})
 	if errors.Is(err, kubecluster.ErrBusy) {
-		fmt.Fprintf(stderr, "meshvol sandbox: %v\nOnly one runs at a time; stop the other one (Ctrl-C in its terminal) first, or wait for it with -wait.\n", err)
+		fmt.Fprintf(stderr, "meshvol-sandbox: %v\nOnly one runs at a time; stop the other one (Ctrl-C in its terminal) first, or wait for it with -wait.\n", err)
 		return 1
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "meshvol sandbox:", err)
+		fmt.Fprintln(stderr, "meshvol-sandbox:", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "meshvol sandbox: up in %s\n", (time.Since(began) - sb.Kube.LockWait).Round(100*time.Millisecond))
+	fmt.Fprintf(stdout, "meshvol-sandbox: up in %s\n", (time.Since(began) - sb.Kube.LockWait).Round(100*time.Millisecond))
 	code := 0
 	if *demo {
 		res, err := sb.Demo(ctx, stdout)
 		if err != nil {
-			fmt.Fprintln(stderr, "meshvol sandbox: the demonstration failed:", err)
+			fmt.Fprintln(stderr, "meshvol-sandbox: the demonstration failed:", err)
 			code = 1
 		} else {
-			fmt.Fprintf(stdout, "\nmeshvol sandbox: crash of %s → pod Running on %s with the same data in %s\n",
+			fmt.Fprintf(stdout, "\nmeshvol-sandbox: crash of %s → pod Running on %s with the same data in %s\n",
 				res.FirstNode, res.SecondNode, res.CrashToReady.Round(100*time.Millisecond))
 		}
 	}
 	if !*exitAfterDemo && ctx.Err() == nil {
 		kubectl := filepath.Join(sb.Kube.BinDir, "kubectl")
 		fmt.Fprintf(stdout, `
-meshvol sandbox: the cluster is up until Ctrl-C. Try:
+meshvol-sandbox: the cluster is up until Ctrl-C. Try:
 
   export KUBECONFIG=%[1]s
   %[2]s get nodes -o wide
@@ -110,13 +117,13 @@ network. The image %[3]s is on every node.
 		<-ctx.Done()
 	}
 	stop() // a second Ctrl-C during the teardown kills the process
-	fmt.Fprintln(stdout, "\nmeshvol sandbox: tearing down")
+	fmt.Fprintln(stdout, "\nmeshvol-sandbox: tearing down")
 	began = time.Now()
 	if err := sb.Stop(); err != nil {
-		fmt.Fprintln(stderr, "meshvol sandbox: teardown:", err)
+		fmt.Fprintln(stderr, "meshvol-sandbox: teardown:", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "meshvol sandbox: torn down in %s; nothing left on the machine (logs kept in %s)\n",
+	fmt.Fprintf(stdout, "meshvol-sandbox: torn down in %s; nothing left on the machine (logs kept in %s)\n",
 		time.Since(began).Round(100*time.Millisecond), filepath.Join(*dir, "logs"))
 	return code
 }

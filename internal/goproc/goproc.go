@@ -1,6 +1,6 @@
 // Package goproc runs an in-process component (an agent, a controller, a gRPC
 // server) in a goroutine that can be stopped and waited for, the way the
-// in-process clusters (pkg/localcluster, pkg/sandbox) stop and restart them.
+// in-process clusters (internal/localcluster, internal/sandbox) stop and restart them.
 package goproc
 
 import (

@@ -1,5 +1,5 @@
 // Package localcluster runs a whole meshvol cluster in one process: a real
-// kube-apiserver and etcd (pkg/testenv), meshvol's CRDs, the controller, and
+// kube-apiserver and etcd (internal/testenv), meshvol's CRDs, the controller, and
 // N node agents, each with its own drbdsim node on one simulated network and
 // its own file pool on loop devices under a temporary directory. The
 // integration suite, csi-sanity, the sandbox and the scale benchmark build on
@@ -37,17 +37,17 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/testenv"
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd"
 	"github.com/meshvol/meshvol/pkg/drbd/drbdsim"
 	"github.com/meshvol/meshvol/pkg/storage"
 	"github.com/meshvol/meshvol/pkg/storage/file"
-	"github.com/meshvol/meshvol/pkg/testenv"
 
-	"github.com/meshvol/meshvol/pkg/internal/goproc"
-	"github.com/meshvol/meshvol/pkg/internal/loopdev"
-	"github.com/meshvol/meshvol/pkg/internal/mountinfo"
+	"github.com/meshvol/meshvol/internal/goproc"
+	"github.com/meshvol/meshvol/internal/loopdev"
+	"github.com/meshvol/meshvol/internal/mountinfo"
 )
 
 // ControllerFunc runs the meshvol controller against cfg until ctx is done.

@@ -1,5 +1,5 @@
 // Command pause is the sandbox (pod infrastructure) container of the kubelet
-// nodes that pkg/kubecluster runs: it holds the pod's namespaces by doing
+// nodes that internal/kubecluster runs: it holds the pod's namespaces by doing
 // nothing until it is told to stop. No registry is reachable from the machines
 // meshvol's sandbox and e2e suite run on, so the pause image is built locally
 // from this program (static, CGO off) instead of pulled.

@@ -86,7 +86,7 @@ type Options struct {
 	Logger logr.Logger
 
 	// APIServerArgs are extra kube-apiserver flags (name without dashes →
-	// values), set over envtest's defaults; e.g. pkg/kubecluster tells the
+	// values), set over envtest's defaults; e.g. internal/kubecluster tells the
 	// apiserver how to reach real kubelets.
 	APIServerArgs map[string][]string
 }

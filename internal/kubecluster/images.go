@@ -24,7 +24,7 @@ import (
 // policy (IfNotPresent) never tries to pull them.
 const (
 	// PauseImage is containerd's sandbox_image: the pod infrastructure
-	// container, pkg/kubecluster/pause.
+	// container, internal/kubecluster/pause.
 	PauseImage = "meshvol.local/pause:1"
 	// BusyboxImage is the workload image for the sandbox's and the tests'
 	// pods: Debian's busybox-static with a link per applet.
@@ -247,7 +247,7 @@ func importImage(ctx context.Context, address, archive string, log io.Writer) er
 // `make sandbox` have; an installed meshvol is given the binary instead.
 func BuildPause(ctx context.Context, repoRoot, dir string) (string, error) {
 	out := filepath.Join(dir, "pause")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./pkg/kubecluster/pause")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./internal/kubecluster/pause")
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local")
 	if b, err := cmd.CombinedOutput(); err != nil {
