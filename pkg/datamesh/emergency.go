@@ -239,9 +239,54 @@ func (e *Engine) awaitReplacement(mi int) string {
 	if stay >= s.cfg.DiskfulCount() {
 		return ""
 	}
+	if other := e.waitsOnMember(mi); other != "" {
+		// Another transition cannot finish without the lost member's confirmation, and
+		// waiting for a replacement that may never come (no free node) would keep both
+		// waiting for ever. The removal goes now, which ends that wait; IO pauses until
+		// the survivors have confirmed it and its q↓ follows (quorumAfterForceRemoval),
+		// as when no survivor is attached. Said in the event, since the request's
+		// message becomes the removal's progress.
+		e.event(EventWarning, "ForceRemoveNotWaiting", "Force-removing "+m.Name+" without waiting for a replacement Diskful: the "+
+			other+" waits for "+m.Name+" to confirm, which its lost node never will; IO pauses until the survivors have confirmed the removal")
+		return ""
+	}
 	return "Force-removal waits for a replacement Diskful replica ready to join: removing " + m.Name +
 		" now would leave " + strconv.Itoa(reporting) + " of " + strconv.Itoa(after) + " voters under q=" + strconv.Itoa(qAfter) +
 		" and stop IO, while the tiebreaker keeps the volume quorate until then"
+}
+
+// waitsOnMember names a transition of another replica (type and replica, e.g.
+// "AddReplica of r4") that cannot finish before member mi is gone, or "": its active
+// step waits for mi to confirm, or it is a membership transition, which publishes no
+// further step while a voter is lost (pausedByLostVoter).
+func (e *Engine) waitsOnMember(mi int) string {
+	s := &e.s
+	bit := uint32(1) << uint(s.st.Datamesh.Members[mi].NodeID&31)
+	name := s.st.Datamesh.Members[mi].Name
+	ts := s.st.DatameshTransitions
+	for i := range ts {
+		t := &ts[i]
+		if t.ReplicaName == name {
+			continue // the removal cancels the member's own transitions
+		}
+		p, ok := e.planOf(t)
+		si := activeStep(t)
+		if !ok || si < 0 || len(p.Steps) != len(t.Steps) {
+			continue
+		}
+		waits := isMembership(t.Type) && t.Type != v1.TransitionForceRemoveReplica
+		if !waits && t.Steps[si].Status == v1.StepActive {
+			w := e.waitSet(t, &p.Steps[si], t.Steps[si].DatameshRevision)
+			waits = w.Must&^w.Confirmed&bit != 0
+		}
+		if waits {
+			if t.ReplicaName == "" {
+				return string(t.Type)
+			}
+			return string(t.Type) + " of " + t.ReplicaName
+		}
+	}
+	return ""
 }
 
 // servingIO: a member other than the lost one is attached, or an Attach or Detach of

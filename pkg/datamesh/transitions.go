@@ -295,6 +295,14 @@ func (e *Engine) freeNodeID() int {
 // step or completing the transition when every replica that must has confirmed.
 func (e *Engine) backward() {
 	st := e.s.st
+	// paused: a step was held back by a lost voter's removal (pausedByLostVoter);
+	// lostGone: such a removal completed in this pass. Then the held steps may go now.
+	paused, lostGone := false, false
+	defer func() {
+		if paused && lostGone {
+			e.backward()
+		}
+	}()
 	for ti := 0; ti < len(st.DatameshTransitions); {
 		t := &st.DatameshTransitions[ti]
 		p, ok := e.planOf(t)
@@ -318,6 +326,14 @@ func (e *Engine) backward() {
 		if t.Steps[si].Status == v1.StepPending {
 			if t.Type == v1.TransitionFormation && si == 0 {
 				ti++ // formation() publishes when the replicas are ready
+				continue
+			}
+			if msg := e.pausedByLostVoter(t); msg != "" {
+				paused = true
+				e.setStepMessage(ti, si, msg)
+				e.setRequestMessageString(t.ReplicaName, requestPrefix(t.Type)+", step "+strconv.Itoa(si+1)+"/"+strconv.Itoa(len(t.Steps))+" ("+p.Steps[si].Name+"): "+msg)
+				e.s.waiting = true
+				ti++
 				continue
 			}
 			if msg := e.detachUnsafe(t, &p.Steps[si]); msg != "" {
@@ -353,8 +369,33 @@ func (e *Engine) backward() {
 		if si+1 < len(t.Steps) {
 			continue // publish the next step (when ready) and confirm it: 0/n
 		}
+		lostGone = lostGone || (t.Type == v1.TransitionForceRemoveReplica && StateOfMember(t.FromType).IsVoter())
 		e.complete(ti, p)
 	}
+}
+
+// pausedByLostVoter returns why membership transition t publishes no further step now,
+// or "": a voter of the datamesh is lost (named in ForceLeave, or its ForceRemoveReplica
+// not yet confirmed by every other replica), docs/datamesh.md "A voter lost under a
+// transition in flight". Until every survivor runs the removal, a replica that has not
+// applied it still connects to the lost member, which, alive behind a partition, runs
+// the datamesh it last applied. A step published meanwhile — the newcomer's disk
+// attached (D∅ → D), a held q lowered (q↓), a qmr change — gives the survivors that
+// applied it a quorum the old configuration does not intersect: the lost member and a
+// replica still connected to it keep the old quorum through DRBD's tiebreaker on the
+// other side of a cut (the model checker's "returns behind a partition", 2D+1TB with an
+// AddReplica in flight). Steps already published are still confirmed (without the
+// lost member); the transition resumes once the removal is confirmed. The lost
+// member's own transitions are cancelled by its removal and are not held here.
+func (e *Engine) pausedByLostVoter(t *v1.DatameshTransition) string {
+	if !isMembership(t.Type) || t.Type == v1.TransitionForceRemoveReplica {
+		return ""
+	}
+	lost := e.voterForceLeaving()
+	if lost == "" || lost == t.ReplicaName {
+		return ""
+	}
+	return "Paused until the force removal of " + lost + " is confirmed (a lost voter leaves before the member set changes)"
 }
 
 // detachUnsafe returns the GMDR guard's message when step would detach the disk of a
