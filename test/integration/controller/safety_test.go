@@ -17,7 +17,7 @@ import (
 	"github.com/meshvol/meshvol/pkg/controller"
 )
 
-// The node lifecycle's promises (docs/node-lifecycle.md), checked as invariants over
+// The node lifecycle's promises (docs/controller.md, "Node lifecycle"), checked as invariants over
 // what anyone can read from the apiserver — the Leases, the replicas' reports, the
 // volume's status and the Nodes — after every step, not as the lines of code that
 // keep them today. A change to the controller that breaks one fails here whichever
