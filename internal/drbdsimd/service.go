@@ -200,7 +200,7 @@ func unsupported(stderr io.Writer, prog string, args []string) int {
 }
 
 // drbdadmVersion is `drbdadm --version` of drbd-utils 9.22.0 with DRBD
-// 9.2.18 loaded (/work/shared/drbd-captures/drbdadm--version.txt).
+// 9.2.18 loaded (pkg/drbd/internal/captures/testdata/drbdadm--version.txt).
 const drbdadmVersion = `DRBDADM_BUILDTAG=GIT-hash:\ 409097fe02187f83790b88ac3e0d94f3c167adab\ reproducible\ build\,\ 2023-01-09\ 14:51:18
 DRBDADM_API_VERSION=2
 DRBD_KERNEL_VERSION_CODE=0x090212

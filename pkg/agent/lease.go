@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"time"
 
@@ -144,25 +143,4 @@ func moved(last capacity, total, free int64) bool {
 		d = -d
 	}
 	return d >= threshold
-}
-
-// ParseCapacity reads a capacity annotation value ("total=<bytes>,free=<bytes>").
-func ParseCapacity(v string) (total, free int64, err error) {
-	for _, part := range strings.Split(v, ",") {
-		k, val, ok := strings.Cut(part, "=")
-		if !ok {
-			return 0, 0, fmt.Errorf("capacity %q: %q is not key=value", v, part)
-		}
-		n, err := strconv.ParseInt(val, 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("capacity %q: %s: %w", v, k, err)
-		}
-		switch k {
-		case "total":
-			total = n
-		case "free":
-			free = n
-		}
-	}
-	return total, free, nil
 }
