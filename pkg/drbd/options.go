@@ -170,7 +170,7 @@ type DiskOptions struct {
 	// RsDiscardGranularity in bytes; 0 disables discards during resync.
 	RsDiscardGranularity int32
 	// NonVoting marks a diskful replica that does not count towards quorum.
-	// Upstream DRBD 9.2 has no such option (DRBD-QUORUM.md); it is rendered
+	// Upstream DRBD 9.2 has no such option (docs/drbd-quorum.md); it is rendered
 	// only when Features.NonVoting says the module supports it.
 	NonVoting bool
 	// CMaxRate caps the dynamically controlled resync rate, in KiB/s
@@ -183,8 +183,8 @@ type DiskOptions struct {
 // OptionSet is one scope of the option override chain (defaults → storage
 // class → volume → replica, broadest to narrowest). A nil field inherits
 // from the broader scope; any non-nil value, including false and 0, is an
-// explicit setting and wins. (Seed 003: a resolver that only copied "true"
-// values would let a broader true silently override a narrower false.)
+// explicit setting and wins. (A resolver that only copied "true" values
+// would let a broader true silently override a narrower false.)
 type OptionSet struct {
 	Resource ResourceOptionSet
 	Net      NetOptionSet

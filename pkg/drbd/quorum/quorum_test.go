@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// Peers used by the scenarios. The cluster is the one of DRBD-QUORUM.md and
+// Peers used by the scenarios. The cluster is the one of docs/drbd-quorum.md and
 // the captures: node1 and node2 diskful, node3 diskless (a tiebreaker).
 var (
 	utd       = Peer{Connected: true, Disk: DiskUpToDate}
@@ -31,7 +31,7 @@ type scenario struct {
 
 func peers(p ...Peer) []Peer { return p }
 
-// Every row of DRBD-QUORUM.md's "Observed" table that is a statement about
+// Every row of docs/drbd-quorum.md's "Observed" table that is a statement about
 // one node's computation, in the order of the table, then the capture
 // states and the corners of the rule.
 var scenarios = []scenario{
@@ -506,7 +506,7 @@ func FuzzCompute(f *testing.F) {
 // whatever it is quorate by without holding quorum, it is quorate by holding it too;
 // the only thing holding quorum adds is the tiebreaker path. The model checker decides
 // every node as possibly quorate before a cut (a sound over-approximation), so it never
-// exercises "never gains" itself: this test does (issue 8, item 9).
+// exercises "never gains" itself: this test does.
 func TestTiebreakerKeepsNeverGains(t *testing.T) {
 	kinds := []Peer{
 		{Connected: true, Diskless: true}, {Connected: true, Disk: DiskUpToDate}, {Connected: true, Disk: DiskPresent},
