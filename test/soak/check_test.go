@@ -155,7 +155,7 @@ func (w *world) waitReady(name string, d time.Duration) string {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	c := meta.FindStatusCondition(rv.Status.Conditions, controller.ConditionReady)
+	c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionReady)
 	if c == nil || c.Status == "True" || strings.TrimSpace(c.Message) == "" {
 		w.fail("%s is not Ready %s after healing (phase %s, %d transitions) and does not say why: %+v", name, d, rv.Status.Phase, len(rv.Status.DatameshTransitions), c)
 	}

@@ -252,7 +252,7 @@ func (w *world) create() {
 	w.step("create %s %s", v.name, l.name)
 }
 
-func rvaName(v *vol, node string) string { return v.name + "-" + node }
+func rvaName(v *vol, node string) string { return v1.AttachmentName(v.name, node) }
 
 func (w *world) attach() {
 	vs := w.volsWhere(func(v *vol) bool { return v.node == "" })
@@ -328,7 +328,7 @@ func (w *world) activate(v *vol, d time.Duration) string {
 
 func attachedMessage(rva *v1.ReplicatedVolumeAttachment) string {
 	for _, c := range rva.Status.Conditions {
-		if c.Type == controller.ConditionAttached {
+		if c.Type == v1.ConditionAttached {
 			return c.Reason + ": " + c.Message
 		}
 	}

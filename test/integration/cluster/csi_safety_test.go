@@ -46,7 +46,7 @@ func (r *rig) publishKept(vol, node string, res *csipb.ControllerPublishVolumeRe
 	}
 	dev := res.GetPublishContext()[csi.PublishContextDevicePath]
 	rva := &v1.ReplicatedVolumeAttachment{}
-	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(vol, node)}, rva))
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(vol, node)}, rva))
 	switch role := r.role(vol, node); {
 	case dev == "":
 		return fmt.Errorf("ControllerPublishVolume succeeded without a device path (RVA phase %s, DRBD %s)", rva.Status.Phase, role)
