@@ -29,7 +29,7 @@ var (
 	// pathMention is a repository-relative path to a file under one of the top-level
 	// directories, not part of a longer path (an import path, ../docs/...).
 	pathMention = regexp.MustCompile(`(^|[^A-Za-z0-9_./-])((?:docs|pkg|internal|cmd|test|hack|charts|deploy|config|sanity)/[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.(?:md|go|txt|sh|yaml|json|tpl))`)
-	codeSpan   = regexp.MustCompile("`[^`]*`")
+	codeSpan    = regexp.MustCompile("`[^`]*`")
 )
 
 func repoRoot(t *testing.T) string {
