@@ -395,7 +395,8 @@ func (w *world) detach() {
 	}
 	v := vs[w.pick(len(vs))]
 	w.stats.count("op detach")
-	w.step("detach %s from %s: %s", v.name, v.node, w.detachVol(v))
+	from := v.node
+	w.step("detach %s from %s: %s", v.name, from, w.detachVol(v))
 }
 
 // detachVol ends the session and deletes the RVA, waiting for it to go.
@@ -507,7 +508,8 @@ func (w *world) deleteOne() {
 func (w *world) settle() {
 	for _, v := range w.vols {
 		if v.sess != nil && v.sess.w.exited() {
-			w.step("session of %s on %s ended: %s", v.name, v.sess.node, w.deactivate(v))
+			node := v.sess.node
+			w.step("session of %s on %s ended: %s", v.name, node, w.deactivate(v))
 		}
 		if v.node != "" && v.sess == nil && !w.crashed[v.node] {
 			w.step("settle %s on %s: %s", v.name, v.node, w.activate(v, 3*time.Second))
