@@ -118,8 +118,8 @@ func (w *world) checkEnd() {
 		w.sameReplicas(v)
 	}
 	if len(ready) > 0 && slices.Contains(slices.Collect(maps.Values(ready)), false) {
-		w.t.Logf("seed %d: a volume did not return to Ready after healing (it says why); replay: go test ./test/soak/ -run TestSoak -soak.seed=%d -soak.seeds=1 -soak.duration=%s -v\nhistory:\n  %s\nstate:\n%s",
-			w.seed, w.seed, *flagDuration, strings.Join(w.history, "\n  "), w.dump())
+		w.t.Logf("%s: a volume did not return to Ready after healing (it says why); replay: %s\nhistory:\n  %s\nstate:\n%s",
+			w.t.Name(), w.replay(), strings.Join(w.history, "\n  "), w.dump())
 	}
 	// Delete everything; nothing may be left.
 	for _, v := range w.vols {
