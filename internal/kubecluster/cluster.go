@@ -99,11 +99,6 @@ type Cluster struct {
 	stopErr    error
 }
 
-// DefaultNodes are three nodes in three zones.
-func DefaultNodes() []NodeSpec {
-	return []NodeSpec{{"node-a", "zone-a"}, {"node-b", "zone-b"}, {"node-c", "zone-c"}}
-}
-
 // Start starts the cluster and returns once every node is Ready. On
 // failure it tears down what it started.
 func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
