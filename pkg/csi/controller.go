@@ -186,7 +186,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		if err := c.checkCapacity(ctx, rsc, l, r); err != nil {
 			return nil, err
 		}
-		if rv, err = c.createRV(ctx, r); err != nil {
+		if err := c.createRV(ctx, r); err != nil {
 			return nil, err
 		}
 		created = true
@@ -265,7 +265,7 @@ func compatible(rv *v1.ReplicatedVolume, r createRequest, cr *csipb.CapacityRang
 	return nil
 }
 
-func (c *Controller) createRV(ctx context.Context, r createRequest) (*v1.ReplicatedVolume, error) {
+func (c *Controller) createRV(ctx context.Context, r createRequest) error {
 	rv := &v1.ReplicatedVolume{
 		ObjectMeta: metav1.ObjectMeta{
 			// No finalizer here: the controller adds and releases its own by server-side
@@ -289,14 +289,14 @@ func (c *Controller) createRV(ctx context.Context, r createRequest) (*v1.Replica
 	if err := c.Client.Create(ctx, rv, client.FieldOwner(v1.FieldManagerCSI)); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Created meanwhile by someone else (the cache lagged): let the retry decide.
-			return nil, status.Errorf(codes.Aborted, "name: volume %q appeared while it was being created; retry", r.rvName)
+			return status.Errorf(codes.Aborted, "name: volume %q appeared while it was being created; retry", r.rvName)
 		}
 		if apierrors.IsInvalid(err) {
-			return nil, invalid("creating ReplicatedVolume %q: %v", r.rvName, err)
+			return invalid("creating ReplicatedVolume %q: %v", r.rvName, err)
 		}
-		return nil, internal("creating ReplicatedVolume "+r.rvName, err)
+		return internal("creating ReplicatedVolume "+r.rvName, err)
 	}
-	return rv, nil
+	return nil
 }
 
 // agentNodes lists nodes that run an agent, from their Leases.

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
 const gi = int64(1) << 30
@@ -257,4 +258,23 @@ func TestPlaceAccess(t *testing.T) {
 		}
 	}
 	_ = fmt.Sprint
+}
+
+// TestFitsIsWhatTheAgentAllocates: a node fits a Diskful replica exactly when its free
+// space holds the backing volume the agent creates (data and DRBD metadata for
+// v1.DRBDMaxPeers), and the CSI service's capacity answers (drbd.UsableBytes of the
+// free space) agree: what they call the largest volume a node holds fits there.
+func TestFitsIsWhatTheAgentAllocates(t *testing.T) {
+	for _, size := range []int64{1 << 20, 64 << 20, 10 * gi, 1000 * gi} {
+		b := BackingBytes(size)
+		if b <= size {
+			t.Errorf("BackingBytes(%d) = %d leaves no room for DRBD's metadata", size, b)
+		}
+		if !Fits(b, size) || Fits(b-1, size) {
+			t.Errorf("size %d: Fits(%d) = %v, Fits(%d) = %v; want exactly the backing volume", size, b, Fits(b, size), b-1, Fits(b-1, size))
+		}
+		if u := drbd.UsableBytes(b, v1.DRBDMaxPeers); u < size || !Fits(b, u) {
+			t.Errorf("size %d: %d free bytes hold %d usable bytes, which must fit there and be at least the size", size, b, u)
+		}
+	}
 }
