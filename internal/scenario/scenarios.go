@@ -549,7 +549,8 @@ func (r *run) expand(t *testing.T) {
 			// A node service without CAP_SYS_RESOURCE (the test
 			// machine's root may lack it) cannot grow a mounted ext4;
 			// it says so, and the file system grows at the next
-			// stage (docs/csi.md). Restart the "pod" as the message asks.
+			// stage (docs/controller.md, "The file system grows in
+			// NodeExpandVolume"). Restart the "pod" as the message asks.
 			how = "at the next stage (no CAP_SYS_RESOURCE for online growth)"
 			return nil
 		}
