@@ -143,7 +143,6 @@ func (w *world) rvr(name string) *v1.ReplicatedVolumeReplica {
 func (w *world) process(t testing.TB) (Result, error) {
 	if w.eng == nil {
 		w.eng = NewEngine(w.reg, w.features)
-		w.eng.checkIndex = true
 	}
 	w.now = w.now.Add(time.Second)
 	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,

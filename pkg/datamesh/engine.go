@@ -125,8 +125,8 @@ type Event struct {
 	Message string
 }
 
-// Result is what Process returns besides the mutated status. Its slices belong to the
-// Engine and are valid until the next Process call; copy them to keep them.
+// Result is what Process returns besides the mutated status. Its slices are the
+// caller's: nothing of them is kept or reused by the Engine.
 type Result struct {
 	// Changed: RV.Status was modified and must be written.
 	Changed bool
@@ -147,14 +147,12 @@ type Result struct {
 	Events []Event
 }
 
-// Engine runs the datamesh transitions of one volume per Process call. It holds scratch
-// buffers so a steady reconcile allocates nothing; it is not safe for concurrent use:
-// give each worker its own Engine (they may share one Registry).
+// Engine runs the datamesh transitions of one volume per Process call. It holds only
+// its plan registry and features, both read-only, and keeps nothing between calls: it
+// is safe for concurrent use.
 type Engine struct {
-	reg        *Registry
-	features   Features
-	s          scratch
-	checkIndex bool // tests: verify incremental index updates against a full rebuild
+	reg      *Registry
+	features Features
 }
 
 // NewEngine returns an engine that runs the plans of reg. A nil reg means DefaultRegistry().

@@ -25,7 +25,6 @@ func TestReusedEngineMatchesFresh(t *testing.T) {
 		w := steadyWorld(t, l[0], l[1], rng.Intn(4))
 		w.rv.Spec.MaxAttachments = int32(1 + rng.Intn(2))
 		w.eng = NewEngine(w.reg, w.features)
-		w.eng.checkIndex = true
 		step := func() {
 			in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
 				ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
