@@ -137,7 +137,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	dm := &rv.Status.Datamesh
 
 	// Backing volume: every full-mesh member with storage holds one, the
-	// liminal ones too (provisioned but not attached to DRBD, decision D1).
+	// liminal ones too (provisioned but not attached to DRBD, docs/layouts.md §8.4).
 	var vol *storage.Volume
 	if member.Type.ConnectsToAllPeers() && rvr.Spec.Storage != nil {
 		v, err := a.ensureVolume(ctx, rvr, rv)

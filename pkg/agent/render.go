@@ -32,13 +32,13 @@ type renderInput struct {
 
 // render turns the datamesh into this node's DRBD resource.
 //
-// Who connects to whom (seed 000): full-mesh members (D, D∅, sD, sD∅) connect to
-// every other member; star members (A, TB) connect only to full-mesh members.
-// D∅ and sD∅ are rendered `disk none` even though they hold a backing volume
-// (decision D1, docs/datamesh.md): DRBD must never count a liminal member as a
-// voter. A peer is written diskless only when it is a star member: a liminal
-// peer will get its disk, and the bitmap slot ("bitmap no" otherwise) must be
-// there when it does.
+// Who connects to whom (docs/datamesh-spec.md, "States"): full-mesh members
+// (D, D∅, sD, sD∅) connect to every other member; star members (A, TB) connect
+// only to full-mesh members. D∅ and sD∅ are rendered `disk none` even though they
+// hold a backing volume (docs/layouts.md §8.4, docs/datamesh.md): DRBD must never
+// count a liminal member as a voter. A peer is written diskless only when it is a
+// star member: a liminal peer will get its disk, and the bitmap slot ("bitmap no"
+// otherwise) must be there when it does.
 //
 // Quorum: voters (D, D∅) run the published q; every other member runs
 // layout.NonVoterQuorum, so it is quorate only through a quorate UpToDate peer;

@@ -9,8 +9,9 @@ import (
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
-// The phase machine (seed 002's rigor: every phase has one rule, every rule reads only
-// what the status and the replicas report, so the phase is a function and not a memory):
+// The phase machine (docs/controller.md, "Phases"): every phase has one rule, every rule
+// reads only what the status and the replicas report, so the phase is a function and not
+// a memory:
 //
 //	Deleting       the RV has a deletionTimestamp, whatever else holds
 //	Pending        no configuration yet, or formation has not started (placement,

@@ -111,7 +111,8 @@ func (c *Controller) ensureSecret(ctx context.Context, rv *v1.ReplicatedVolume) 
 	return nil
 }
 
-// chooseAlgorithm picks the volume's cram-hmac-alg (seed 004's fallback): the first of
+// chooseAlgorithm picks the volume's cram-hmac-alg (docs/controller.md, "Allocation and
+// the shared secret"): the first of
 // the preference list that every node of the pool offers (annotation
 // storage.meshvol.io/hmac-algorithms on its agent Lease); if none is common, the first
 // that most of them offer (placement then keeps replicas off the others). Nodes whose

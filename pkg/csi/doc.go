@@ -1,5 +1,5 @@
 // Package csi serves meshvol's CSI Identity, Controller and Node services (CSI spec
-// v1.x, DESIGN.md §7) over a unix socket.
+// v1.x; docs/contract.md, "CSI") over a unix socket.
 //
 // The services are thin. The controller service (in `meshvol controller`) turns RPCs
 // into ReplicatedVolume and ReplicatedVolumeAttachment specs and waits, bounded by the

@@ -7,12 +7,12 @@ import (
 	"testing"
 )
 
-// TestSeedTables reads seed 000 itself (testdata/seed000.md, a verbatim copy) and checks
+// TestSeedTables reads the datamesh specification itself (docs/datamesh-spec.md) and checks
 // every row of the four transition tables against DerivePlan, and every step of every
-// derived path against the seed's confirmation tables. The datadriven files in
+// derived path against the specification's confirmation tables. The datadriven files in
 // testdata/plans show the same rows for people; this test makes sure none is missed.
 func TestSeedTables(t *testing.T) {
-	raw, err := os.ReadFile("testdata/seed000.md")
+	raw, err := os.ReadFile("../../docs/datamesh-spec.md")
 	if err != nil {
 		t.Fatal(err)
 	}

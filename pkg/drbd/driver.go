@@ -42,7 +42,7 @@ type Driver interface {
 	Primary(ctx context.Context, name string, force ForceReason) error
 	Secondary(ctx context.Context, name string) error
 	// NewCurrentUUIDClearBitmap skips the initial sync. Only at formation,
-	// when every replica is empty (DESIGN.md §6).
+	// when every replica is empty (docs/architecture.md, "Safety rules the code relies on").
 	NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 	Resize(ctx context.Context, name string) error
 	ForgetPeer(ctx context.Context, name string, peerNodeID int) error

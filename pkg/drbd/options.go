@@ -183,8 +183,8 @@ type DiskOptions struct {
 // OptionSet is one scope of the option override chain (defaults → storage
 // class → volume → replica, broadest to narrowest). A nil field inherits
 // from the broader scope; any non-nil value, including false and 0, is an
-// explicit setting and wins. (Seed 003: a resolver that only copied "true"
-// values would let a broader true silently override a narrower false.)
+// explicit setting and wins. (A resolver that only copied "true" values
+// would let a broader true silently override a narrower false.)
 type OptionSet struct {
 	Resource ResourceOptionSet
 	Net      NetOptionSet

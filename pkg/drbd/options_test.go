@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// Seed 003's pinning test: a narrower scope's explicit false / 0 survives a
-// broader scope's true / non-zero, and nil inherits.
+// A narrower scope's explicit false / 0 survives a broader scope's true /
+// non-zero, and nil inherits (OptionSet's rule).
 func TestResolveExplicitZeroSurvives(t *testing.T) {
 	broad := OptionSet{
 		Resource: ResourceOptionSet{AutoPromote: Ptr(true), QuorumMinimumRedundancy: Ptr(QuorumCount(2))},

@@ -122,7 +122,7 @@ func (r *Resource) Validate(f Features) error {
 			p.addf("%s.address %s: same address and port as self", field, peer.Address.ShowString())
 		}
 		// A diskless node may have diskless peers: a liminal member (D∅, sD∅)
-		// runs `disk none` (decision D1) yet is a full-mesh member, connected
+		// runs `disk none` (docs/layouts.md §8.4) yet is a full-mesh member, connected
 		// to the Access and TieBreaker members too. Whether two members
 		// connect is the datamesh's call, not a property of their disks.
 	}

@@ -99,7 +99,7 @@ func TestValidateRules(t *testing.T) {
 	}
 }
 
-// A liminal member (D∅, sD∅) runs `disk none` (decision D1) but is a
+// A liminal member (D∅, sD∅) runs `disk none` (docs/layouts.md §8.4) but is a
 // full-mesh member: it connects to the TieBreaker and Access members too, so a
 // diskless node with a diskless peer is valid, and drbdadm accepts it (the
 // package's TestMain hands every rendered file to drbdadm).

@@ -32,7 +32,7 @@ type Violation struct {
 func (v Violation) Error() string { return v.Invariant + ": " + v.Detail }
 
 // RequiredQ is what the effective layout requires of the published q for a
-// datamesh with the given voters: seed 000 "Derived values",
+// datamesh with the given voters: docs/datamesh-spec.md, "Derived values",
 // q = max(⌊voters/2⌋+1, ⌊minD/2⌋+1), minD = FTT+GMDR+1. It is written out
 // here rather than taken from pkg/datamesh/layout so that the checker states
 // the requirement independently of the code it checks.

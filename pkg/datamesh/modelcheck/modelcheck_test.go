@@ -26,7 +26,7 @@ var (
 // for large ones (4D+1TB, 5D), and a second pass over the small layouts
 // that spends its requests on attachments only (two of them: enough to move
 // the attachment, detach here and attach there, with a node loss or an agent
-// restart in between; issue 8 found an unsafe second Attach that a single
+// restart in between; the mutation check found an unsafe second Attach that a single
 // request per run never reaches). A run injects up to Requests requests of
 // any kind plus AttachRequests attach/detach requests, loses up to Losses
 // nodes, restarts up to Restarts agents, and stops after Depth actions; every

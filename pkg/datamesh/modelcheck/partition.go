@@ -53,8 +53,8 @@ type selfView struct {
 }
 
 // physical is what node j's DRBD really runs, read from j's own applied
-// snapshot: its peers learn it over the connection. Lead decision D1
-// (notes/decisions.md): liminal members are rendered intentionally
+// snapshot: its peers learn it over the connection. Liminal members
+// (docs/layouts.md §8.4) are rendered intentionally
 // diskless, so DRBD never counts them; a member becomes a DRBD voter only
 // when it attaches its disk.
 //
@@ -141,14 +141,14 @@ func (dp *DataPlane) self(i int) selfView {
 		// A non-voting node gives itself no vote; with q=32 it can only be
 		// quorate through a quorate UpToDate peer, like a diskless one.
 		// (What flant-drbd's non-voting really does is not documented in
-		// DRBD-QUORUM.md; this is the reading the seed relies on.)
+		// docs/drbd-quorum.md; this is the reading docs/datamesh-spec.md relies on.)
 		v.disk = quorum.DiskNone
 	}
 	return v
 }
 
 // settings are the quorum options node i's agent rendered: voters use the
-// published q, star and shadow members q=32 (seed 000 §ChangeQuorum); all
+// published q, star and shadow members q=32 (docs/datamesh-spec.md §ChangeQuorum); all
 // use the published qmr. 0 means the option is off.
 func settings(s *Snapshot, voter bool) (q, qmr quorum.Setting) {
 	q = quorum.Count(32)

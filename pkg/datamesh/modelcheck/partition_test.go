@@ -153,7 +153,7 @@ func BenchmarkFindSplits5D(b *testing.B) {
 	}
 }
 
-// Lead decision D1: liminal members are rendered `disk none`, so DRBD does
+// Liminal members are rendered `disk none` (docs/layouts.md §8.4), so DRBD does
 // not count a D∅ as a voter. The one-step add of a D∅ to 2D+1TB with q
 // unchanged is then no split even half applied — the old configuration's
 // tiebreaker faces a side whose only other node is diskless.

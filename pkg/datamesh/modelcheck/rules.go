@@ -8,9 +8,10 @@ import (
 )
 
 // The engine's safety rules, each stated as the property it exists for and checked
-// after every Process call of every run (issue 8, item 9: a golden line in a scenario
-// file is accepted by a -rewrite run; these are not). Where the engine counts from
-// the replicas' reports, these count from the truth of the world (alive, UpToDate),
+// after every Process call of every run (a golden line in a scenario file is accepted
+// by a -rewrite run; these are not: docs/modelcheck.md, "Invariants, exactly as
+// checked"). Where the engine counts from the replicas' reports, these count from the
+// truth of the world (alive, UpToDate),
 // which for a reporting replica is the same and otherwise never more: a rule that
 // holds here holds for what the engine could see.
 const (
@@ -37,7 +38,7 @@ func checkRules(s *Scenario, w *World, floor v1alpha1.Layout, prev, next *v1alph
 	}
 	target := v1alpha1.Layout{FailuresToTolerate: cfg.FailuresToTolerate, GuaranteedMinimumDataRedundancy: cfg.GuaranteedMinimumDataRedundancy}
 
-	// A confirmed loss lowers what the volume can promise (seed 000: the q↓ of
+	// A confirmed loss lowers what the volume can promise (docs/datamesh-spec.md: the q↓ of
 	// ForceRemoveReplica(D), even → odd voters, lowers the effective FTT to what the
 	// voters provide): once every live replica runs a datamesh without the lost member,
 	// the FTT may fall to what the voters that are left provide, never below.
@@ -281,9 +282,9 @@ func isMembershipT(t v1alpha1.TransitionType) bool {
 }
 
 // changesDisklessSet: some step of the transition's plan moves its member into or out
-// of the set of members DRBD runs diskless (A, TB, and by decision D1 D∅ and sD∅). The
-// steps come from the registry the transition names; a plan the registry does not know
-// counts as a change.
+// of the set of members DRBD runs diskless (A, TB, and D∅ and sD∅: docs/layouts.md
+// §8.4). The steps come from the registry the transition names; a plan the registry
+// does not know counts as a change.
 func changesDisklessSet(t *v1alpha1.DatameshTransition) bool {
 	p, ok := registry.Lookup(t.PlanID, t.PlanVersion)
 	if !ok {
@@ -339,7 +340,7 @@ func memberOf(st *v1alpha1.ReplicatedVolumeStatus, name string) bool {
 }
 
 // providedFTT is the FTT the voters (D, D∅) and TieBreakers of members provide with
-// GMDR gmdr, written out from seed 000 rather than taken from pkg/datamesh/layout:
+// GMDR gmdr, written out from docs/datamesh-spec.md rather than taken from pkg/datamesh/layout:
 // a majority of the voters must stay, DRBD's tiebreaker forgives one missing voter of
 // an even set with a TieBreaker, and gmdr+1 UpToDate copies must stay.
 func providedFTT(members []v1alpha1.DatameshMember, gmdr int32) int32 {

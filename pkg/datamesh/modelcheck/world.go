@@ -174,8 +174,8 @@ func (s *Scenario) newRV() *v1alpha1.ReplicatedVolume {
 
 // reportedRevision is what the agent writes to rvr.status.datameshRevision:
 // the revision the kernel runs, or 0 once the replica has applied a datamesh
-// without itself and torn DRBD down (seed 001, "leaving replica confirms by
-// resetting revision to 0").
+// without itself and torn DRBD down (docs/datamesh.md, "Confirmation": a leaving
+// replica confirms by reporting revision 0).
 func reportedRevision(r *Replica, slot int) int64 {
 	if r.Applied == nil || r.Applied.Member(slot) == nil {
 		return 0
@@ -187,7 +187,7 @@ func reportedRevision(r *Replica, slot int) int64 {
 // A replica whose agent is not ready keeps its last report (stale), and the
 // controller marks it AgentReady=False; a dead node's report stays stale forever,
 // including the connections it had, so a guard that trusts it would be
-// wrong (seed 000, MemberUnreachable).
+// wrong (docs/datamesh-spec.md, "Preconditions for ForceRemoveReplica": MemberUnreachable).
 func (w *World) RVR(s *Scenario, i int) *v1alpha1.ReplicatedVolumeReplica {
 	r := &w.DP.Replicas[i]
 	sl := &s.Slots[i]

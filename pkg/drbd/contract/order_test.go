@@ -30,7 +30,7 @@ const realRecording = "testdata/real-drbd-9.2.18/"
 //   - node1, node2: the recording stops matching at stage 05's heal. The
 //     suite then brought node3 up at once and node3 connected before the
 //     healed pair's next connect attempt (connect-int); the suite now waits
-//     for node1 and node2 to reconnect first (the race issue 7 describes),
+//     for node1 and node2 to reconnect first (the race test/vm/FINDINGS.md describes),
 //     so the order of the reconnections differs from the recording by
 //     design, and so does what follows from it (node2 outdated through
 //     node3). Stage 06 cuts two links at once; on real DRBD both failures
@@ -74,7 +74,7 @@ var tailPatterns = map[string][][]string{
 }
 
 // drbdsim's events2, for the whole contract suite, in the order DRBD
-// 9.2.18 printed them (issue 7's differences: connections before the
+// 9.2.18 printed them (the differences test/vm/FINDINGS.md lists: connections before the
 // disk at up, WFBitMapT before Inconsistent, the resync helpers, the
 // Consistent blip, down without destroying peer devices, may_promote).
 func TestEventOrderMatchesRealDRBD(t *testing.T) {

@@ -42,8 +42,8 @@ const (
 const MaxCount = 32
 
 // Count is an explicit `quorum k`. It means k whatever the number of voters,
-// so a k larger than the cluster can never be met by counting (the seed's
-// q=32 for diskless members relies on exactly that).
+// so a k larger than the cluster can never be met by counting (the q=32 of
+// star and shadow members, docs/datamesh-spec.md §ChangeQuorum, relies on exactly that).
 func Count(k int) Setting { return Setting(k) }
 
 // ParseSetting reads the text DRBD uses for the option ("off", "majority",

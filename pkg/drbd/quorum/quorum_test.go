@@ -506,7 +506,7 @@ func FuzzCompute(f *testing.F) {
 // whatever it is quorate by without holding quorum, it is quorate by holding it too;
 // the only thing holding quorum adds is the tiebreaker path. The model checker decides
 // every node as possibly quorate before a cut (a sound over-approximation), so it never
-// exercises "never gains" itself: this test does (issue 8, item 9).
+// exercises "never gains" itself: this test does.
 func TestTiebreakerKeepsNeverGains(t *testing.T) {
 	kinds := []Peer{
 		{Connected: true, Diskless: true}, {Connected: true, Disk: DiskUpToDate}, {Connected: true, Disk: DiskPresent},

@@ -26,8 +26,9 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env, testenv.Options{})) 
 
 const apiVersion = "storage.meshvol.io/v1alpha1"
 
-// Field managers. The controller and agent names are the ones the design gives the
-// real writers (DESIGN.md §4), so the ownership tests read like the production flows.
+// Field managers. The controller and agent names are the ones the real writers use
+// (docs/contract.md, "Objects, names, writers"), so the ownership tests read like the
+// production flows.
 const (
 	managerUser       = "kubectl-user"
 	managerCSI        = "meshvol-csi-controller"

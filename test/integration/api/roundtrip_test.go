@@ -43,7 +43,7 @@ func cond(typ, status, reason, msg string) metav1.Condition {
 }
 
 // drbdOptions sets every override, with explicit false and 0 among them: nil means
-// "inherit" and a set zero means "explicitly off" (seed 003), so a zero must survive
+// "inherit" and a set zero means "explicitly off" (drbd.OptionSet), so a zero must survive
 // the apiserver as a set value, not vanish as an omitted one.
 func drbdOptions() *v1.DRBDOptions {
 	return &v1.DRBDOptions{

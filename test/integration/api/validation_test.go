@@ -81,7 +81,7 @@ const (
 	atLeast0  = "should be greater than or equal to 0"
 	layoutMsg = "failuresToTolerate must be at most guaranteedMinimumDataRedundancy + 1: the allowed layouts are 1D, 2D, 3D, 2D+1TB, 4D, 4D+1TB and 5D"
 	zonesMsg  = "zones must be empty when topology is Ignored"
-	// transZonalZonesMsg: issue 8, item 8 (layout.MinZones).
+	// transZonalZonesMsg: layout.MinZones, docs/layouts.md §7.
 	transZonalZonesMsg = "TransZonal must be able to lose any one zone: failuresToTolerate 1 or 2 needs at least 3 zones, and 1 with guaranteedMinimumDataRedundancy 2 (4D) needs 4 (over 3 zones, one zone holds 2 of the 4 Diskful replicas and losing it leaves 2 copies, not 3)"
 	// rootField is how the apiserver names the field of a rule on the whole object
 	// (the only place a rule can see metadata.name): a CRD rule's fieldPath cannot
@@ -187,7 +187,7 @@ spec: {storagePool: pool-a, replication: None, zones: [zone-a]}
 		field: "spec", msg: zonesMsg,
 	},
 	{
-		// Issue 8: 4D over exactly three zones cannot survive a zone loss.
+		// 4D over exactly three zones cannot survive a zone loss (docs/layouts.md §7).
 		name: "rsc/TransZonal 4D over three zones",
 		bad: `
 kind: ReplicatedStorageClass

@@ -41,7 +41,7 @@ func TestFormationEveryLayout(t *testing.T) {
 			}
 			if topo == v1.TopologyTransZonal && l.d == 4 && l.tb == 0 {
 				// 4D over exactly 3 zones cannot survive a zone loss; the
-				// controller refuses it (issue 8 §8).
+				// controller refuses it (docs/layouts.md §7).
 				continue
 			}
 			t.Run(l.name+"/"+string(topo), func(t *testing.T) {

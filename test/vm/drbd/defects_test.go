@@ -19,7 +19,7 @@ import (
 )
 
 // The checks below go beyond the contract suite: the driver defects and the
-// differences between drbdsim and real DRBD that issue 7 lists, asserted as
+// differences between drbdsim and real DRBD that test/vm/FINDINGS.md lists, asserted as
 // real DRBD 9.2.18 behaves. Each starts from healthy(): r0 up on all three
 // nodes, connected, node1 and node2 UpToDate, everyone Secondary.
 

@@ -19,7 +19,7 @@ const (
 	ReplicaTypeShadowDiskful ReplicaType = "ShadowDiskful"
 )
 
-// MemberType is the type of a datamesh member (seed 000 "States"). Liminal types are
+// MemberType is the type of a datamesh member (docs/datamesh-spec.md, "States"). Liminal types are
 // always transitional: the member has full-mesh connections but DRBD runs it diskless.
 // +kubebuilder:validation:Enum=Diskful;LiminalDiskful;ShadowDiskful;LiminalShadowDiskful;Access;TieBreaker
 type MemberType string

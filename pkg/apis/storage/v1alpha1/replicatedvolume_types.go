@@ -17,8 +17,8 @@ const (
 )
 
 // ReplicatedVolumeConfiguration is a volume's resolved protection and placement: the five
-// parameters of seed 000 "Configuration parameters". The legacy replication setting never
-// appears here; it is mapped to FTT/GMDR when the configuration is resolved.
+// parameters of docs/datamesh-spec.md, "Configuration parameters". The legacy replication
+// setting never appears here; it is mapped to FTT/GMDR when the configuration is resolved.
 // +kubebuilder:validation:XValidation:rule="self.failuresToTolerate <= self.guaranteedMinimumDataRedundancy + 1",message="failuresToTolerate must be at most guaranteedMinimumDataRedundancy + 1: the allowed layouts are 1D, 2D, 3D, 2D+1TB, 4D, 4D+1TB and 5D"
 // +kubebuilder:validation:XValidation:rule="self.topology != 'Ignored' || !has(self.zones) || size(self.zones) == 0",message="zones must be empty when topology is Ignored"
 // +kubebuilder:validation:XValidation:rule="self.topology != 'TransZonal' || !has(self.zones) || size(self.zones) == 0 || self.failuresToTolerate == 0 || size(self.zones) >= ((self.failuresToTolerate == 1 && self.guaranteedMinimumDataRedundancy == 2) ? 4 : 3)",message="TransZonal must be able to lose any one zone: failuresToTolerate 1 or 2 needs at least 3 zones, and 1 with guaranteedMinimumDataRedundancy 2 (4D) needs 4 (over 3 zones, one zone holds 2 of the 4 Diskful replicas and losing it leaves 2 copies, not 3)"
@@ -252,7 +252,7 @@ type Datamesh struct {
 	SharedSecret *SharedSecretReference `json:"sharedSecret,omitempty"`
 }
 
-// TransitionType names a datamesh transition (seed 000).
+// TransitionType names a datamesh transition (docs/datamesh-spec.md, "Transitions").
 // +kubebuilder:validation:Enum=Formation;AddReplica;RemoveReplica;ForceRemoveReplica;ChangeReplicaType;ChangeQuorum;Attach;Detach;ForceDetach;EnableMultiattach;DisableMultiattach
 type TransitionType string
 

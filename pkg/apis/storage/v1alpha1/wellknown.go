@@ -80,7 +80,8 @@ const (
 	// topology.kubernetes.io/zone label or a flag).
 	AnnotationZone = "storage.meshvol.io/zone"
 	// AnnotationHMACAlgorithms: the cram-hmac-alg values the node's kernel offers,
-	// comma-separated, in the kernel's order (seed 004's fallback).
+	// comma-separated, in the kernel's order (the controller picks one every node
+	// of the pool offers: docs/controller.md, "Allocation and the shared secret").
 	AnnotationHMACAlgorithms = "storage.meshvol.io/hmac-algorithms"
 	// AnnotationVerifyAlgorithms: the verify-alg values the node's kernel offers.
 	AnnotationVerifyAlgorithms = "storage.meshvol.io/verify-algorithms"
