@@ -7,13 +7,13 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
-// Attachment (seed 000 Attach/Detach/Enable/DisableMultiattach; seed 001's attachment
-// planner). An RVA asks for the volume on a node; up to spec.maxAttachments of them are
+// Attachment (docs/datamesh-spec.md Attach/Detach/Enable/DisableMultiattach;
+// docs/datamesh.md "Parallelism"). An RVA asks for the volume on a node; up to spec.maxAttachments of them are
 // served, attached ones first, then oldest first. Attach and Detach overlap each other
 // and membership transitions of other members; Enable/DisableMultiattach excludes them;
 // formation and ChangeQuorum block them.
 //
-// Guard (DRBD-QUORUM.md): upstream DRBD does not check quorum-minimum-redundancy on the
+// Guard (docs/drbd-quorum.md): upstream DRBD does not check quorum-minimum-redundancy on the
 // quorate-peer or tiebreaker paths, so a diskless Primary could write with fewer UpToDate
 // copies than GMDR promises. The engine therefore does not attach a diskless member (A,
 // TB) while UpToDate D ≤ target GMDR.

@@ -14,8 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestPlans runs testdata/plans/*: each `plan` command derives one path of seed 000's
-// tables; the expected output is the seed's path, then every step with its q/qmr change
+// TestPlans runs testdata/plans/*: each `plan` command derives one path of docs/datamesh-spec.md's
+// tables; the expected output is the specification's path, then every step with its q/qmr change
 // and its confirmation group (∪ voters when the step changes q).
 func TestPlans(t *testing.T) {
 	datadriven.Walk(t, "testdata/plans", func(t *testing.T, path string) {

@@ -9,7 +9,8 @@ import (
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
-// Emergency operations (seed 000 §ForceRemoveReplica, "Transition parallelism"):
+// Emergency operations (docs/datamesh-spec.md "ForceRemoveReplica", "Transition
+// parallelism"):
 //
 //   - ForceDetach clears a lost member's attachment without waiting for it; it cancels
 //     the member's Attach/Detach in flight.
@@ -21,7 +22,8 @@ import (
 //
 // Guards: NotAttached (no attachment and no Attach/Detach in flight) and
 // MemberUnreachable (no replica whose agent is ready reports a Connected connection to it,
-// and every other configured replica's agent is ready: decision D2, see staleAgent).
+// and every other configured replica's agent is ready: docs/layouts.md §8.5, see
+// staleAgent).
 
 func (rc *reconcile) emergency(anyForce bool) {
 	if len(rc.in.ForceDetach) == 0 && !anyForce {
@@ -165,7 +167,8 @@ func (rc *reconcile) drbdVoters() (disks, diskless int) {
 	return disks, diskless
 }
 
-// awaitReplacement decides the order of replacing a lost voter (issue 8, item 7): it
+// awaitReplacement decides the order of replacing a lost voter (docs/datamesh.md
+// "Replacing a lost node"): it
 // returns why the force removal of member mi waits, or "".
 //
 // In an even voter set with a TieBreaker (2D+1TB losing a D) the survivors keep quorum
@@ -329,7 +332,7 @@ func (rc *reconcile) connectedFrom(name string) int {
 // staleAgent returns the first replica (in name order) that could still hold a DRBD
 // connection to the member called name without saying so: one whose agent is not
 // reporting (AgentReady=False: its peers list is stale), or a member
-// whose replica object is gone (no status at all). Decision D2: such a replica may be the
+// whose replica object is gone (no status at all). docs/layouts.md §8.5: such a replica may be the
 // one still connected to name and running the old configuration with it; together they
 // can hold the old quorum while the rest, with name removed, keeps quorum through a
 // TieBreaker (layout finding 2, docs/layouts.md §8.5). So MemberUnreachable blocks on
@@ -379,7 +382,8 @@ func upToDate(r *v1.ReplicatedVolumeReplica) bool {
 // status and cannot report its own silence. A replica without the condition is taken as
 // reporting: the controller writes it for every replica it sees, and a missing one means
 // it has not looked yet, not that the agent is silent. Unknown counts as not ready: the
-// guards that read this (F1, D2) must not trust a report nobody vouches for.
+// guards that read this (docs/modelcheck-findings.md F1, docs/layouts.md §8.5) must
+// not trust a report nobody vouches for.
 func agentNotReady(r *v1.ReplicatedVolumeReplica) bool {
 	c := agentReadyCondition(r)
 	return c != nil && c.Status != metav1.ConditionTrue

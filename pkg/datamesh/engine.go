@@ -9,10 +9,10 @@ import (
 // Features are the capabilities of the DRBD the cluster runs. They change which plans the
 // planner may derive.
 type Features struct {
-	// ShadowDiskful: DRBD has the `non-voting` disk option (seed 000 calls it
-	// "flant-drbd"). With it a diskful replica can sync as a non-voter (sD) before it
+	// ShadowDiskful: DRBD has the `non-voting` disk option (docs/datamesh-spec.md
+	// calls it "flant-drbd"). With it a diskful replica can sync as a non-voter (sD) before it
 	// becomes a voter, and a Diskful replica can step down to sD instead of A. Upstream
-	// DRBD 9.2 has no such option (DRBD-QUORUM.md).
+	// DRBD 9.2 has no such option (docs/drbd-quorum.md).
 	ShadowDiskful bool
 }
 
@@ -39,7 +39,7 @@ func (p *Pool) FindNode(name string) *v1.EligibleNode {
 	return nil
 }
 
-// QuorumChange asks for a standalone ChangeQuorum (seed 000 §ChangeQuorum): an explicit
+// QuorumChange asks for a standalone ChangeQuorum (docs/datamesh-spec.md "ChangeQuorum"): an explicit
 // or emergency adjustment of q and/or qmr from outside the engine. Zero fields keep the
 // current value.
 type QuorumChange struct {

@@ -90,7 +90,7 @@ func (rc *reconcile) formationCandidates() (picked []int, d, tb int, why string)
 	return picked, d, tb, why
 }
 
-// joinReady is the readiness part of the join guards (seed 001): placement done, addresses
+// joinReady is the readiness part of the join guards (docs/datamesh.md "Guards"): placement done, addresses
 // known, pool available, node eligible and ready, no other member (or pick) on the node.
 func (rc *reconcile) joinReady(r *v1.ReplicatedVolumeReplica, picked []int) string {
 	if r.Spec.NodeName == "" {

@@ -9,7 +9,8 @@ import (
 
 // The membership forward pass turns open replica requests into transitions. For each
 // request the planner first decides whether there is anything to do (a skip leaves the
-// message alone, so a completion message survives: seed 001 §2, §6) and derives the plan;
+// message alone, so a completion message survives: docs/datamesh.md
+// "One Process call") and derives the plan;
 // then the parallelism rules and the plan's guards decide whether it may start now (a
 // block sets the request's message).
 
@@ -189,7 +190,7 @@ func (rc *reconcile) planFor(req *v1.DatameshReplicaRequest, guess int) (*Plan, 
 	return p, ""
 }
 
-// guards runs the plan's preconditions in the seed's order and returns the first blocked
+// guards runs the plan's preconditions in the specification's order and returns the first blocked
 // message, or "".
 func (rc *reconcile) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
 	if rc.formationActive() {
@@ -233,7 +234,7 @@ func (rc *reconcile) detachInFlight(name string) bool {
 	return false
 }
 
-// joinGuards are seed 001's AddReplica guards.
+// joinGuards are the AddReplica guards (docs/datamesh.md "Guards").
 func (rc *reconcile) joinGuards(p *Plan, req *v1.DatameshReplicaRequest) string {
 	if rc.in.RV.DeletionTimestamp != nil {
 		return "Volume is being deleted"
@@ -251,7 +252,7 @@ func (rc *reconcile) joinGuards(p *Plan, req *v1.DatameshReplicaRequest) string 
 	return ""
 }
 
-// leavingDGuards are seed 000 "Preconditions for leaving D".
+// leavingDGuards are docs/datamesh-spec.md "Preconditions for leaving D".
 func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	m := &rc.st.Datamesh.Members[mi]
 	cfg := rc.st.Configuration
@@ -289,7 +290,7 @@ func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	return ""
 }
 
-// leavingTBGuards are seed 000 "Preconditions for leaving TB".
+// leavingTBGuards are docs/datamesh-spec.md "Preconditions for leaving TB".
 func (rc *reconcile) leavingTBGuards(mi int) string {
 	c := rc.counts()
 	if ok, msg := layout.GuardTBRequired(c.tb, c.voters, rc.cfg.FTT); !ok {
@@ -337,7 +338,8 @@ func (rc *reconcile) zoneCounts() []layout.ZoneCount {
 }
 
 // isDiskless: the member is configured without a disk, so DRBD counts it among the
-// diskless nodes whose majority its tiebreaker needs: A, TB, and (decision D1) D∅, sD∅.
+// diskless nodes whose majority its tiebreaker needs: A, TB, and D∅, sD∅
+// (docs/layouts.md §8.4).
 func isDiskless(s State) bool {
 	return s == StateA || s == StateTB || s == StateDL || s == StateSDL
 }

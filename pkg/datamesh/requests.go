@@ -19,7 +19,7 @@ import (
 //
 // A request whose replica has nothing more to ask stays, with its completion message
 // ("Joined datamesh successfully"), until the replica asks something else or its RVR is
-// gone: that is how completion messages survive (seed 001 §6). Requests are kept sorted
+// gone: that is how completion messages survive (docs/datamesh.md "One Process call"). Requests are kept sorted
 // by name so the status does not depend on the order of Input.RVRs.
 
 func isMembership(t v1.TransitionType) bool {

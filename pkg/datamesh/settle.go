@@ -112,9 +112,9 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 // that are left give, after a force removal:
 //
 //   - a q the removal held one higher (the tiebreaker hold, see emergency) comes back;
-//   - the removal's own q↓ (seed 000: ForceRemoveReplica(D) + q↓ for even → odd
+//   - the removal's own q↓ (docs/datamesh-spec.md: ForceRemoveReplica(D) + q↓ for even → odd
 //     voters, whose q↓ lowers the effective FTT to what the voters provide) is
-//     published now, not with the removal: issue 8's model checker run found that
+//     published now, not with the removal: the model checker found that
 //     a q lowered at once lets the removed node, alive behind a partition, keep the
 //     old quorum with a replica that has not applied the removal (R1).
 //

@@ -46,7 +46,7 @@ func (rc *reconcile) start(p *Plan, replica string) int {
 }
 
 // recordNodeID stores the affected member's node-id in transition ti
-// (DatameshTransition.replicaNodeID, decision D3). It outlives the member during a
+// (DatameshTransition.replicaNodeID, docs/datamesh.md "Node-ids"). It outlives the member during a
 // removal: freeNodeID does not hand the id to a newcomer while the transition runs, and
 // the progress message names the replica "#id" like every other member even after it
 // left the member list.
@@ -131,7 +131,7 @@ func (rc *reconcile) publish(ti int, p *Plan, si int) {
 //	(qOld − tOld) + qNew > N   and   qOld + (qNew − tNew) > N
 //
 // where t is 1 for an even voter set with a TieBreaker. Without a TieBreaker this is
-// the seed's rule (q rises odd→even, stays even→odd); with one it is one more in the
+// the specification's rule (q rises odd→even, stays even→odd); with one it is one more in the
 // cases the model checker found (2D+1TB → 3D: q=3 while half applied).
 func heldQuorum(nOld, nNew, qOld int, tb bool) int {
 	n := max(nOld, nNew)
@@ -225,7 +225,8 @@ func (rc *reconcile) freeNodeID() int {
 	for i := range rc.st.Datamesh.Members {
 		used |= 1 << uint(rc.st.Datamesh.Members[i].NodeID&31)
 	}
-	// A replica in a transition keeps its node-id until the transition is done (D3):
+	// A replica in a transition keeps its node-id until the transition is done
+	// (docs/datamesh.md "Node-ids"):
 	// a leaving member's peers drop it only as they confirm its removal.
 	for i := range rc.st.DatameshTransitions {
 		if id := rc.st.DatameshTransitions[i].ReplicaNodeID; id != nil && *id >= 0 && *id < 32 {
@@ -265,7 +266,7 @@ func (rc *reconcile) backward() {
 			continue
 		}
 		if t.ReplicaNodeID == nil && t.ReplicaName != "" && isMembership(t.Type) {
-			rc.recordNodeID(ti) // a transition written before replicaNodeID existed (D3)
+			rc.recordNodeID(ti) // a transition written before replicaNodeID existed
 		}
 		si := activeStep(t)
 		if si < 0 {
@@ -402,7 +403,7 @@ func (w WaitSet) Done() bool {
 	return w.Must&^w.Confirmed == 0 && (!w.SelfMust || w.SelfConfirmed)
 }
 
-// waitSet computes the step's wait set (seed 000 "Step confirmation rules"): the step's
+// waitSet computes the step's wait set (docs/datamesh-spec.md "Step confirmation rules"): the step's
 // own group, united with D + D∅ when the step changes q, without the dead member on force
 // paths, and without members that joined after the step was published (their first
 // configuration is already newer).
@@ -511,7 +512,7 @@ func requestPrefix(t v1.TransitionType) string {
 	return string(t)
 }
 
-// progress renders seed 001 §9's message:
+// progress renders the progress message (docs/datamesh.md "Confirmation"):
 //
 //	3/4 replicas confirmed revision 7. Waiting: [#2]. Errors: #2 DRBDConfigured/Reason: msg
 //
@@ -543,7 +544,7 @@ func (rc *reconcile) progress(b []byte, t *v1.DatameshTransition, step *Step, re
 		return b
 	}
 	// A replica that already left the member list is named by the node-id its
-	// transition kept (D3), in node-id order with the others; a transition written
+	// transition kept (docs/datamesh.md "Node-ids"), in node-id order with the others; a transition written
 	// before replicaNodeID existed has only the name.
 	selfID, selfByName := -1, false
 	if selfWaiting {
