@@ -168,7 +168,7 @@ func (w *world) process(t testing.TB) (Result, error) {
 
 // checkFreshEngine runs in (a copy of the volume the engine under test saw) through a
 // new engine, and fails t if its status or result differ from got: the engine under
-// test reuses its scratch between calls, and nothing of an earlier call may show.
+// test has served earlier calls, and nothing of them may show.
 func checkFreshEngine(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
 	t.Helper()
 	e := NewEngine(reg, f)

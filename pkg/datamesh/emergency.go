@@ -37,7 +37,28 @@ func (rc *reconcile) emergency(anyForce bool) {
 			rc.forceDetach(r.Name)
 		}
 	}
-	var batch []int // request indexes; requests do not move during this pass
+	ready := rc.forceRemovalsReady()
+	if len(ready) == 0 {
+		return
+	}
+	// Cancel first, then append: cancelling moves transitions, appending does not.
+	for _, name := range ready {
+		for ti := rc.transitionOf(name, false); ti >= 0; ti = rc.transitionOf(name, false) {
+			rc.cancel(ti)
+		}
+	}
+	otherDiskless, _ := rc.disklessChangeInFlight()
+	if started := rc.startForceRemovals(ready); len(started) > 0 {
+		rc.publishForceRemovals(started, otherDiskless != "")
+		// Transitions that waited for the dead members may be done now: look again.
+		rc.backward()
+	}
+}
+
+// forceRemovalsReady returns, in name order, the members with a ForceLeave request
+// whose guards pass, and writes why on the requests of the others. A request whose
+// replica already left the member list has its leftover transitions cancelled.
+func (rc *reconcile) forceRemovalsReady() (ready []string) {
 	for i := range rc.st.DatameshReplicaRequests {
 		r := &rc.st.DatameshReplicaRequests[i]
 		if r.Operation != v1.ReplicaOperationForceLeave || rc.forceInFlight(r.Name) {
@@ -59,51 +80,35 @@ func (rc *reconcile) emergency(anyForce bool) {
 			continue
 		}
 		rc.waiting = true
-		if rc.st.Datamesh.Members[mi].Attached || rc.attachmentInFlight(r.Name) {
-			rc.setRequestMessage(r.Name, "Cannot force-remove attached member; ForceDetach first")
-			continue
-		}
-		if n := rc.connectedFrom(r.Name); n > 0 {
-			rc.setRequestMessage(r.Name, "Force-removal blocked: member is reachable (connected from "+strconv.Itoa(n)+" replica(s))")
-			continue
-		}
-		if stale := rc.staleAgent(r.Name); stale != "" {
-			rc.setRequestMessage(r.Name, "Force-removal blocked: cannot confirm the member is unreachable: the agent of "+stale+" is not reporting")
-			continue
-		}
-		if msg := rc.awaitReplacement(mi); msg != "" {
+		if msg := rc.forceRemovalBlocked(mi); msg != "" {
 			rc.setRequestMessage(r.Name, msg)
 			continue
 		}
-		batch = append(batch, i)
+		ready = append(ready, r.Name)
 	}
-	if len(batch) == 0 {
-		return
+	return ready
+}
+
+// forceRemovalBlocked returns why member mi may not be force-removed now, or "".
+func (rc *reconcile) forceRemovalBlocked(mi int) string {
+	name := rc.st.Datamesh.Members[mi].Name
+	if rc.st.Datamesh.Members[mi].Attached || rc.attachmentInFlight(name) {
+		return "Cannot force-remove attached member; ForceDetach first"
 	}
-	// Cancel first, then append: cancelling moves transitions, appending does not.
-	for _, ri := range batch {
-		name := rc.st.DatameshReplicaRequests[ri].Name
-		for ti := rc.transitionOf(name, false); ti >= 0; ti = rc.transitionOf(name, false) {
-			rc.cancel(ti)
-		}
+	if n := rc.connectedFrom(name); n > 0 {
+		return "Force-removal blocked: member is reachable (connected from " + strconv.Itoa(n) + " replica(s))"
 	}
-	// The tiebreaker hold (model checker, "returns behind a partition"): a force
-	// removal that leaves an even number of DRBD voters (members with a disk; D∅ is
-	// rendered `disk none`) next to a diskless member — or while another member's
-	// change of the diskless set is unconfirmed — publishes q one higher until it is
-	// confirmed. Until then a replica that has not applied the removal still connects
-	// to the removed member, which, if alive behind a partition, is quorate with it in
-	// the old configuration (2 of 3 in 3D), while a survivor that applied it is one
-	// vote short of the new, even voter set and keeps quorum through DRBD's tiebreaker
-	// with the diskless member: two writers (3D with an Access replica; a TieBreaker
-	// removed next to an Access join, R3; F6). With q one higher, a side one vote short
-	// is two short: only all the new voters together (the tiebreaker covers the one
-	// vote) stay quorate. A ChangeQuorum brings q back once everything is confirmed
-	// (settleLayout).
-	otherDiskless, _ := rc.disklessChangeInFlight()
-	var started []int
-	for _, ri := range batch {
-		name := rc.st.DatameshReplicaRequests[ri].Name
+	if stale := rc.staleAgent(name); stale != "" {
+		return "Force-removal blocked: cannot confirm the member is unreachable: the agent of " + stale + " is not reporting"
+	}
+	return rc.awaitReplacement(mi)
+}
+
+// startForceRemovals appends a ForceRemoveReplica for each member named and takes the
+// member out of the datamesh; it returns the new transitions' indexes. Their one step
+// is published together by publishForceRemovals.
+func (rc *reconcile) startForceRemovals(names []string) (started []int) {
+	for _, name := range names {
 		mi := rc.memberIndex(name)
 		from := StateOfMember(rc.st.Datamesh.Members[mi].Type)
 		c := rc.counts()
@@ -124,9 +129,25 @@ func (rc *reconcile) emergency(anyForce bool) {
 		rc.index()
 		started = append(started, ti)
 	}
-	if len(started) == 0 {
-		return
-	}
+	return started
+}
+
+// publishForceRemovals publishes the started force removals as one change: one
+// revision, q computed once for the voters that are left.
+//
+// The tiebreaker hold (model checker, "returns behind a partition"): a force removal
+// that leaves an even number of DRBD voters (members with a disk; D∅ is rendered `disk
+// none`) next to a diskless member — or while another member's change of the diskless
+// set is unconfirmed (otherDiskless) — publishes q one higher until it is confirmed.
+// Until then a replica that has not applied the removal still connects to the removed
+// member, which, if alive behind a partition, is quorate with it in the old
+// configuration (2 of 3 in 3D), while a survivor that applied it is one vote short of
+// the new, even voter set and keeps quorum through DRBD's tiebreaker with the diskless
+// member: two writers (3D with an Access replica; a TieBreaker removed next to an
+// Access join, R3; F6). With q one higher, a side one vote short is two short: only
+// all the new voters together (the tiebreaker covers the one vote) stay quorate. A
+// ChangeQuorum brings q back once everything is confirmed (settleLayout).
+func (rc *reconcile) publishForceRemovals(started []int, otherDiskless bool) {
 	qBefore := rc.st.Datamesh.Quorum
 	rc.afterMembershipChange()
 	// A force removal never lowers q. Its step is not confirmed by the removed member,
@@ -139,7 +160,7 @@ func (rc *reconcile) emergency(anyForce bool) {
 	// the removal is confirmed (settleLayout). The same keeps a voter transition's hold
 	// in force (finding F6).
 	rc.st.Datamesh.Quorum = max(rc.st.Datamesh.Quorum, qBefore)
-	if disks, diskless := rc.drbdVoters(); disks > 0 && disks%2 == 0 && (diskless > 0 || otherDiskless != "") {
+	if disks, diskless := rc.drbdVoters(); disks > 0 && disks%2 == 0 && (diskless > 0 || otherDiskless) {
 		rc.st.Datamesh.Quorum = min(max(rc.st.Datamesh.Quorum, int32(disks/2+2)), 32)
 	}
 	rc.pin()
@@ -149,8 +170,6 @@ func (rc *reconcile) emergency(anyForce bool) {
 		ts.Status, ts.DatameshRevision, ts.StartedAt = v1.StepActive, rev, rc.now()
 		rc.event(EventWarning, "ForceRemoveStarted", "Force-removing replica "+rc.st.DatameshTransitions[ti].ReplicaName+" from the datamesh at revision "+strconv.FormatInt(rev, 10))
 	}
-	// Transitions that waited for the dead members may be done now: look again.
-	rc.backward()
 }
 
 // drbdVoters counts the members DRBD counts as voters (a disk attached: D) and the

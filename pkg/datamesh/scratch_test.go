@@ -10,10 +10,10 @@ import (
 )
 
 // TestReusedEngineMatchesFresh drives volumes through random perturbations of steady
-// states, one to three at a time, and after every Process compares the engine, whose
-// scratch buffers and index have served every call before, with a fresh engine on a
-// copy of the same input: nothing of one call may leak into the next (the engine is
-// level-based, and a restarted controller must decide exactly the same). After the
+// states, one to three at a time, and after every Process compares the engine, which
+// has served every call before, with a fresh engine on a copy of the same input:
+// nothing of one call may reach the next (the engine is level-based, and a restarted
+// controller must decide exactly the same). After the
 // perturbations the cluster heals and placement acts until the volume is steady again
 // (or stuck: some perturbations leave conflicts only a person resolves).
 func TestReusedEngineMatchesFresh(t *testing.T) {
