@@ -79,7 +79,7 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 	fs.StringVar(&f.hmac, "hmac-algorithms", "sha256,sha1,md5",
 		"DRBD cram-hmac-alg preference list; a volume gets the first its pool's nodes offer (their agents report what the kernel has)")
 	fs.BoolVar(&f.taintLostNodes, "taint-lost-nodes", false,
-		"taint a node meshvol decided is lost with node.kubernetes.io/out-of-service=nodeshutdown:NoExecute, so Kubernetes moves its pods and detaches its volumes, and remove the taint when the node is back and clean (docs/node-lifecycle.md: read the safety argument first)")
+		"taint a node meshvol decided is lost with node.kubernetes.io/out-of-service=nodeshutdown:NoExecute, so Kubernetes moves its pods and detaches its volumes, and remove the taint when the node is back and clean (docs/controller.md, --taint-lost-nodes: read the safety argument first)")
 	fs.IntVar(&f.workers, "workers", 4, "volumes reconciled at once, each with its own datamesh engine")
 	fs.BoolVar(&f.shadowDiskful, "shadow-diskful", false,
 		"the cluster's DRBD has the non-voting disk option (ShadowDiskful replicas); upstream DRBD 9.2 does not")

@@ -61,7 +61,7 @@ type Options struct {
 	HMACAlgorithms []string
 	// TaintLostNodes applies node.kubernetes.io/out-of-service=nodeshutdown:NoExecute to
 	// a node meshvol decided is lost, and removes it once the node is back and clean
-	// (docs/node-lifecycle.md).
+	// (docs/controller.md, "--taint-lost-nodes": read the safety argument first).
 	TaintLostNodes bool
 	// Workers is the number of concurrent volume reconciles (default 4), each with its
 	// own engine.

@@ -32,7 +32,7 @@ import (
 // With TaintLostNodes, a node decided lost (Lease expired past the grace period, and
 // no live peer reports a connection to any of its replicas) gets the out-of-service
 // taint; the taint goes once the agent is back and the node holds no replica being
-// torn down (docs/node-lifecycle.md).
+// torn down (docs/controller.md, "--taint-lost-nodes").
 
 // TaintOutOfService is the taint Kubernetes' non-graceful node shutdown reads.
 var TaintOutOfService = corev1.Taint{Key: "node.kubernetes.io/out-of-service", Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}

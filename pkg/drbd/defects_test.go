@@ -14,8 +14,8 @@ import (
 )
 
 // The failures below are DRBD 9.2.18's and drbd-utils 9.22's own output,
-// recorded with this driver (../shared/drbd-captures/real-driver-2026-11-23:
-// down-ro-real.cmds.txt, extra-real.cmds.txt), pid and time included.
+// recorded with this driver on three DRBD 9.2.18 machines (the setup
+// test/vm/README.md reproduces), pid and time included.
 const (
 	pretend = "found __DRBD_NODE__ in environment\n   PRETENDING that I am >>node-b<<\n\n"
 	// `down` of a Primary opened read-only: DRBD had already demoted it and

@@ -101,7 +101,7 @@ func runDrbdadmCheck(self, name string, nonVoting bool, text []byte) error {
 	if !nonVoting {
 		return drbdadmDump(self, name, text)
 	}
-	// drbd-utils 9.22 has no non-voting option (DRBD-QUORUM.md). A file
+	// drbd-utils 9.22 has no non-voting option (docs/drbd-quorum.md). A file
 	// rendered for a DRBD that has it must be rejected by 9.22 for that
 	// keyword and nothing else: the same file without the non-voting line
 	// must pass.

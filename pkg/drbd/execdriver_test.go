@@ -96,7 +96,7 @@ func (r *Resource) withSelfName(n string) *Resource {
 // A refused promotion carries DRBD's words and is classified. The text
 // follows drbdsetup's print_config_error format ("<obj>: State change
 // failed: (<code>) <string>", kernel detail after "additional info from
-// kernel:", exit 11) and the -25 messages recorded in DRBD-QUORUM.md; the
+// kernel:", exit 11) and the -25 messages recorded in docs/drbd-quorum.md; the
 // captures hold a refused write (EIO), not a refused promotion.
 func TestExecDriverClassifiesErrors(t *testing.T) {
 	cases := []struct {

@@ -75,7 +75,7 @@ type Peer struct {
 	Diskless bool
 	// AllowRemoteRead overrides Options.Net.AllowRemoteRead for this
 	// connection; nil inherits. DRBD does not count a peer whose connection
-	// has allow-remote-read no towards quorum (DRBD-QUORUM.md).
+	// has allow-remote-read no towards quorum (docs/drbd-quorum.md).
 	AllowRemoteRead *bool
 }
 

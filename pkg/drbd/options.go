@@ -170,7 +170,7 @@ type DiskOptions struct {
 	// RsDiscardGranularity in bytes; 0 disables discards during resync.
 	RsDiscardGranularity int32
 	// NonVoting marks a diskful replica that does not count towards quorum.
-	// Upstream DRBD 9.2 has no such option (DRBD-QUORUM.md); it is rendered
+	// Upstream DRBD 9.2 has no such option (docs/drbd-quorum.md); it is rendered
 	// only when Features.NonVoting says the module supports it.
 	NonVoting bool
 	// CMaxRate caps the dynamically controlled resync rate, in KiB/s

@@ -55,7 +55,7 @@ func goldenModels() map[string]model {
 	}}
 
 	// The same resource seen from the TieBreaker: diskless, quorum 32 (it is
-	// quorate only through a quorate UpToDate peer, DRBD-QUORUM.md).
+	// quorate only through a quorate UpToDate peer, docs/drbd-quorum.md).
 	tbOpts := Resolve(DefaultOptions(), OptionSet{Resource: ResourceOptionSet{Quorum: Ptr(QuorumCount(32))}})
 	m["2d-tb-from-tb"] = model{r: &Resource{
 		Name: "pvc-2dtb", Self: Host{Name: "node-t", NodeID: 2, Address: addr("10.0.0.9", 7002)},

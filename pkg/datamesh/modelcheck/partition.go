@@ -24,7 +24,7 @@ type DataPlane struct {
 	// behind a partition, and each one's applied config connecting to the
 	// other (noteConnections). DRBD keeps a peer it has seen in its metadata
 	// and counts it, connected or not, for as long as its config names it;
-	// only a peer never seen "does not exist for it" (DRBD-QUORUM.md). Slots
+	// only a peer never seen "does not exist for it" (docs/drbd-quorum.md). Slots
 	// are never reused, so the bits stay true for good.
 	Seen [MaxReplicas]uint32
 }

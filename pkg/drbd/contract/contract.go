@@ -3,7 +3,8 @@
 // DRBD 9 (three machines, the ExecDriver) later.
 //
 // It replays the scenarios of the real DRBD captures (package
-// pkg/drbd/internal/captures, copied from /work/shared/drbd-captures): 01 up with Inconsistent disks, 02 forced primary and
+// pkg/drbd/internal/captures, recorded on three machines: see its
+// testdata/README.md): 01 up with Inconsistent disks, 02 forced primary and
 // initial sync, 03 Primary with data, 04 failover to the diskless node, 05
 // quorum loss and return. At each stage it compares what the driver
 // reports (status, parsed by pkg/drbd) with what real DRBD reported in the

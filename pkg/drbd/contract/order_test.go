@@ -20,8 +20,7 @@ func (h *recordingHarness) Record(node string, changes []string) { h.changes[nod
 
 // realRecording is every state change each node's events2 showed while
 // this suite ran on three machines with DRBD 9.2.18 (kernel 6.1, drbd-utils
-// 9.22), ExecDriver and the rendered .res files:
-// ../shared/drbd-captures/real-driver-2026-11-23/contract-real.nodeN.seq.
+// 9.22), ExecDriver and the rendered .res files, one file per node.
 const realRecording = "testdata/real-drbd-9.2.18/"
 
 // comparedPrefix is how many of a node's recorded state changes drbdsim

@@ -59,13 +59,13 @@
 //     A node recomputes its displayed quorum when its own view changes; a
 //     peer's graceful departure (down) is absorbed without recomputing, so
 //     the displayed quorum can be stale, while a promotion always computes
-//     afresh (DRBD-QUORUM.md, "quorum 2" and "qmr 2" rows).
+//     afresh (docs/drbd-quorum.md, "quorum 2" and "qmr 2" rows).
 //   - Promotion: refused without quorum (-25 with DRBD's "X of Y nodes
 //     visible" detail), without UpToDate data in reach (-2), with another
 //     Primary in the connected component (-1, unless allow-two-primaries).
 //     The promotion is a cluster-wide agreement through every reachable
 //     node; diskful nodes that are reachable only indirectly are outdated
-//     (DRBD-QUORUM.md row 1).
+//     (docs/drbd-quorum.md row 1).
 //   - Writes through Node.Write: refused (EIO) or suspended without quorum
 //     per on-no-quorum, EIO on a diskless Primary without reachable data;
 //     acknowledged once every connected diskful peer has them (protocol C).

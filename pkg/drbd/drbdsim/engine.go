@@ -550,7 +550,7 @@ func (c *Cluster) computeQuorum(r *resource) quorum.Result {
 // its current quorum. DRBD recomputes quorum on a state change of its
 // own; settle recomputes when this fingerprint changes, and a graceful
 // peer departure absorbs its change without recomputing: that is how the
-// displayed quorum goes stale (DRBD-QUORUM.md, "quorum 2" and "qmr 2"
+// displayed quorum goes stale (docs/drbd-quorum.md, "quorum 2" and "qmr 2"
 // rows).
 func (c *Cluster) quorumView(r *resource) string {
 	in := c.quorumInput(r)
@@ -649,7 +649,7 @@ func directlyConnected(a, b *resource) bool {
 // agreement is a cluster-wide state change over r's component: every
 // quorate participant takes the component as its members set, and a
 // diskful replica that cannot receive a Primary's writes directly is
-// outdated (DRBD-QUORUM.md, row 1).
+// outdated (docs/drbd-quorum.md, row 1).
 func (c *Cluster) agreement(r *resource) {
 	comp := c.component(r)
 	for _, x := range comp {

@@ -186,7 +186,7 @@ type resource struct {
 	// quorumView: the view quorate was last computed from (quorumView()).
 	quorumView string
 	// members: node-ids reachable at the last cluster-wide agreement this
-	// node took part in while quorate (DRBD-QUORUM.md).
+	// node took part in while quorate (docs/drbd-quorum.md).
 	members map[int]bool
 
 	conns map[int]*conn

@@ -11,7 +11,7 @@
 // Compute is a pure function of its Input: no clock, no I/O, no allocation.
 // What it cannot know is *when* DRBD recomputes: the kernel only re-evaluates
 // quorum on a state change of its own, so the quorum a node displays can be
-// stale (DRBD-QUORUM.md, "quorum 2" row), and the tiebreaker depends on
+// stale (docs/drbd-quorum.md, "quorum 2" row), and the tiebreaker depends on
 // whether the node is quorate right now. Both are the caller's business: it
 // decides when to call Compute and passes the currently displayed quorum in
 // Input.QuorateNow.
@@ -185,7 +185,7 @@ const (
 	PathCount
 	// PathQuoratePeer: a node without a local disk connected to an UpToDate
 	// peer that reports quorum. quorum-minimum-redundancy is NOT applied on
-	// this path (DRBD-QUORUM.md).
+	// this path (docs/drbd-quorum.md).
 	PathQuoratePeer
 	// PathTiebreaker: one vote short among an even number of voters, a
 	// majority of the diskless nodes connected, and already quorate. Keeps,
@@ -257,7 +257,7 @@ func (r Result) Reason() string {
 }
 
 // Compute applies DRBD 9.2's quorum rule to one node's view (see the package
-// comment and DRBD-QUORUM.md, "The rule"). It does not allocate.
+// comment and docs/drbd-quorum.md, "The rule"). It does not allocate.
 func Compute(in *Input) Result {
 	var r Result
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// Peers used by the scenarios. The cluster is the one of DRBD-QUORUM.md and
+// Peers used by the scenarios. The cluster is the one of docs/drbd-quorum.md and
 // the captures: node1 and node2 diskful, node3 diskless (a tiebreaker).
 var (
 	utd       = Peer{Connected: true, Disk: DiskUpToDate}
@@ -31,7 +31,7 @@ type scenario struct {
 
 func peers(p ...Peer) []Peer { return p }
 
-// Every row of DRBD-QUORUM.md's "Observed" table that is a statement about
+// Every row of docs/drbd-quorum.md's "Observed" table that is a statement about
 // one node's computation, in the order of the table, then the capture
 // states and the corners of the rule.
 var scenarios = []scenario{

@@ -13,9 +13,9 @@ import (
 var errSizeUnchanged = errors.New("size unchanged")
 
 // rule maps one lvm2 message to a kind. Each rule names the captures (in
-// /work/shared/lvm-captures, or recorded by the VM tier; all copied to
-// testdata/, see PROVENANCE.md) it was read from; the classification test
-// replays every one of them.
+// testdata/: recorded on a real machine or by the VM tier, see
+// testdata/PROVENANCE.md) it was read from; the classification test replays
+// every one of them.
 type rule struct {
 	exit    int    // required exit code; 0 means any non-zero
 	substr  string // matched against each stderr line, case-sensitively

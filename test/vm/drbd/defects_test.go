@@ -466,7 +466,7 @@ func quorumInput(node string, all map[string]drbd.StatusResource) quorum.Input {
 }
 
 // TestQuorumMatchesPackage puts the cluster in the situations of
-// DRBD-QUORUM.md and compares every node's quorum reading with
+// docs/drbd-quorum.md and compares every node's quorum reading with
 // pkg/drbd/quorum (computed from the statuses) and with what the document
 // says DRBD does.
 func TestQuorumMatchesPackage(t *testing.T) {
@@ -494,7 +494,7 @@ func TestQuorumMatchesPackage(t *testing.T) {
 			shown := all[n].Devices[0].Quorum
 			t.Logf("%s: %s: DRBD quorum:%t, pkg/drbd/quorum %t (%s)", situation, n, shown, got.Quorate, got.Reason())
 			if shown != wq {
-				t.Errorf("%s: %s shows quorum:%t, DRBD-QUORUM.md says %t", situation, n, shown, wq)
+				t.Errorf("%s: %s shows quorum:%t, docs/drbd-quorum.md says %t", situation, n, shown, wq)
 			}
 			if got.Quorate != shown {
 				t.Errorf("%s: %s: pkg/drbd/quorum says %t (%s), DRBD shows %t; input %+v", situation, n, got.Quorate, got.Reason(), shown, in)

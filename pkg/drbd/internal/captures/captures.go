@@ -1,6 +1,6 @@
 // Package captures holds the one copy of the real DRBD 9 output recorded
 // on three machines (testdata/README.md says what was run, where and when;
-// the files are as copied from /work/shared/drbd-captures). The parser
+// the files are the tools' output, unchanged). The parser
 // tests of pkg/drbd, the drbdsim tests and the contract suite all read it
 // from here, so they compare against the same bytes.
 //
