@@ -85,97 +85,74 @@ func (rc *reconcile) setRequestMessage(name, msg string) {
 // is a ForceLeave.
 func (rc *reconcile) syncRequests() (open, anyForce bool) {
 	rs := rc.st.DatameshReplicaRequests
-	for i := 1; i < len(rs); i++ {
-		if rs[i-1].Name > rs[i].Name {
-			slices.SortStableFunc(rs, func(a, b v1.DatameshReplicaRequest) int { return strings.Compare(a.Name, b.Name) })
-			break
-		}
+	if !slices.IsSortedFunc(rs, compareRequests) {
+		slices.SortStableFunc(rs, compareRequests)
 	}
 	for _, name := range rc.in.ForceLeave {
-		if (rc.memberIndex(name) >= 0 || rc.transitionOf(name, true) >= 0) && !rc.forceInFlight(name) {
-			if i := rc.findRequest(name); i < 0 || rc.st.DatameshReplicaRequests[i].Operation != v1.ReplicaOperationForceLeave {
-				rc.setRequest(name, v1.ReplicaOperationForceLeave, "")
-			}
+		if (rc.memberIndex(name) >= 0 || rc.transitionOf(name, true) >= 0) && !rc.forceInFlight(name) && !rc.forceLeaving(name) {
+			rc.setRequest(name, v1.ReplicaOperationForceLeave, "")
 		}
 	}
-	// In name order, the order of the requests.
-	nReq, matched := len(rc.st.DatameshReplicaRequests), 0
 	for _, j := range rc.rvrOrd {
-		r := rc.in.RVRs[j]
-		mi := rc.rvrMember[j]
-		ri := rc.findRequest(r.Name)
-		if ri >= 0 {
-			matched++
-			if rc.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationForceLeave {
-				open = true
-				continue
-			}
-		}
-		if len(rc.st.DatameshTransitions) > 0 && rc.transitionOf(r.Name, true) >= 0 {
-			continue
-		}
-		deleting := r.DeletionTimestamp != nil
-		var op v1.ReplicaOperation
-		var t v1.ReplicaType
-		switch {
-		case mi < 0 && !deleting:
-			op, t = v1.ReplicaOperationJoin, r.Spec.Type
-		case mi < 0:
-			// Deleted before it joined: a Join that never happened is not history.
-			if ri >= 0 && rc.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationJoin {
-				rc.removeRequest(ri)
-			}
-			continue
-		case deleting:
-			op = v1.ReplicaOperationLeave
-		default:
-			want, ok := rc.rstate(j)
-			if !ok || want == rc.mstate(mi) {
-				continue
-			}
-			op, t = v1.ReplicaOperationChangeType, r.Spec.Type
-		}
-		open = true
-		rc.setRequest(r.Name, op, t)
+		open = rc.syncReplicaRequest(j) || open
 	}
 	// A member whose RVR is gone can only leave.
 	for mi := range rc.st.Datamesh.Members {
-		if rc.memberRVR[mi] >= 0 {
-			continue
-		}
 		name := rc.st.Datamesh.Members[mi].Name
-		if rc.transitionOf(name, true) >= 0 {
-			continue
-		}
-		if ri := rc.findRequest(name); ri >= 0 && rc.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationForceLeave {
+		if rc.memberRVR[mi] >= 0 || rc.transitionOf(name, true) >= 0 || rc.forceLeaving(name) {
 			continue
 		}
 		open = true
 		rc.setRequest(name, v1.ReplicaOperationLeave, "")
 	}
-	// Requests of replicas that are gone entirely are history nobody can read. When
-	// every request there was before the loop above matched an RVR, there are none: the
-	// loop only added requests of RVRs and members (and removed matched ones).
-	if matched == nReq {
-		for i := range rc.st.DatameshReplicaRequests {
-			if rc.st.DatameshReplicaRequests[i].Operation == v1.ReplicaOperationForceLeave {
-				anyForce, open = true, true
-			}
-		}
-		return open, anyForce
-	}
-	for i := 0; i < len(rc.st.DatameshReplicaRequests); i++ {
-		r := &rc.st.DatameshReplicaRequests[i]
-		if r.Operation == v1.ReplicaOperationForceLeave {
+	for i := range rc.st.DatameshReplicaRequests {
+		if rc.st.DatameshReplicaRequests[i].Operation == v1.ReplicaOperationForceLeave {
 			anyForce, open = true, true
 		}
-		if rc.rvrIndex(r.Name) >= 0 || rc.memberIndex(r.Name) >= 0 || rc.transitionOf(r.Name, false) >= 0 {
-			continue
-		}
-		rc.removeRequest(i)
-		i--
 	}
+	// Requests of replicas that are gone entirely are history nobody can read.
+	rc.st.DatameshReplicaRequests = slices.DeleteFunc(rc.st.DatameshReplicaRequests, func(r v1.DatameshReplicaRequest) bool {
+		return rc.rvrIndex(r.Name) < 0 && rc.memberIndex(r.Name) < 0 && rc.transitionOf(r.Name, false) < 0
+	})
 	return open, anyForce
+}
+
+func compareRequests(a, b v1.DatameshReplicaRequest) int { return strings.Compare(a.Name, b.Name) }
+
+// syncReplicaRequest records what RVR j asks of the datamesh and reports whether that
+// is not done yet.
+func (rc *reconcile) syncReplicaRequest(j int) (open bool) {
+	r := rc.in.RVRs[j]
+	if rc.forceLeaving(r.Name) {
+		return true
+	}
+	if rc.transitionOf(r.Name, true) >= 0 {
+		return false
+	}
+	mi := rc.rvrMember[j]
+	deleting := r.DeletionTimestamp != nil
+	var op v1.ReplicaOperation
+	var t v1.ReplicaType
+	switch {
+	case mi < 0 && !deleting:
+		op, t = v1.ReplicaOperationJoin, r.Spec.Type
+	case mi < 0:
+		// Deleted before it joined: a Join that never happened is not history.
+		if ri := rc.findRequest(r.Name); ri >= 0 && rc.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationJoin {
+			rc.removeRequest(ri)
+		}
+		return false
+	case deleting:
+		op = v1.ReplicaOperationLeave
+	default:
+		want, ok := rc.rstate(j)
+		if !ok || want == rc.mstate(mi) {
+			return false
+		}
+		op, t = v1.ReplicaOperationChangeType, r.Spec.Type
+	}
+	rc.setRequest(r.Name, op, t)
+	return true
 }
 
 func (rc *reconcile) forceInFlight(name string) bool {
