@@ -1,6 +1,7 @@
 package datamesh
 
 import (
+	"slices"
 	"strconv"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -26,9 +27,45 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 	if rc.in.RV.DeletionTimestamp != nil {
 		return wanted
 	}
-	needD := rc.cfg.DiskfulCount()
-	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
-	var d, tb int
+	d, tb := rc.layoutReplicas()
+	wanted = rc.wantAdds(d, tb, wanted)
+	settled := !slices.ContainsFunc(wanted, func(w WantedReplica) bool { return w.Action == WantCreate }) && rc.addsLanded()
+	if settled {
+		wanted = rc.wantRemovals(d, tb, wanted)
+	}
+	if anyForce {
+		// A force-removed replica's object stays until placement deletes it.
+		for j, r := range rc.in.RVRs {
+			if r.DeletionTimestamp == nil && rc.rvrMember[j] < 0 && rc.forceLeaving(r.Name) && !rc.forceInFlight(r.Name) {
+				wanted = append(wanted, WantedReplica{Action: WantDelete, Type: r.Spec.Type, Replica: r.Name,
+					Reason: r.Name + " was force-removed from the datamesh (its node is lost)"})
+			}
+		}
+	}
+	if len(rc.st.DatameshTransitions) > 0 || rc.in.ChangeQuorum != nil {
+		return wanted
+	}
+	c := rc.counts()
+	if rc.quorumAfterForceRemoval(c) {
+		return wanted
+	}
+	switch {
+	case rc.cfg.GMDR < rc.effective().GMDR || int(rc.st.Datamesh.QuorumMinimumRedundancy) > rc.cfg.GMDR+1:
+		// Lowering qmr is safe at any time; it rides on a RemoveReplica(D) (qmr↓ first)
+		// when the layout has a D too many (after its adds), else it goes alone (a GMDR
+		// change with the same D count, or a retype out of D that QMRReady holds back).
+		if d <= rc.cfg.DiskfulCount() && !rc.diskfulLeaving(wanted) {
+			rc.settleQuorum(c)
+		}
+	case settled && !removalWanted(wanted):
+		rc.settleQuorum(c)
+	}
+	return wanted
+}
+
+// layoutReplicas counts the Diskful and TieBreaker replica objects that stay (not
+// being deleted, not force-leaving).
+func (rc *reconcile) layoutReplicas() (d, tb int) {
 	for _, r := range rc.in.RVRs {
 		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) {
 			continue
@@ -40,6 +77,13 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 			tb++
 		}
 	}
+	return d, tb
+}
+
+// wantAdds asks for the Diskful and TieBreaker replicas the configuration lacks.
+func (rc *reconcile) wantAdds(d, tb int, wanted []WantedReplica) []WantedReplica {
+	needD := rc.cfg.DiskfulCount()
+	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
 	reason := ""
 	if d < needD || tb < needTB {
 		reason = "configuration " + rc.cfg.String() + " (FTT=" + strconv.Itoa(rc.cfg.FTT) + ", GMDR=" + strconv.Itoa(rc.cfg.GMDR) + ")"
@@ -52,13 +96,15 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,
 			Reason: reason + " needs " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(tb)})
 	}
-	creates := false
-	for _, w := range wanted {
-		creates = creates || w.Action == WantCreate
-	}
-	settled := !creates && rc.addsLanded()
-	c := rc.counts()
-	if settled && d > needD && c.upToDateD >= needD {
+	return wanted
+}
+
+// wantRemovals asks, once the adds have landed, for the one Diskful (retyped when it is
+// attached) and the one TieBreaker too many, if any.
+func (rc *reconcile) wantRemovals(d, tb int, wanted []WantedReplica) []WantedReplica {
+	needD := rc.cfg.DiskfulCount()
+	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
+	if d > needD && rc.counts().upToDateD >= needD {
 		if mi := rc.pickDiskfulVictim(); mi >= 0 {
 			m := &rc.st.Datamesh.Members[mi]
 			why := "configuration " + rc.cfg.String() + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d)
@@ -73,37 +119,11 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 			}
 		}
 	}
-	if settled && tb > needTB {
+	if tb > needTB {
 		if mi := rc.pickTBVictim(); mi >= 0 {
 			wanted = append(wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeTieBreaker, Replica: rc.st.Datamesh.Members[mi].Name,
 				Reason: "configuration " + rc.cfg.String() + " needs " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(tb)})
 		}
-	}
-	// A force-removed replica's object stays until placement deletes it.
-	if anyForce {
-		for j, r := range rc.in.RVRs {
-			if r.DeletionTimestamp == nil && rc.rvrMember[j] < 0 && rc.forceLeaving(r.Name) && !rc.forceInFlight(r.Name) {
-				wanted = append(wanted, WantedReplica{Action: WantDelete, Type: r.Spec.Type, Replica: r.Name,
-					Reason: r.Name + " was force-removed from the datamesh (its node is lost)"})
-			}
-		}
-	}
-	if len(rc.st.DatameshTransitions) > 0 || rc.in.ChangeQuorum != nil {
-		return wanted
-	}
-	if rc.quorumAfterForceRemoval(c) {
-		return wanted
-	}
-	switch {
-	case rc.cfg.GMDR < rc.effective().GMDR || int(rc.st.Datamesh.QuorumMinimumRedundancy) > rc.cfg.GMDR+1:
-		// Lowering qmr is safe at any time; it rides on a RemoveReplica(D) (qmr↓ first)
-		// when the layout has a D too many (after its adds), else it goes alone (a GMDR
-		// change with the same D count, or a retype out of D that QMRReady holds back).
-		if d <= needD && !rc.diskfulLeaving(wanted) {
-			rc.settleQuorum(c)
-		}
-	case settled && !removalWanted(wanted):
-		rc.settleQuorum(c)
 	}
 	return wanted
 }
