@@ -277,49 +277,58 @@ func (rc *reconcile) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, 
 		}
 		return v1.AttachmentPending, "Waiting for a replica on node " + node + " to join the datamesh"
 	}
-	m := &rc.st.Datamesh.Members[mi]
-	if ti := rc.transitionOf(m.Name, true); ti >= 0 {
-		return v1.AttachmentPending, "Waiting for the " + string(rc.st.DatameshTransitions[ti].Type) + " transition of replica " + m.Name + " to complete"
-	}
-	if rc.forceLeaving(m.Name) {
-		return v1.AttachmentPending, "Replica " + m.Name + " is being force-removed"
-	}
-	for _, n := range rc.in.ForceDetach {
-		if n == m.Name {
-			return v1.AttachmentPending, "Member " + m.Name + " was force-detached: its node is lost"
-		}
-	}
-	if r := rc.rvrOfMember(mi); r == nil || r.DeletionTimestamp != nil {
-		return v1.AttachmentPending, "Replica " + m.Name + " is leaving the datamesh"
-	}
-	state := rc.mstate(mi)
-	switch {
-	case state.IsLiminal():
-		return v1.AttachmentPending, "Waiting for " + m.Name + " to leave " + string(m.Type)
-	case local && state != StateD:
-		return v1.AttachmentPending, "volumeAccess=Local: member " + m.Name + " is " + string(m.Type) + ", not Diskful"
-	}
-	if attached >= rc.maxAttachments() {
-		return v1.AttachmentPending, "Waiting for another node to detach (maxAttachments=" + strconv.Itoa(rc.maxAttachments()) + ")"
-	}
-	if attached >= 1 && !rc.st.Datamesh.Multiattach {
-		return v1.AttachmentPending, "Waiting for multiattach to be enabled"
-	}
-	if state == StateA || state == StateTB || state == StateSDL {
-		c := rc.counts()
-		if c.upToDateD <= rc.cfg.GMDR {
-			return v1.AttachmentPending, "Cannot attach diskless member: " + strconv.Itoa(c.upToDateD) +
-				" UpToDate Diskful, need > GMDR " + strconv.Itoa(rc.cfg.GMDR) +
-				" (DRBD does not enforce quorum-minimum-redundancy for a diskless Primary)"
-		}
+	if msg := rc.attachBlocked(mi, local, attached); msg != "" {
+		return v1.AttachmentPending, msg
 	}
 	p, ok := rc.reg.Latest(PlanAttach)
 	if !ok {
 		return v1.AttachmentPending, "Plan attach is not registered"
 	}
-	ti := rc.start(p, m.Name)
+	ti := rc.start(p, rc.st.Datamesh.Members[mi].Name)
 	rc.confirm(ti, p, 0)
 	return v1.AttachmentAttaching, "Attaching: " + rc.st.DatameshTransitions[ti].Steps[0].Message
+}
+
+// attachBlocked returns why member mi may not be attached now, or "" (docs/datamesh.md
+// "Guards"); attached is how many members are attached or still detaching.
+func (rc *reconcile) attachBlocked(mi int, local bool, attached int) string {
+	m := &rc.st.Datamesh.Members[mi]
+	if ti := rc.transitionOf(m.Name, true); ti >= 0 {
+		return "Waiting for the " + string(rc.st.DatameshTransitions[ti].Type) + " transition of replica " + m.Name + " to complete"
+	}
+	if rc.forceLeaving(m.Name) {
+		return "Replica " + m.Name + " is being force-removed"
+	}
+	for _, n := range rc.in.ForceDetach {
+		if n == m.Name {
+			return "Member " + m.Name + " was force-detached: its node is lost"
+		}
+	}
+	if r := rc.rvrOfMember(mi); r == nil || r.DeletionTimestamp != nil {
+		return "Replica " + m.Name + " is leaving the datamesh"
+	}
+	state := rc.mstate(mi)
+	switch {
+	case state.IsLiminal():
+		return "Waiting for " + m.Name + " to leave " + string(m.Type)
+	case local && state != StateD:
+		return "volumeAccess=Local: member " + m.Name + " is " + string(m.Type) + ", not Diskful"
+	}
+	if attached >= rc.maxAttachments() {
+		return "Waiting for another node to detach (maxAttachments=" + strconv.Itoa(rc.maxAttachments()) + ")"
+	}
+	if attached >= 1 && !rc.st.Datamesh.Multiattach {
+		return "Waiting for multiattach to be enabled"
+	}
+	if state == StateA || state == StateTB || state == StateSDL {
+		c := rc.counts()
+		if c.upToDateD <= rc.cfg.GMDR {
+			return "Cannot attach diskless member: " + strconv.Itoa(c.upToDateD) +
+				" UpToDate Diskful, need > GMDR " + strconv.Itoa(rc.cfg.GMDR) +
+				" (DRBD does not enforce quorum-minimum-redundancy for a diskless Primary)"
+		}
+	}
+	return ""
 }
 
 // wantAccessReplicas asks for an Access replica on every served node without a replica,
