@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -172,9 +173,13 @@ func (w *world) process(t testing.TB) (Result, error) {
 func checkFreshEngine(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
 	t.Helper()
 	e := NewEngine(reg, f)
+	before := in.RV.Status.DeepCopy()
 	want, err := e.Process(in)
 	if (err == nil) != (gotErr == nil) {
 		t.Fatalf("fresh engine: error %v, engine under test: %v", err, gotErr)
+	}
+	if err == nil && want.Changed == equality.Semantic.DeepEqual(*before, in.RV.Status) {
+		t.Fatalf("Result.Changed is %v, but the status before and after are semantically %s", want.Changed, map[bool]string{true: "equal", false: "different"}[!want.Changed])
 	}
 	if !reflect.DeepEqual(in.RV.Status, gotRV.Status) {
 		t.Fatalf("fresh and reused engine disagree on the status:\nfresh: %+v\ngot:   %+v", in.RV.Status, gotRV.Status)

@@ -7,7 +7,6 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -83,7 +82,7 @@ func (e *Engine) Process(in *Input) (Result, error) {
 	}
 	sortWanted(wanted)
 	return Result{
-		Changed:     !equality.Semantic.DeepEqual(*before, in.RV.Status),
+		Changed:     !sameStatus(before, &in.RV.Status),
 		Revision:    rc.st.DatameshRevision,
 		Waiting:     rc.waiting || len(rc.st.DatameshTransitions) > 0,
 		Wanted:      wanted,
