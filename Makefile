@@ -97,6 +97,10 @@ verify: k8s ## Fail if `make generate` or `make manifests` changes any generated
 sanity: build k8s ## Run the real bin/k8s/csi-sanity against `meshvol controller --csi-endpoint` and a node service on an in-process cluster, layouts 1D, 2D+1TB, 3D (root; logs in _output/sanity)
 	$(GO) run ./hack/sanity $(SANITY_ARGS)
 
+.PHONY: e2e-crash-2d1tb
+e2e-crash-2d1tb: deps k8s ## The e2e node crash on the default 2D+1TB class, which needs the sandbox's three nodes to itself (root; about 2 min)
+	$(GO) test ./test/e2e -run 'TestNodeCrash$$' -count=1 -timeout $(TEST_TIMEOUT) -v -args -crash-class=meshvol-2d-1tb
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:FuzzX ..." to choose
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh $(FUZZ_TARGETS)

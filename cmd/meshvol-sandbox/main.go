@@ -33,6 +33,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", "/var/tmp/meshvol-sandbox", "directory for the cluster's state and logs (kept after teardown, with the logs)")
 	nodes := fs.Int("nodes", 3, "number of nodes, each in a zone of its own")
 	demo := fs.Bool("demo", true, "run the demonstration (PVC, pod, node crash, pod back elsewhere) once the cluster is up")
+	demoClass := fs.String("demo-class", sandbox.DemoStorageClass, "the storage class of the demonstration's volume")
 	binDir := fs.String("bin-dir", "", "directory of the Kubernetes binaries and CSI sidecars (default: bin/k8s of the source tree, as `make k8s` builds it)")
 	exe, _ := os.Executable()
 	pause := fs.String("pause-binary", filepath.Join(filepath.Dir(exe), "meshvol-pause"), "the static pause program the pause image is built from (`make sandbox` builds it)")
@@ -91,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "meshvol-sandbox: up in %s\n", (time.Since(began) - sb.Kube.LockWait).Round(100*time.Millisecond))
 	code := 0
 	if *demo {
-		res, err := sb.Demo(ctx, stdout)
+		res, err := sb.Demo(ctx, stdout, *demoClass)
 		if err != nil {
 			fmt.Fprintln(stderr, "meshvol-sandbox: the demonstration failed:", err)
 			code = 1

@@ -6,10 +6,12 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -60,12 +62,7 @@ func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
 }
 
 func TestControllerUnreachableAPIServer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
+	addr := refusingAddress(t)
 	kc := writeKubeconfig(t, &rest.Config{Host: "https://" + addr})
 	var out, errb bytes.Buffer
 	code := runController(context.Background(), []string{"--kubeconfig", kc, "--start-timeout", "1s"}, &out, &errb)
@@ -123,6 +120,27 @@ func TestControllerStartsAgainstAPIServer(t *testing.T) {
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d after a clean stop: %s", code, tail(errb.String()))
 	}
+}
+
+// refusingAddress is a loopback address where nothing listens and nothing
+// can start to while the test runs: a socket bound there (without
+// SO_REUSEADDR, so no other bind succeeds) that never listens, so a connect
+// is refused. A port found free and released could be taken by another
+// process on the machine before the test connects.
+func refusingAddress(t *testing.T) string {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*unix.SockaddrInet4).Port))
 }
 
 func freePort(t *testing.T) string {

@@ -2,9 +2,7 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"time"
 
@@ -121,7 +119,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map
 			last, ok := caps[rsp.Name]
 			if !ok || dirty || moved(last, c.TotalBytes, c.FreeBytes) {
 				caps[rsp.Name] = capacity{total: c.TotalBytes, free: c.FreeBytes}
-				ann[key] = fmt.Sprintf("total=%d,free=%d", c.TotalBytes, c.FreeBytes)
+				ann[key] = v1.PoolCapacity{Total: c.TotalBytes, Free: c.FreeBytes}.String()
 			}
 		}
 		for k := range ann {
@@ -144,25 +142,4 @@ func moved(last capacity, total, free int64) bool {
 		d = -d
 	}
 	return d >= threshold
-}
-
-// ParseCapacity reads a capacity annotation value ("total=<bytes>,free=<bytes>").
-func ParseCapacity(v string) (total, free int64, err error) {
-	for _, part := range strings.Split(v, ",") {
-		k, val, ok := strings.Cut(part, "=")
-		if !ok {
-			return 0, 0, fmt.Errorf("capacity %q: %q is not key=value", v, part)
-		}
-		n, err := strconv.ParseInt(val, 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("capacity %q: %s: %w", v, k, err)
-		}
-		switch k {
-		case "total":
-			total = n
-		case "free":
-			free = n
-		}
-	}
-	return total, free, nil
 }

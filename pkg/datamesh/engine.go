@@ -132,13 +132,10 @@ type Result struct {
 	Changed bool
 	// Revision is status.datameshRevision after the call.
 	Revision int64
-	// Waiting: some transition or request waits on replicas or guards; the caller's
-	// watches will bring the next reconcile, RequeueAfter is a fallback.
+	// Waiting: some transition or request waits on replicas or guards. Every such
+	// wait is on an object change (an RVR's revision or disk state, an RVA), which
+	// the caller's watches deliver: the engine never asks for a timed reconcile.
 	Waiting bool
-	// RequeueAfter > 0 asks for a timed reconcile. Reserved: every wait of the engine
-	// today is on an object change (an RVR's revision or disk state, an RVA), which the
-	// caller's watches deliver, so it is always 0.
-	RequeueAfter time.Duration
 	// Wanted are the replica objects placement should create, delete or retype.
 	Wanted []WantedReplica
 	// Attachments has one entry per RVA, in input order.

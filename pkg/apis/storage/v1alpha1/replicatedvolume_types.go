@@ -296,7 +296,7 @@ const (
 
 // DatameshTransitionStep is one published change of a transition and its confirmation.
 type DatameshTransitionStep struct {
-	// name is the step in the seed's notation, e.g. "A → D∅ + q↑".
+	// name is the step in the notation of docs/datamesh-spec.md, e.g. "A → D∅ + q↑".
 	Name string `json:"name"`
 	// status is where the step stands.
 	Status StepStatus `json:"status"`
