@@ -146,14 +146,7 @@ func (w *world) process(t testing.TB) (Result, error) {
 		w.eng = NewEngine(w.reg, w.features)
 	}
 	w.now = w.now.Add(time.Second)
-	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
-		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
-	full := *in
-	full.RV = w.rv.DeepCopy()
-	res, err := w.eng.Process(in)
-	// Every step also runs on a fresh engine with a copy of the volume: a controller
-	// restarted before this reconcile must decide exactly the same.
-	checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
+	res, err := w.processOnBoth(t)
 	for _, n := range w.force {
 		w.lost[n] = true
 	}
@@ -164,6 +157,19 @@ func (w *world) process(t testing.TB) (Result, error) {
 	w.recordPublished()
 	w.checkPrimaries(t)
 	w.last = res
+	return res, err
+}
+
+// processOnBoth runs one reconcile of w on w.eng, and the same input on a fresh engine
+// with a copy of the volume: a controller restarted before this reconcile must decide
+// exactly the same (checkFreshEngine).
+func (w *world) processOnBoth(t testing.TB) (Result, error) {
+	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
+		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
+	full := *in
+	full.RV = w.rv.DeepCopy()
+	res, err := w.eng.Process(in)
+	checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
 	return res, err
 }
 

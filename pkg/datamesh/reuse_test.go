@@ -26,13 +26,7 @@ func TestReusedEngineMatchesFresh(t *testing.T) {
 		w.rv.Spec.MaxAttachments = int32(1 + rng.Intn(2))
 		w.eng = NewEngine(w.reg, w.features)
 		step := func() {
-			in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
-				ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
-			full := *in
-			full.RV = w.rv.DeepCopy()
-			res, err := w.eng.Process(in)
-			checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
-			w.last = res
+			w.last, _ = w.processOnBoth(t)
 			w.force, w.fdetach, w.cq = nil, nil, nil
 			total++
 		}
