@@ -299,12 +299,7 @@ func sortWanted(w []WantedReplica) {
 		}
 		return 2
 	}
-	// Insertion sort: a handful of entries, and no allocation.
-	for i := 1; i < len(w); i++ {
-		for j := i; j > 0 && rank(w[j].Action) < rank(w[j-1].Action); j-- {
-			w[j], w[j-1] = w[j-1], w[j]
-		}
-	}
+	slices.SortStableFunc(w, func(a, b WantedReplica) int { return rank(a.Action) - rank(b.Action) })
 }
 
 // lostDatamesh explains why nothing joins a formed datamesh that has no members left:
