@@ -28,7 +28,7 @@ func (rc *reconcile) membership(open, quorumBusy bool) {
 		if req.Operation == v1.ReplicaOperationForceLeave || rc.transitionOf(req.Name, true) >= 0 {
 			continue
 		}
-		p, blocked := rc.planFor(&req, i)
+		p, blocked := rc.planFor(&req)
 		if p == nil {
 			if blocked != "" {
 				rc.waiting = true
@@ -122,7 +122,7 @@ func (rc *reconcile) blockOpenRequests(msg string) {
 		if req.Operation == v1.ReplicaOperationForceLeave || rc.transitionOf(req.Name, true) >= 0 {
 			continue
 		}
-		if p, _ := rc.planFor(&req, i); p != nil {
+		if p, _ := rc.planFor(&req); p != nil {
 			rc.waiting = true
 			rc.setRequestMessage(req.Name, msg)
 		}
@@ -131,7 +131,7 @@ func (rc *reconcile) blockOpenRequests(msg string) {
 
 // planFor is the planner: it returns the plan for a request, or nil and a blocked message,
 // or nil and "" when there is nothing to do (skip).
-func (rc *reconcile) planFor(req *v1.DatameshReplicaRequest, guess int) (*Plan, string) {
+func (rc *reconcile) planFor(req *v1.DatameshReplicaRequest) (*Plan, string) {
 	mi := rc.memberIndex(req.Name)
 	var from, to State
 	switch req.Operation {
