@@ -66,17 +66,14 @@ func (rc *reconcile) forceRemovalsReady() (ready []string) {
 		}
 		mi := rc.memberIndex(r.Name)
 		if mi < 0 {
-			// Already out of the datamesh, but a transition (a RemoveReplica waiting for
-			// the dead replica to confirm) still refers to it: cancel it, the member is gone.
-			cancelled := false
-			for ti := rc.transitionOf(r.Name, false); ti >= 0; ti = rc.transitionOf(r.Name, false) {
-				rc.cancel(ti)
-				cancelled = true
-			}
-			if cancelled {
-				rc.setRequestMessage(r.Name, "Force-removed from datamesh")
-				rc.event(EventWarning, "ReplicaForceRemoved", "Replica "+r.Name+" was force-removed: its transition was cancelled")
-			}
+			// Already out of the datamesh, but a transition (a RemoveReplica whose → ✕
+			// waits for the dead replica to confirm) still refers to it. It is not
+			// cancelled: its step must still be confirmed by the other members, or a
+			// member that has not applied it would still count the removed member — a
+			// TieBreaker, say, alive behind a partition — while the diskless set changes
+			// again (the deep model check: 2D+1TB, an Access or D∅ join right after the
+			// cancelled TB → ✕ gave each side of a cut its own tiebreaker majority). It
+			// no longer waits for the dead replica itself (waitSet), which ends it.
 			continue
 		}
 		rc.waiting = true

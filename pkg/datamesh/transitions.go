@@ -401,6 +401,13 @@ func (rc *reconcile) complete(ti int, p *Plan) {
 		rc.setRequestMessage(t.ReplicaName, "Joined datamesh successfully")
 		rc.event(EventNormal, "ReplicaJoined", "Replica "+t.ReplicaName+" joined the datamesh as "+string(t.ToType))
 	case v1.TransitionRemoveReplica:
+		if rc.forceLeaving(t.ReplicaName) {
+			// Its node was declared lost after it left the member list: every other
+			// member has confirmed the removal, the replica itself never will.
+			rc.setRequestMessage(t.ReplicaName, "Force-removed from datamesh")
+			rc.event(EventWarning, "ReplicaForceRemoved", "Replica "+t.ReplicaName+" was force-removed: its node is lost, every other member confirmed its removal")
+			break
+		}
 		rc.setRequestMessage(t.ReplicaName, "Left datamesh successfully")
 		rc.event(EventNormal, "ReplicaLeft", "Replica "+t.ReplicaName+" left the datamesh")
 	case v1.TransitionChangeReplicaType:
@@ -498,7 +505,9 @@ func (rc *reconcile) waitSet(t *v1.DatameshTransition, step *Step, rev int64) Wa
 	if affected != "" && !affectedMember && !step.Force && step.Kind == StepMember {
 		w.SelfMust = true
 		r := rc.rvrNamed(affected)
-		w.SelfConfirmed = r == nil || r.Status.DatameshRevision == 0 || r.Status.DatameshRevision >= rev
+		// A replica declared lost (ForceLeave) confirms nothing any more: its removal is
+		// done once the others have confirmed it (forceRemovalsReady).
+		w.SelfConfirmed = r == nil || r.Status.DatameshRevision == 0 || r.Status.DatameshRevision >= rev || rc.forceLeaving(affected)
 	}
 	return w
 }
