@@ -695,6 +695,16 @@ func (rc *reconcile) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int
 		b = append(b, ": "...)
 		b = append(b, c.Message...)
 	}
+	if c.Type == v1.ConditionAgentReady {
+		// Say what ends the wait (docs/datamesh.md "Replacing a lost node"): the agent
+		// reporting again, or the node lifecycle declaring the node lost, after which the
+		// replica is force-removed and no step waits for it any more.
+		if rc.forceLeaving(r.Name) {
+			b = append(b, " (its node is declared lost: the wait ends when it is force-removed)"...)
+		} else {
+			b = append(b, " (the wait ends when its agent reports again, or when its node is declared lost and it is force-removed)"...)
+		}
+	}
 	return b
 }
 
