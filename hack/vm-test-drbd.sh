@@ -82,7 +82,11 @@ install -m 0644 test/vm/guest.sh "$RUN/payload/meshvol/guest.sh" # the helpers /
 (cd "$RUN/payload" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) >"$RUN/payload.cpio"
 cat "$OUT/rootfs.cpio" "$RUN/payload.cpio" >"$RUN/initrd.cpio"
 
+# The initramfs is unpacked into the guest's rootfs, a tmpfs of half its
+# memory: the product's image and payload (~330 MB) do not fit in 1 GiB's.
+mem=1024
 if [[ $suite == product ]]; then
+	mem=2048
 	# Each guest's File pool: a fresh sparse disk the guest formats.
 	truncate -s 1G "$RUN/node-1.img" "$RUN/node-2.img" "$RUN/node-3.img"
 else
@@ -112,7 +116,7 @@ for n in "${nodes[@]}"; do
 	nsx ip link set "tap-$n" up
 done
 
-echo "vm-test-drbd: booting node1-3 (software emulation) in network namespace $NS; logs in $RUN/"
+echo "vm-test-drbd: booting ${nodes[*]} (software emulation) in network namespace $NS; logs in $RUN/"
 boot=$SECONDS
 spec=""
 for i in 1 2 3; do
@@ -124,7 +128,7 @@ for i in 1 2 3; do
 		diskful=yes
 	fi
 	nsx timeout -k 10 "${VM_TIMEOUT:-3600}" qemu-system-x86_64 \
-		-accel tcg -cpu max -m 1024 -smp 1 \
+		-accel tcg -cpu max -m "$mem" -smp 1 \
 		-kernel "$OUT/vmlinuz" -initrd "$RUN/initrd.cpio" \
 		-append "console=ttyS0 panic=-1 loglevel=4 MESHVOL_VM_NODE=$n MESHVOL_VM_IP=10.99.0.$i MESHVOL_VM_DISK=$diskful MESHVOL_VM_PRODUCT=$([[ $suite == product ]] && echo yes || echo no)" \
 		"${disk[@]}" \
