@@ -127,7 +127,10 @@ for i in 1 2 3; do
 		disk=(-drive "file=$RUN/$n.img,if=virtio,format=raw,cache=unsafe")
 		diskful=yes
 	fi
-	nsx timeout -k 10 "${VM_TIMEOUT:-3600}" qemu-system-x86_64 \
+	# ip netns exec execs timeout, so $! is timeout itself: killing it (on
+	# any exit) passes the signal on to qemu. Through the nsx function, $!
+	# would be a subshell whose death leaves qemu running.
+	ip netns exec "$NS" timeout -k 10 "${VM_TIMEOUT:-3600}" qemu-system-x86_64 \
 		-accel tcg -cpu max -m "$mem" -smp 1 \
 		-kernel "$OUT/vmlinuz" -initrd "$RUN/initrd.cpio" \
 		-append "console=ttyS0 panic=-1 loglevel=4 MESHVOL_VM_NODE=$n MESHVOL_VM_IP=10.99.0.$i MESHVOL_VM_DISK=$diskful MESHVOL_VM_PRODUCT=$([[ $suite == product ]] && echo yes || echo no)" \
