@@ -110,6 +110,10 @@ nsx ip link set lo up
 nsx ip link add br0 type bridge
 nsx ip addr add 10.99.0.254/24 dev br0
 nsx ip link set br0 up
+# kube-apiserver and etcd (the product suite) refuse to start without a
+# default route to pick their advertised address from; nothing is routed
+# out of the namespace through it.
+nsx ip route add default dev br0
 for n in "${nodes[@]}"; do
 	nsx ip tuntap add dev "tap-$n" mode tap
 	nsx ip link set "tap-$n" master br0
