@@ -82,6 +82,10 @@ var _ scenario.Backend = (*product)(nil)
 func startProduct(spec, out, meshvol string) (p *product, err error) {
 	p = &product{out: out, remotes: map[string]*remote{}, addrs: map[string]string{}, nodeCSI: map[string]csipb.NodeClient{}}
 	started := p
+	// The controller's CSI endpoint must be an absolute path.
+	if p.out, err = filepath.Abs(out); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			started.finish()
