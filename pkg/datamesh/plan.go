@@ -44,7 +44,7 @@ const (
 	StepFormationSync
 )
 
-// ConfirmGroup is who must confirm a step (seed 000 "Step confirmation rules").
+// ConfirmGroup is who must confirm a step (docs/datamesh-spec.md "Step confirmation rules").
 type ConfirmGroup uint8
 
 const (
@@ -71,7 +71,7 @@ func (g ConfirmGroup) String() string {
 
 // Step is one published change of a plan: the unit a DatameshRevision confirms.
 type Step struct {
-	// Name is the seed's notation, e.g. "A → D∅ + q↑".
+	// Name is the specification's notation, e.g. "A → D∅ + q↑".
 	Name string
 	Kind StepKind
 	// From, To: the affected member's state before and after (StepMember).
@@ -98,11 +98,11 @@ type Plan struct {
 	Steps    []Step
 }
 
-// Path is the plan's steps joined the way seed 000 writes them, with ✦/✕ endpoints:
+// Path is the plan's steps joined the way docs/datamesh-spec.md writes them, with ✦/✕ endpoints:
 // "✦ → A → D∅ + q↑ → D → qmr↑".
 func (p *Plan) Path() string { return PathString(p.Steps) }
 
-// PathString renders steps in the seed's notation.
+// PathString renders steps in the specification's notation.
 func PathString(steps []Step) string {
 	var b strings.Builder
 	prevMember := false
@@ -148,19 +148,20 @@ type PathParams struct {
 	// Force: ForceRemoveReplica (one step, the dead member excluded).
 	Force bool
 	// TBHold: the datamesh has a TieBreaker. DRBD's tiebreaker lets half of an even
-	// voter set plus the TB keep quorum (DRBD-QUORUM.md), so while a step that changes
+	// voter set plus the TB keep quorum (docs/drbd-quorum.md), so while a step that changes
 	// the voter count is half applied, a quorum of the new configuration and a quorum of
 	// the old one (tiebreaker quorums included) could be disjoint — the split the model
-	// checker found for 2D+1TB → 3D (notes/modelcheck-findings.md F4). The voter-changing
+	// checker found for 2D+1TB → 3D (docs/modelcheck-findings.md F4). The voter-changing
 	// step therefore publishes a q one above both configurations' q, and a final "q↓"
 	// step, once every member runs the new voter set, brings q back to the formula. The
-	// seed's paths are those with TBHold false.
+	// specification's paths are those with TBHold false.
 	//
-	// F4's split needs DRBD to count a D∅ as a present voter. Under decision D1 (D∅ and
-	// sD∅ rendered `disk none`) it does not, and a member starts voting only at its own
-	// D∅ → D step; the hold is kept because it is never less safe (a higher q over the
-	// same voters grants no quorum the formula's q would not), until the model checker,
-	// modelling D1, shows it can go (docs/datamesh.md "TieBreaker hold").
+	// F4's split needs DRBD to count a D∅ as a present voter. With D∅ and sD∅ rendered
+	// `disk none` (docs/layouts.md §8.4) it does not, and a member starts voting only at
+	// its own D∅ → D step; the hold is kept because it is never less safe (a higher q
+	// over the same voters grants no quorum the formula's q would not), until the model
+	// checker, modelling that rendering, shows it can go (docs/datamesh.md "TieBreaker
+	// hold").
 	TBHold bool
 }
 
@@ -211,7 +212,7 @@ func DerivedPlanID(from, to State, p PathParams) (string, error) {
 }
 
 // DerivePlan derives the membership plan for from → to from a few rules instead of a
-// table (seed 000's tables are its test vectors):
+// table (docs/datamesh-spec.md's tables are its test vectors):
 //
 //   - A voter joins or leaves at D∅ (full mesh, no disk): the disk is attached or
 //     detached in a step of its own, confirmed by the member alone.
@@ -376,7 +377,7 @@ func boolChange(b bool, c Change) Change {
 	return NoChange
 }
 
-// memberStep builds a member step with the seed's confirmation group for (from, to).
+// memberStep builds a member step with the specification's confirmation group for (from, to).
 func memberStep(from, to State, q Change) Step {
 	s := Step{Kind: StepMember, From: from, To: to, Q: q, Confirm: ConfirmGroupOf(from, to)}
 	s.Name = from.String() + " → " + to.String()
@@ -396,7 +397,7 @@ func qmrStep(c Change) Step {
 	return Step{Name: name, Kind: StepQMR, QMR: c, Confirm: ConfirmAll}
 }
 
-// ConfirmGroupOf is seed 000's confirmation group of a member step:
+// ConfirmGroupOf is docs/datamesh-spec.md's confirmation group of a member step:
 //   - a disk attach/detach (D∅ ↔ D, sD∅ ↔ sD) changes nothing on peers: the member alone;
 //   - a star member joining, leaving or changing role (✦/A/TB → A/TB/✕) changes only the
 //     full-mesh members' connections to it: full mesh + the member;
