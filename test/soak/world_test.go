@@ -486,6 +486,11 @@ func (w *world) protect() {
 	if l == v.layout {
 		return
 	}
+	w.setLayout(v, l)
+}
+
+// setLayout changes v's protection to l.
+func (w *world) setLayout(v *vol, l layout) {
 	err := w.updateRV(v.name, func(rv *v1.ReplicatedVolume) {
 		rv.Spec.ManualConfiguration.FailuresToTolerate = l.ftt
 		rv.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = l.gmdr
