@@ -27,6 +27,8 @@ import (
 //     mounts propagate into it (slave), none of its own propagate out.
 //     /var/lib/kubelet and /var/lib/meshvol are shared mounts inside it, so
 //     a pod's Bidirectional mounts reach the kubelet.
+//   - a UTS namespace: the node's name is its host name, as a host-network
+//     pod sees it (a leader election's identity names its node).
 //   - a network namespace with one address on the bridge the cluster
 //     creates (bridgeName), so each node's host-network pods have their own
 //     ports, as on separate machines. The apiserver listens on the
@@ -124,7 +126,7 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 			return err
 		}
 	}
-	p, err := startProc("namespaces", n.LogDir(), n.systemCgroup(), "unshare", "--mount", "--net", "--propagation", "slave", "--", "sleep", "infinity")
+	p, err := startProc("namespaces", n.LogDir(), n.systemCgroup(), "unshare", "--mount", "--net", "--uts", "--propagation", "slave", "--", "sleep", "infinity")
 	if err != nil {
 		return err
 	}
@@ -161,6 +163,7 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 	}
 	script := strings.Join([]string{
 		"set -e",
+		"hostname " + shellQuote(n.Name),
 		"ip link set lo up",
 		"ip addr add " + n.IP + "/24 dev eth0",
 		"ip link set eth0 up",
@@ -182,7 +185,8 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 // nsenter is the command line prefix that runs a program in the node's
 // namespaces.
 func (n *Node) nsenter() []string {
-	return []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.nsPID), fmt.Sprintf("--net=/proc/%d/ns/net", n.nsPID), "--"}
+	return []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.nsPID), fmt.Sprintf("--net=/proc/%d/ns/net", n.nsPID),
+		fmt.Sprintf("--uts=/proc/%d/ns/uts", n.nsPID), "--"}
 }
 
 // Run runs a shell script in the node's namespaces (Options.Namespaces)
@@ -287,4 +291,13 @@ func (p *apiProxy) close() {
 		l.Close()
 	}
 	p.wg.Wait()
+}
+
+// MountInfo is the mountinfo file of the node's mount namespace (what a
+// process on the node sees mounted); empty without namespaces.
+func (n *Node) MountInfo() string {
+	if n.nsPID == 0 {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/mountinfo", n.nsPID)
 }

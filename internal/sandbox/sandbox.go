@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/meshvol/meshvol/internal/drbdsimd"
 	"github.com/meshvol/meshvol/internal/goproc"
 	"github.com/meshvol/meshvol/internal/kubecluster"
 	"github.com/meshvol/meshvol/internal/localcluster"
@@ -33,6 +34,7 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/csi"
+	"github.com/meshvol/meshvol/pkg/drbd/drbdsim"
 	"github.com/meshvol/meshvol/pkg/pluginreg"
 )
 
@@ -63,12 +65,29 @@ type Options struct {
 	Progress io.Writer
 	// Log receives the meshvol components' logs; the zero Logger discards.
 	Log logr.Logger
+	// Image is the meshvol image (the OCI archive `make image` builds):
+	// set, the sandbox installs meshvol with `helm install` of the chart
+	// on nodes with namespaces of their own (installed.go); empty, it runs
+	// meshvol's components in this process (internal/localcluster).
+	Image string
+	// StandIns is the static drbd-utils stand-in program
+	// (internal/drbdsimd/drbdutils) the installed sandbox gives every node.
+	StandIns string
+	// Chart is the chart's directory; empty means charts/meshvol.
+	Chart string
 }
 
 // Sandbox is a running sandbox.
 type Sandbox struct {
 	Kube *kubecluster.Cluster
+	// Mesh is the in-process meshvol (Options.Image empty); nil when
+	// installed.
 	Mesh *localcluster.Cluster
+	// Sim is the machine's simulated DRBD: every node's kernel module.
+	Sim *drbdsim.Cluster
+	// Namespace holds meshvol's Secrets, Leases and CSIStorageCapacity
+	// objects.
+	Namespace string
 	// Client is an uncached client of the apiserver.
 	Client client.Client
 	// ControllerSocket is the CSI controller service's socket.
@@ -80,6 +99,7 @@ type Sandbox struct {
 	ctrlCSI  *goproc.Proc
 	nodes    map[string]*nodeServices
 	sidecars []*sidecar
+	simd     *drbdsimd.Service
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -124,6 +144,10 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	for i := 1; i <= opts.Nodes; i++ {
 		specs = append(specs, kubecluster.NodeSpec{Name: fmt.Sprintf("node-%d", i), Zone: "zone-" + string(rune('a'+i-1))})
 	}
+	if opts.Image != "" {
+		s.Namespace = ReleaseNamespace
+		return s, s.startInstalled(ctx, specs)
+	}
 	began := time.Now()
 	s.Kube, err = kubecluster.Start(ctx, kubecluster.Options{
 		Dir:         opts.Dir,
@@ -166,6 +190,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err != nil {
 		return s, err
 	}
+	s.Namespace, s.Sim = s.Mesh.Namespace, s.Mesh.Sim
 	// The pool first, so its free space is reported by the time
 	// external-provisioner first asks GetCapacity (else it publishes
 	// zeros and corrects them only at its next poll).
@@ -300,6 +325,10 @@ func (s *Sandbox) NodeSocket(node string) string {
 	if ns := s.nodes[node]; ns != nil {
 		return ns.Socket
 	}
+	if kn := s.Kube.Node(node); kn != nil && s.simd != nil {
+		// The node pod's socket, in the node's kubelet directory.
+		return filepath.Join(kn.PluginDir(v1.CSIDriverName), "csi.sock")
+	}
 	return ""
 }
 
@@ -348,7 +377,17 @@ func (s *Sandbox) CrashNode(name string) error {
 	var kubeErr, meshErr error
 	wg.Add(2)
 	go func() { defer wg.Done(); kubeErr = kn.Crash() }()
-	go func() { defer wg.Done(); meshErr = s.Mesh.CrashNode(name) }()
+	go func() {
+		defer wg.Done()
+		if s.Mesh != nil {
+			meshErr = s.Mesh.CrashNode(name)
+			return
+		}
+		// Its kernel goes with it: the socket first, so nothing on the
+		// node reaches it meanwhile.
+		s.simd.Stop(name)
+		s.Sim.Node(name).Crash()
+	}()
 	if ns := s.nodes[name]; ns != nil {
 		_ = ns.csi.Stop()
 		_ = ns.reg.Stop()
@@ -401,7 +440,15 @@ func (s *Sandbox) stop() error {
 	for _, ns := range s.nodes {
 		errs = append(errs, ns.csi.Stop())
 	}
-	errs = append(errs, s.ctrlCSI.Stop())
+	if s.ctrlCSI != nil {
+		errs = append(errs, s.ctrlCSI.Stop())
+	}
+	if s.simd != nil {
+		// The node pods are gone with the kubelets (and their mounts with
+		// the nodes' namespaces): the simulated kernels go next.
+		errs = append(errs, s.simd.Close())
+		errs = append(errs, s.Sim.Close())
+	}
 	if s.Mesh != nil {
 		errs = append(errs, s.Mesh.Stop())
 		if left := s.Mesh.Leftovers(); len(left) > 0 {
