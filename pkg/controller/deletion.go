@@ -59,7 +59,7 @@ func (c *Controller) deletionCondition(v *volume, work *v1.ReplicatedVolume) {
 	if len(names) > 0 {
 		msg = "Waiting for attachments to be removed: " + strings.Join(names, ", ")
 	}
-	setCondChanged(&work.Status.Conditions, ConditionDeleting, true, reasonWaitingForDetach, msg, v.rv.Generation, v.now)
+	setCondChanged(&work.Status.Conditions, v1.ConditionDeleting, true, reasonWaitingForDetach, msg, v.rv.Generation, v.now)
 }
 
 func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (*ctrl.Result, error) {
@@ -80,7 +80,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	}
 	sort.Strings(pending)
 	if len(pending) > 0 {
-		setCondChanged(&st.Conditions, ConditionDeleting, true, reasonWaitingReplicas,
+		setCondChanged(&st.Conditions, v1.ConditionDeleting, true, reasonWaitingReplicas,
 			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "), rv.Generation, v.now)
 	}
 	c.summarize(v, work, v.rvrs, "")

@@ -53,9 +53,9 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 				if err := c.applyRVR(ctx, rv, w.NodeName, v1.ReplicaTypeAccess, nil, ""); err != nil {
 					return "", fmt.Errorf("creating Access replica on %s: %w", w.NodeName, err)
 				}
-				created = append(created, rvrName(rv.Name, w.NodeName))
+				created = append(created, v1.ReplicaName(rv.Name, w.NodeName))
 				c.recorder.Eventf(rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed Access replica %s on node %s: %s",
-					rvrName(rv.Name, w.NodeName), w.NodeName, w.Reason)
+					v1.ReplicaName(rv.Name, w.NodeName), w.NodeName, w.Reason)
 			}
 		case datamesh.WantDelete:
 			r := byName[w.Replica]
@@ -103,7 +103,7 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 			if v.configWhy != "" {
 				refusal = v.configWhy
 			}
-			setCondChanged(&work.Status.Conditions, ConditionScheduled, false, ConstraintNoEligibleNodes, refusal, gen, v.now)
+			setCondChanged(&work.Status.Conditions, v1.ConditionScheduled, false, ConstraintNoEligibleNodes, refusal, gen, v.now)
 		} else {
 			nodes, err := c.placementNodes(ctx, v, work)
 			if err != nil {
@@ -125,7 +125,7 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 			case errors.As(err, &pe):
 				refusal = pe.Message
 				placementFailures.WithLabelValues(pe.Constraint).Inc()
-				if setCondChanged(&work.Status.Conditions, ConditionScheduled, false, pe.Constraint, pe.Message, gen, v.now) {
+				if setCondChanged(&work.Status.Conditions, v1.ConditionScheduled, false, pe.Constraint, pe.Message, gen, v.now) {
 					c.recorder.Event(rv, corev1.EventTypeWarning, EventPlacementFailed, pe.Message)
 				}
 			case err != nil:
@@ -139,22 +139,22 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 					if err := c.applyRVR(ctx, rv, p.Node, p.Type, storage, ""); err != nil {
 						return "", fmt.Errorf("creating %s replica on %s: %w", p.Type, p.Node, err)
 					}
-					created = append(created, rvrName(rv.Name, p.Node))
+					created = append(created, v1.ReplicaName(rv.Name, p.Node))
 					why := ""
 					if len(reasons) > 0 {
 						why = ": " + reasons[0]
 					}
 					c.recorder.Eventf(rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed %s replica %s on node %s%s",
-						p.Type, rvrName(rv.Name, p.Node), p.Node, why)
+						p.Type, v1.ReplicaName(rv.Name, p.Node), p.Node, why)
 				}
-				setCondChanged(&work.Status.Conditions, ConditionScheduled, true, reasonPlaced,
+				setCondChanged(&work.Status.Conditions, v1.ConditionScheduled, true, reasonPlaced,
 					fmt.Sprintf("Placed %d Diskful and %d TieBreaker replica(s)", needD, needTB), gen, v.now)
 			}
 		}
 	}
 	if needD+needTB == 0 {
-		if sc := meta.FindStatusCondition(work.Status.Conditions, ConditionScheduled); sc != nil && sc.Status == metav1.ConditionFalse {
-			setCondChanged(&work.Status.Conditions, ConditionScheduled, true, reasonPlaced, "Every wanted replica is placed", gen, v.now)
+		if sc := meta.FindStatusCondition(work.Status.Conditions, v1.ConditionScheduled); sc != nil && sc.Status == metav1.ConditionFalse {
+			setCondChanged(&work.Status.Conditions, v1.ConditionScheduled, true, reasonPlaced, "Every wanted replica is placed", gen, v.now)
 		}
 		if len(wanted) == 0 && len(work.Status.DatameshTransitions) == 0 {
 			name, err := c.eventuallyLocal(ctx, v, work)

@@ -28,22 +28,6 @@ import (
 	"github.com/meshvol/meshvol/pkg/datamesh"
 )
 
-// RV condition types the controller writes besides Ready.
-const (
-	// ConditionConfigured: the configuration source (class or manual) and its pool resolve.
-	ConditionConfigured = "Configured"
-	// ConditionScheduled: placement found nodes for every replica the engine wants.
-	ConditionScheduled = "Scheduled"
-	// ConditionAllocated: the volume has its DRBD port, minor and shared Secret.
-	ConditionAllocated = "Allocated"
-	// ConditionReady: the phase, with a message naming the replicas and why.
-	ConditionReady = "Ready"
-	// ConditionDeleting: what the deletion of the volume waits for.
-	ConditionDeleting = "Deleting"
-	// ConditionAttached is the RVA's condition.
-	ConditionAttached = "Attached"
-)
-
 // Event reasons of the controller's own (the engine's come with Result.Events).
 const (
 	EventReplicaPlaced     = "ReplicaPlaced"
@@ -63,8 +47,6 @@ const (
 	reasonWaitingForDetach = "WaitingForDetach"
 	reasonWaitingReplicas  = "WaitingForReplicas"
 )
-
-func rvrName(rv, node string) string { return rv + "-" + node }
 
 // SecretName is the name of a volume's shared-secret Secret.
 func SecretName(rv string) string { return "drbd-" + rv }
@@ -268,9 +250,9 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 			LastTransitionTime: metav1.NewTime(v.now)})
 	}
 	if v.configWhy != "" {
-		setCond(ConditionConfigured, false, v.configReason, v.configWhy)
+		setCond(v1.ConditionConfigured, false, v.configReason, v.configWhy)
 	} else if v.poolName != "" {
-		setCond(ConditionConfigured, true, reasonResolved, "Configuration resolves; storage pool "+v.poolName)
+		setCond(v1.ConditionConfigured, true, reasonResolved, "Configuration resolves; storage pool "+v.poolName)
 	}
 
 	var events []datamesh.Event
@@ -294,11 +276,11 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 		} else if why != "" {
 			allocated = false
 			pendingWhy = why
-			if setCondChanged(conds, ConditionAllocated, false, reason, why, gen, v.now) {
+			if setCondChanged(conds, v1.ConditionAllocated, false, reason, why, gen, v.now) {
 				c.recorder.Event(rv, corev1.EventTypeWarning, EventAllocationFailed, why)
 			}
 		} else {
-			setCond(ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
+			setCond(v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
 				st.Datamesh.Port, st.Datamesh.Minor, c.opts.Namespace, SecretName(rv.Name), st.Datamesh.SharedSecret.Algorithm))
 		}
 	}
@@ -326,11 +308,11 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 		if err != nil {
 			// Bad input (a status written by someone else): say so and wait for a change.
 			msg := err.Error()
-			if setCondChanged(conds, ConditionConfigured, false, reasonInvalidInput, msg, gen, v.now) {
+			if setCondChanged(conds, v1.ConditionConfigured, false, reasonInvalidInput, msg, gen, v.now) {
 				c.recorder.Event(rv, corev1.EventTypeWarning, EventConfigurationBad, msg)
 			}
 			work = rv.DeepCopy()
-			meta.SetStatusCondition(&work.Status.Conditions, metav1.Condition{Type: ConditionConfigured, Status: metav1.ConditionFalse,
+			meta.SetStatusCondition(&work.Status.Conditions, metav1.Condition{Type: v1.ConditionConfigured, Status: metav1.ConditionFalse,
 				Reason: reasonInvalidInput, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.NewTime(v.now)})
 			return ctrl.Result{}, c.writeStatus(ctx, rv, work)
 		}
@@ -418,9 +400,12 @@ func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs 
 	verdict := ComputePhase(work, byName, reportingAgent, pendingWhy)
 	st := &work.Status
 	st.Phase = verdict.Phase
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionReady,
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady,
 		Status: boolStatus(verdict.Phase == v1.VolumePhaseReady), Reason: string(verdict.Phase), Message: verdict.Message,
 		ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+	formed, reason, msg := Formed(st, verdict)
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionFormed, Status: boolStatus(formed), Reason: reason,
+		Message: msg, ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
 	st.Layout = LayoutString(st.Datamesh.Members)
 	st.ReadyMembers = ReadyMembers(st.Datamesh.Members, byName, reportingAgent)
 	st.SyncProgress = SyncProgress(st.Datamesh.Members, byName)
@@ -466,7 +451,7 @@ func (c *Controller) enginePool(v *volume) *datamesh.Pool {
 // A retype passes the replica's resourceVersion, so it never recreates a replica that is
 // gone.
 func (c *Controller) applyRVR(ctx context.Context, rv *v1.ReplicatedVolume, node string, t v1.ReplicaType, storage *v1.ReplicaStorage, resourceVersion string) error {
-	u := applyObject("ReplicatedVolumeReplica", "", rvrName(rv.Name, node), resourceVersion)
+	u := applyObject("ReplicatedVolumeReplica", "", v1.ReplicaName(rv.Name, node), resourceVersion)
 	u.SetLabels(map[string]string{v1.LabelVolume: rv.Name, v1.LabelNode: node})
 	u.SetFinalizers([]string{v1.FinalizerAgent})
 	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}})
