@@ -69,7 +69,7 @@ deps: ## Install the Debian packages the tests need, when missing (hack/install-
 	hack/install-deps.sh
 
 .PHONY: test
-test: deps k8s ## Run every test (unit and integration on the real apiserver); full log in _output/test.log
+test: deps k8s image ## Run every test (unit, integration on the real apiserver, e2e on the chart-installed image); full log in _output/test.log
 	TEST_TIMEOUT=$(TEST_TIMEOUT) hack/test.sh $(TEST_PKGS)
 
 .PHONY: lint

@@ -301,3 +301,13 @@ func (n *Node) MountInfo() string {
 	}
 	return fmt.Sprintf("/proc/%d/mountinfo", n.nsPID)
 }
+
+// KubeletRootOnNode is the kubelet's root directory as processes on the
+// node see it — the paths the kubelet passes to a CSI node plugin: the
+// node's own /var/lib/kubelet with namespaces, KubeletRootDir without.
+func (n *Node) KubeletRootOnNode() string {
+	if n.nsPID == 0 {
+		return n.KubeletRootDir
+	}
+	return "/var/lib/kubelet"
+}

@@ -51,7 +51,6 @@ const ReleaseName = "meshvol"
 var sidecarImages = map[string]string{
 	"csi-provisioner": "meshvol.local/csi-provisioner:sandbox",
 	"csi-attacher":    "meshvol.local/csi-attacher:sandbox",
-	"livenessprobe":   "meshvol.local/livenessprobe:sandbox",
 }
 
 // standInDir is the node's directory of drbd-utils stand-ins and the
@@ -189,7 +188,14 @@ func (s *Sandbox) startInstalled(ctx context.Context, specs []kubecluster.NodeSp
 			return s.Kube.Node(node).MountInfo()
 		},
 	})
-	s.Sim.RunClock(s.ctx, 20*time.Millisecond)
+	// The agents run in real time, so the simulator's clock must too.
+	clock, stopClock := context.WithCancel(context.Background())
+	s.stopClock = func() { stopClock(); <-s.clockDone }
+	s.clockDone = make(chan struct{})
+	go func() {
+		defer close(s.clockDone)
+		s.Sim.RunClock(clock, 20*time.Millisecond)
+	}()
 	s.simd = drbdsimd.New(s.Sim)
 
 	began := time.Now()
@@ -256,8 +262,9 @@ func (s *Sandbox) chartDir() string {
 }
 
 // writeValues writes the sandbox's values for the chart: the images it
-// imported, no external-resizer or node-driver-registrar (neither can be
-// built here: the node plugin registers itself), the controller on the
+// imported, no external-resizer, node-driver-registrar or livenessprobe
+// (the module proxy refuses them, hack/build-k8s.sh: the node plugin
+// registers itself and has no liveness probe), the controller on the
 // nodes' network (there is no pod network), lost nodes tainted, a file pool
 // and the three classes, and the stand-ins first in the node plugin's PATH.
 func (s *Sandbox) writeValues(ref string) (string, error) {
@@ -278,7 +285,7 @@ func (s *Sandbox) writeValues(ref string) (string, error) {
 		"sidecars": map[string]any{
 			"provisioner":         map[string]any{"image": sidecarImages["csi-provisioner"]},
 			"attacher":            map[string]any{"image": sidecarImages["csi-attacher"]},
-			"livenessProbe":       map[string]any{"image": sidecarImages["livenessprobe"]},
+			"livenessProbe":       map[string]any{"enabled": false},
 			"resizer":             map[string]any{"enabled": false},
 			"nodeDriverRegistrar": map[string]any{"enabled": false},
 			"pullPolicy":          "Never",
@@ -459,4 +466,145 @@ func (s *Sandbox) LeaderHandover(ctx context.Context) (*Handover, error) {
 	}
 	s.ControllerSocket, err = s.controllerSocket(ctx)
 	return h, err
+}
+
+// PoolFiles lists the files of every node's storage pool: the backing
+// files of its replicas.
+func (s *Sandbox) PoolFiles() []string {
+	var out []string
+	if s.Mesh != nil {
+		for _, n := range s.Mesh.Nodes {
+			out = append(out, n.Files()...)
+		}
+		return out
+	}
+	for _, n := range s.Kube.Nodes {
+		_ = filepath.Walk(filepath.Join(n.StateDir(), "pool"), func(p string, info os.FileInfo, err error) error {
+			if err == nil && info.Mode().IsRegular() {
+				out = append(out, p)
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// DRBDResources lists the DRBD resources a node's simulated kernel runs.
+func (s *Sandbox) DRBDResources(ctx context.Context, node string) ([]string, error) {
+	st, err := s.Sim.Node(node).Status(ctx, "all")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range st {
+		out = append(out, r.Name)
+	}
+	return out, nil
+}
+
+// ContainerReport is what one container of the release did over the
+// sandbox's life: its restarts, the peak of its memory use (its cgroup's
+// high-water mark) and the lines of its logs that say "forbidden" (the
+// apiserver refusing a request the RBAC rules do not allow).
+type ContainerReport struct {
+	Pod, Container, Node string
+	Restarts             int32
+	PeakMemory           int64 // bytes; 0 when the cgroup is gone
+	MemoryLimit          string
+	Forbidden            []string
+}
+
+// ReleaseReport reports every container of the release's pods, those of
+// crashed nodes included.
+func (s *Sandbox) ReleaseReport(ctx context.Context) ([]ContainerReport, error) {
+	var pods corev1.PodList
+	if err := s.Client.List(ctx, &pods, client.InNamespace(ReleaseNamespace)); err != nil {
+		return nil, err
+	}
+	var out []ContainerReport
+	for _, p := range pods.Items {
+		kn := s.Kube.Node(p.Spec.NodeName)
+		if kn == nil {
+			continue
+		}
+		limits := map[string]string{}
+		for _, c := range p.Spec.Containers {
+			if l, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+				limits[c.Name] = l.String()
+			}
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			r := ContainerReport{Pod: p.Name, Container: cs.Name, Node: kn.Name, Restarts: cs.RestartCount, MemoryLimit: limits[cs.Name]}
+			_, id, _ := strings.Cut(cs.ContainerID, "://")
+			if id != "" {
+				r.PeakMemory = peakMemory(kn.CgroupRoot, id)
+			}
+			logs, _ := filepath.Glob(filepath.Join(kn.Dir, "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), cs.Name, "*.log"))
+			for _, l := range logs {
+				b, err := os.ReadFile(l)
+				if err != nil {
+					continue
+				}
+				for _, line := range strings.Split(string(b), "\n") {
+					if strings.Contains(line, "forbidden") {
+						r.Forbidden = append(r.Forbidden, line)
+					}
+				}
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// peakMemory is the high-water mark of the memory cgroup of container id
+// under a node's cgroup root: memory.peak (cgroup v2) or
+// memory.max_usage_in_bytes (v1).
+func peakMemory(cgroupRoot, id string) int64 {
+	for _, hier := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup"} {
+		var found int64
+		_ = filepath.WalkDir(filepath.Join(hier, cgroupRoot), func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() || found > 0 {
+				return nil
+			}
+			if filepath.Base(p) != id {
+				return nil
+			}
+			for _, f := range []string{"memory.peak", "memory.max_usage_in_bytes"} {
+				if b, err := os.ReadFile(filepath.Join(p, f)); err == nil {
+					fmt.Sscan(strings.TrimSpace(string(b)), &found)
+					break
+				}
+			}
+			return filepath.SkipDir
+		})
+		if found > 0 {
+			return found
+		}
+	}
+	return 0
+}
+
+// detachPoolLoops detaches the loop devices the node pods attached to
+// their pools' files: loop devices are the machine's, and outlive the pods
+// and the nodes' namespaces. losetup -j finds them by the file's device
+// and inode (the path a device records is the one the pod saw).
+func (s *Sandbox) detachPoolLoops() error {
+	var errs []error
+	for _, f := range s.PoolFiles() {
+		out, err := exec.Command("losetup", "-j", f).Output()
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			dev, _, ok := strings.Cut(line, ":")
+			if !ok {
+				continue
+			}
+			if b, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("sandbox: losetup -d %s (over %s): %v: %s", dev, f, err, strings.TrimSpace(string(b))))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

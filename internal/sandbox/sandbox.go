@@ -100,8 +100,11 @@ type Sandbox struct {
 	nodes    map[string]*nodeServices
 	sidecars []*sidecar
 	simd     *drbdsimd.Service
-	stopOnce sync.Once
-	stopErr  error
+	// stopClock stops the simulator's real-time clock and waits for it.
+	stopClock func()
+	clockDone chan struct{}
+	stopOnce  sync.Once
+	stopErr   error
 }
 
 // nodeServices are what runs for one kubelet node in the sandbox process
@@ -447,7 +450,9 @@ func (s *Sandbox) stop() error {
 		// The node pods are gone with the kubelets (and their mounts with
 		// the nodes' namespaces): the simulated kernels go next.
 		errs = append(errs, s.simd.Close())
+		s.stopClock()
 		errs = append(errs, s.Sim.Close())
+		errs = append(errs, s.detachPoolLoops())
 	}
 	if s.Mesh != nil {
 		errs = append(errs, s.Mesh.Stop())
