@@ -448,9 +448,12 @@ func (s *Sandbox) LeaderHandover(ctx context.Context) (*Handover, error) {
 		now, err := s.leaseHolder(ctx)
 		if err == nil && now != "" && now != holder {
 			h.Took = time.Since(began)
+			// The new holder's pod: on its node, not the deleted one (the
+			// Deployment's replacement may be on the same node, and win).
 			n, _, _ := strings.Cut(now, "_")
-			for _, p := range pods {
-				if p.Spec.NodeName == n {
+			current, _ := s.releasePods(ctx, "controller")
+			for _, p := range current {
+				if p.Spec.NodeName == n && p.Name != leader.Name {
 					h.NewLeader = p.Name
 				}
 			}
