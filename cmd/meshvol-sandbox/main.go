@@ -100,12 +100,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "meshvol-sandbox: up in %s\n", (time.Since(began) - sb.Kube.LockWait).Round(100*time.Millisecond))
 	code := 0
 	if *image != "" {
-		h, err := sb.LeaderHandover(ctx)
-		if err != nil {
-			fmt.Fprintln(stderr, "meshvol-sandbox: the controller's leader hand-over:", err)
-			code = 1
-		} else {
-			fmt.Fprintf(stdout, "meshvol-sandbox: leader hand-over: %s deleted, %s leads %s later\n", h.OldLeader, h.NewLeader, h.Took.Round(100*time.Millisecond))
+		// The controller's leader hand-over, when its pod is deleted and
+		// when its process crashes.
+		for _, crash := range []bool{false, true} {
+			h, err := sb.LeaderHandover(ctx, crash)
+			if err != nil {
+				fmt.Fprintln(stderr, "meshvol-sandbox: the controller's leader hand-over:", err)
+				code = 1
+				break
+			}
+			how := "pod deleted"
+			if crash {
+				how = "process killed (SIGKILL)"
+			}
+			fmt.Fprintf(stdout, "meshvol-sandbox: leader hand-over, %s: %s → %s in %s\n", how, h.OldLeader, h.NewLeader, h.Took.Round(100*time.Millisecond))
 		}
 	}
 	if *demo && code == 0 {
@@ -129,8 +137,8 @@ meshvol-sandbox: the cluster is up until Ctrl-C. Try:
   %[2]s get rv,rvr,rva,pvc,pv,pod -o wide
   %[2]s describe rv
 
-Pods must use the host network (hostNetwork: true): the nodes have no pod
-network. The image %[3]s is on every node.
+Pods must use the host network (hostNetwork: true): each node has its own
+address, but there is no pod network. The image %[3]s is on every node.
 `, sb.Kube.Kubeconfig, kubectl, kubecluster.BusyboxImage)
 		<-ctx.Done()
 	}

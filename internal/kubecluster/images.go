@@ -274,3 +274,17 @@ func WriteBinaryImage(path, ref, bin string) error {
 		entrypoint: []string{"/" + name},
 	})
 }
+
+// ImportImage imports an OCI archive into the containerd of every node
+// that has not crashed, at once.
+func (c *Cluster) ImportImage(ctx context.Context, archive string) error {
+	return c.eachNode(func(n *Node) error {
+		if n.crashed {
+			return nil
+		}
+		if err := importImage(ctx, n.ContainerdAddress, archive, nil); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+		return nil
+	})
+}

@@ -72,6 +72,9 @@ var nodeDevices = []struct {
 	{"loop-control", unix.S_IFCHR | 0o660, 10, 237},
 }
 
+// nodeLoopDevices is how many loop device nodes a node's /dev has.
+const nodeLoopDevices = 1024
+
 // DevDir is the node's /dev as the machine sees it.
 func (n *Node) DevDir() string { return filepath.Join(n.Dir, "dev") }
 
@@ -119,6 +122,15 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 		// mknod's mode is masked by the umask.
 		if err := os.Chmod(p, os.FileMode(d.mode&0o777)); err != nil {
 			return err
+		}
+	}
+	// Loop devices: the kubelet's losetup for a block volume, and a file
+	// pool's, open /dev/loopN after the kernel hands out N, and no udev
+	// creates it here. The machine's are numbered from 0.
+	for i := 0; i < nodeLoopDevices; i++ {
+		p := filepath.Join(n.DevDir(), "loop"+strconv.Itoa(i))
+		if err := unix.Mknod(p, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(i)))); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("kubecluster: mknod %s: %w", p, err)
 		}
 	}
 	for _, d := range []string{"pts", "shm"} {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -372,8 +373,8 @@ func (s *Sandbox) releasePods(ctx context.Context, component string) ([]corev1.P
 }
 
 // controllerSocket is the CSI controller socket of a Ready controller pod
-// as the machine sees it: in the pod's emptyDir, under its node's kubelet
-// directory.
+// as the machine sees it (in the pod's emptyDir, under its node's kubelet
+// directory), through a link in the sandbox's directory.
 func (s *Sandbox) controllerSocket(ctx context.Context) (string, error) {
 	pods, err := s.releasePods(ctx, "controller")
 	if err != nil {
@@ -384,7 +385,12 @@ func (s *Sandbox) controllerSocket(ctx context.Context) (string, error) {
 		if kn == nil || !podReady(&p) || p.DeletionTimestamp != nil {
 			continue
 		}
-		return filepath.Join(kn.KubeletRootDir, "pods", string(p.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", "csi.sock"), nil
+		sock := filepath.Join(kn.KubeletRootDir, "pods", string(p.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", "csi.sock")
+		// A unix socket's path must fit in 108 bytes; a symlink to it is
+		// resolved without that limit.
+		link := filepath.Join(s.opts.Dir, "csi-controller.sock")
+		_ = os.Remove(link)
+		return link, os.Symlink(sock, link)
 	}
 	return "", errors.New("sandbox: no controller pod is Ready")
 }
@@ -412,10 +418,14 @@ func (s *Sandbox) leaseHolder(ctx context.Context) (string, error) {
 	return *l.Spec.HolderIdentity, nil
 }
 
-// LeaderHandover kills the leading controller's pod (deleted with no grace
-// period, as a crash would end it), times until the other replica holds
-// the Lease, and waits for the Deployment to be whole again.
-func (s *Sandbox) LeaderHandover(ctx context.Context) (*Handover, error) {
+// LeaderHandover ends the leading controller and times until another
+// replica holds the Lease, then waits for the Deployment to be whole
+// again. crash false deletes the leader's pod (grace period 0: the kubelet
+// still sends SIGTERM first, and the leader gives its Lease up as it
+// exits); crash true SIGKILLs the leader's process, as a crash would end
+// it, so the Lease must expire first (the kubelet then restarts the
+// container).
+func (s *Sandbox) LeaderHandover(ctx context.Context, crash bool) (*Handover, error) {
 	if s.simd == nil {
 		return nil, errors.New("sandbox: the leader hand-over needs the installed sandbox (Options.Image)")
 	}
@@ -439,9 +449,15 @@ func (s *Sandbox) LeaderHandover(ctx context.Context) (*Handover, error) {
 	}
 	h := &Handover{OldLeader: leader.Name}
 	began := time.Now()
-	zero := int64(0)
-	if err := s.Client.Delete(ctx, leader, &client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-		return nil, err
+	if crash {
+		if err := s.killContainer(leader, "meshvol"); err != nil {
+			return nil, err
+		}
+	} else {
+		zero := int64(0)
+		if err := s.Client.Delete(ctx, leader, &client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			return nil, err
+		}
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -453,7 +469,7 @@ func (s *Sandbox) LeaderHandover(ctx context.Context) (*Handover, error) {
 			n, _, _ := strings.Cut(now, "_")
 			current, _ := s.releasePods(ctx, "controller")
 			for _, p := range current {
-				if p.Spec.NodeName == n && p.Name != leader.Name {
+				if p.Spec.NodeName == n && (crash || p.Name != leader.Name) {
 					h.NewLeader = p.Name
 				}
 			}
@@ -564,28 +580,38 @@ func (s *Sandbox) ReleaseReport(ctx context.Context) ([]ContainerReport, error) 
 // under a node's cgroup root: memory.peak (cgroup v2) or
 // memory.max_usage_in_bytes (v1).
 func peakMemory(cgroupRoot, id string) int64 {
-	for _, hier := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup"} {
-		var found int64
-		_ = filepath.WalkDir(filepath.Join(hier, cgroupRoot), func(p string, d os.DirEntry, err error) error {
-			if err != nil || !d.IsDir() || found > 0 {
-				return nil
-			}
-			if filepath.Base(p) != id {
-				return nil
-			}
-			for _, f := range []string{"memory.peak", "memory.max_usage_in_bytes"} {
-				if b, err := os.ReadFile(filepath.Join(p, f)); err == nil {
-					fmt.Sscan(strings.TrimSpace(string(b)), &found)
-					break
-				}
-			}
-			return filepath.SkipDir
-		})
-		if found > 0 {
-			return found
+	dir := containerCgroup(cgroupRoot, id)
+	for _, f := range []string{"memory.peak", "memory.max_usage_in_bytes"} {
+		if b, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
+			var v int64
+			fmt.Sscan(strings.TrimSpace(string(b)), &v)
+			return v
 		}
 	}
 	return 0
+}
+
+// containerCgroup is the memory cgroup directory of container id under a
+// node's cgroup root (the kubelet's cgroupfs layout,
+// kubepods/<class>/pod<uid>/<id>); empty when there is none.
+func containerCgroup(cgroupRoot, id string) string {
+	for _, hier := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup"} {
+		found := ""
+		_ = filepath.WalkDir(filepath.Join(hier, cgroupRoot), func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() || found != "" {
+				return nil
+			}
+			if filepath.Base(p) == id {
+				found = p
+				return filepath.SkipDir
+			}
+			return nil
+		})
+		if found != "" {
+			return found
+		}
+	}
+	return ""
 }
 
 // detachPoolLoops detaches the loop devices the node pods attached to
@@ -610,4 +636,37 @@ func (s *Sandbox) detachPoolLoops() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// killContainer SIGKILLs every process of a pod's container (its cgroup's).
+func (s *Sandbox) killContainer(p *corev1.Pod, container string) error {
+	kn := s.Kube.Node(p.Spec.NodeName)
+	var id string
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == container {
+			_, id, _ = strings.Cut(cs.ContainerID, "://")
+		}
+	}
+	if kn == nil || id == "" {
+		return fmt.Errorf("sandbox: pod %s has no running container %s", p.Name, container)
+	}
+	dir := containerCgroup(kn.CgroupRoot, id)
+	if dir == "" {
+		return fmt.Errorf("sandbox: no cgroup of container %s of pod %s", container, p.Name)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return err
+	}
+	killed := 0
+	for _, f := range strings.Fields(string(b)) {
+		var pid int
+		if _, err := fmt.Sscan(f, &pid); err == nil && pid > 0 && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			killed++
+		}
+	}
+	if killed == 0 {
+		return fmt.Errorf("sandbox: container %s of pod %s has no process to kill", container, p.Name)
+	}
+	return nil
 }

@@ -1,11 +1,15 @@
-// Package sandbox puts meshvol on a real Kubernetes cluster on one machine:
-// internal/kubecluster's control plane and kubelet nodes, internal/localcluster's
-// meshvol controller and node agents on drbdsim nodes (the agents named
-// after the kubelet nodes, sharing their Node objects), the CSI controller
-// service behind the real external-provisioner and external-attacher, and a
-// CSI node service per kubelet node registered with that kubelet through
-// its plugin registration socket. `meshvol-sandbox` and the e2e suite
-// (test/e2e) run on it.
+// Package sandbox puts meshvol on a real Kubernetes cluster on one machine
+// (internal/kubecluster's control plane and kubelet nodes), in one of two
+// ways. Installed (Options.Image, installed.go): as users install it, `helm
+// install` of charts/meshvol with the image `make image` builds, on nodes
+// with namespaces of their own, drbdsim serving every node's DRBD through
+// drbd-utils stand-ins; `meshvol-sandbox` and the e2e suite (test/e2e) run
+// on it. In process: internal/localcluster's meshvol controller and node
+// agents on drbdsim nodes (the agents named after the kubelet nodes,
+// sharing their Node objects), the CSI controller service behind the real
+// external-provisioner and external-attacher, and a CSI node service per
+// kubelet node registered with that kubelet through its plugin registration
+// socket (`meshvol-sandbox -in-process`).
 package sandbox
 
 import (

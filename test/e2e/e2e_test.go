@@ -120,7 +120,7 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: sandbox of 3 nodes up in %s\n", time.Since(began).Round(time.Millisecond))
 	code := m.Run()
-	if code == 0 && !releaseHealthy(ctx) {
+	if !releaseHealthy(ctx) {
 		code = 1
 	}
 	if code != 0 {
