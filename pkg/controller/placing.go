@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh"
+	"github.com/meshvol/meshvol/pkg/placement"
 )
 
 // place carries out what the engine wants: Diskful and TieBreaker replicas through Place
@@ -45,9 +46,9 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 				if err != nil {
 					return "", err
 				}
-				if err := PlaceAccess(w.NodeName, existingReplicas(v), nodes); err != nil {
+				if err := placement.CheckAccess(w.NodeName, existingReplicas(v), nodes); err != nil {
 					accessRefused[w.NodeName] = err.Error()
-					placementFailures.WithLabelValues(ConstraintAccessNode).Inc()
+					placementFailures.WithLabelValues(placement.ConstraintAccessNode).Inc()
 					continue
 				}
 				if err := c.applyRVR(ctx, rv, w.NodeName, v1.ReplicaTypeAccess, nil, ""); err != nil {
@@ -103,13 +104,13 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 			if v.configWhy != "" {
 				refusal = v.configWhy
 			}
-			setCondChanged(&work.Status.Conditions, v1.ConditionScheduled, false, ConstraintNoEligibleNodes, refusal, gen, v.now)
+			setCondChanged(&work.Status.Conditions, v1.ConditionScheduled, false, placement.ConstraintNoEligibleNodes, refusal, gen, v.now)
 		} else {
 			nodes, err := c.placementNodes(ctx, v, work)
 			if err != nil {
 				return "", err
 			}
-			in := PlacementInput{Config: *work.Status.Configuration, Size: v.rv.Spec.Size, Existing: existingReplicas(v),
+			in := placement.Input{Config: *work.Status.Configuration, Size: v.rv.Spec.Size, Existing: existingReplicas(v),
 				Diskful: needD, TieBreaker: needTB, Nodes: nodes}
 			for _, a := range v.rvas {
 				if a.DeletionTimestamp == nil {
@@ -119,8 +120,8 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 			if h := v.rv.Spec.PlacementHints; h != nil {
 				in.Requisite, in.Preferred = h.Requisite, h.Preferred
 			}
-			placed, err := Place(in)
-			var pe *PlacementError
+			placed, err := placement.Place(in)
+			var pe *placement.Error
 			switch {
 			case errors.As(err, &pe):
 				refusal = pe.Message
@@ -171,11 +172,11 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 	return refusal, nil
 }
 
-func existingReplicas(v *volume) []PlacedReplica {
-	out := make([]PlacedReplica, 0, len(v.rvrs))
+func existingReplicas(v *volume) []placement.Replica {
+	out := make([]placement.Replica, 0, len(v.rvrs))
 	for _, r := range v.rvrs {
 		if r.Spec.NodeName != "" {
-			out = append(out, PlacedReplica{Node: r.Spec.NodeName, Type: r.Spec.Type, Deleting: r.DeletionTimestamp != nil})
+			out = append(out, placement.Replica{Node: r.Spec.NodeName, Type: r.Spec.Type, Deleting: r.DeletionTimestamp != nil})
 		}
 	}
 	return out
@@ -185,7 +186,7 @@ func existingReplicas(v *volume) []PlacedReplica {
 // or an agent Lease): pool membership and capacity from the pool's eligible nodes, the
 // load from the replica index, and the capacity of replicas placed but not yet backed
 // taken off the reported free space (the agent reports it only once it created them).
-func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.ReplicatedVolume) ([]PlacementNode, error) {
+func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.ReplicatedVolume) ([]placement.Node, error) {
 	alg := ""
 	if ss := work.Status.Datamesh.SharedSecret; ss != nil {
 		alg = ss.Algorithm
@@ -202,9 +203,9 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 		names[n] = true
 	}
 	sizes := map[string]int64{} // RV name → size, read once per reconcile
-	var out []PlacementNode
+	var out []placement.Node
 	for n := range names {
-		pn := PlacementNode{Name: n, Zone: nodeZone(v.nodes[n], v.leases[n]), AgentLive: v.liveness(n).Live, HMACOK: offersAlgorithm(v, n, alg),
+		pn := placement.Node{Name: n, Zone: nodeZone(v.nodes[n], v.leases[n]), AgentLive: v.liveness(n).Live, HMACOK: offersAlgorithm(v, n, alg),
 			Cordoned: Cordoned(v.nodes[n])}
 		if e, ok := eligible[n]; ok {
 			pn.InPool, pn.PoolReady, pn.Zone = true, e.Ready, e.Zone
@@ -233,7 +234,7 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 					}
 					sizes[r.Spec.ReplicatedVolumeName] = size
 				}
-				pn.Free -= size
+				pn.Free -= placement.BackingBytes(size)
 			}
 		}
 		out = append(out, pn)
@@ -273,7 +274,7 @@ func (c *Controller) eventuallyLocal(ctx context.Context, v *volume, work *v1.Re
 		ok := false
 		for _, n := range nodes {
 			if n.Name == m.NodeName {
-				ok = n.InPool && n.PoolReady && n.AgentLive && !n.Cordoned && n.HasFree && n.Free >= v.rv.Spec.Size.Value() &&
+				ok = n.InPool && n.PoolReady && n.AgentLive && !n.Cordoned && n.HasFree && placement.Fits(n.Free, v.rv.Spec.Size.Value()) &&
 					(len(cfg.Zones) == 0 || slices.Contains(cfg.Zones, n.Zone))
 			}
 		}

@@ -458,6 +458,7 @@ func (c *Cluster) Close() error {
 	// Loop devices of crashed Primaries were detached with auto-clear;
 	// they are gone once their filesystems were unmounted above. Any loop
 	// device still over the FUSE mount keeps it busy: detach it too.
+	held := false
 	for _, loop := range loopsUnder(d.mnt) {
 		if err := unmountAll(loop); err != nil {
 			errs = append(errs, err)
@@ -467,6 +468,16 @@ func (c *Cluster) Close() error {
 		_ = exec.Command("losetup", "-d", loop).Run()
 		if !waitDetached(loop, d.mnt, 10*time.Second) {
 			errs = append(errs, fmt.Errorf("drbdsim: %s is still attached to a file under %s (held open?)", loop, d.mnt))
+			held = true
+		}
+	}
+	if held {
+		// Something nobody can close from here holds a loop device over the FUSE
+		// mount (a filesystem unmounted lazily while its IO was suspended): the
+		// kernel keeps the FUSE connection for it, and the server's loops would
+		// wait for requests for ever. Abort the connection: its IO fails with EIO.
+		if err := d.abort(); err != nil {
+			errs = append(errs, fmt.Errorf("drbdsim: aborting the FUSE connection of %s: %w", d.mnt, err))
 		}
 	}
 	if d.stopDog != nil {

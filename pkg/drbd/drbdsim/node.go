@@ -812,14 +812,42 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			cur = x.md.sizeBytes
 		}
 	}
-	if size <= cur {
-		n.c.settle()
-		return nil // no diskful replica connected, or nothing to grow
+	// Like drbdadm resize without --assume-peer-has-space, a configured diskful peer
+	// that is not connected caps the size at what it has: DRBD does not grow past a
+	// peer it cannot ask (one that is not running counts as not grown). Otherwise two
+	// sides of a partition would each grow over their own old metadata, and the grown
+	// area would differ between them once they reconnect.
+	for _, x := range group {
+		for _, k := range x.sortedConns() {
+			if k.connected() || k.peer.Diskless {
+				continue
+			}
+			capSize := cur
+			if pr := n.c.peerResource(x, k); pr != nil && pr.attached() {
+				capSize = pr.md.sizeBytes
+			}
+			size = min(size, capSize)
+		}
 	}
+	if size <= cur {
+		// No diskful replica connected, a peer unreachable, or nothing to grow. The
+		// internal metadata still moves to the end of a grown backing device.
+		for _, x := range group {
+			if x.attached() {
+				if err := x.md.sign(); err != nil {
+					return fail(err)
+				}
+			}
+		}
+		n.c.settle()
+		return nil
+	}
+	old := map[*resource]int64{}
 	for _, x := range group {
 		if !x.attached() || x.md.sizeBytes >= size {
 			continue
 		}
+		old[x] = x.md.sizeBytes
 		x.md.sizeBytes = size
 		for _, pm := range x.md.peers {
 			nb := newBitmap(x.md.blocks())
@@ -830,6 +858,9 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 		if err := x.md.sign(); err != nil {
 			return fail(err)
 		}
+	}
+	if err := resyncGrown(group, old, size); err != nil {
+		return fail(err)
 	}
 	for _, x := range group {
 		if err := x.growDevice(size); err != nil {
@@ -842,6 +873,42 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 
 // usableSize is what md's backing device offers DRBD now: its size less
 // the internal metadata, in whole blocks.
+// resyncGrown does what DRBD does after an online grow (drbd_resync_after_online_grow):
+// the area the grow added is synced from one replica to the others — the Primary's if
+// one is attached, else one that had the size already, else the first that grew. Each
+// backing device still holds its old internal metadata (and whatever else) in that
+// area; without the sync the replicas would differ there. The area is new to the
+// filesystem above, so the sync is done at once.
+func resyncGrown(group []*resource, old map[*resource]int64, size int64) error {
+	var src *resource
+	for _, x := range group {
+		if x.attached() && (src == nil || x.role == rolePrimary && src.role != rolePrimary ||
+			src.role != rolePrimary && old[src] > 0 && old[x] == 0) {
+			src = x
+		}
+	}
+	if src == nil {
+		return nil
+	}
+	buf := make([]byte, 1<<20)
+	for _, x := range group {
+		from, grew := old[x]
+		if !grew || x == src {
+			continue
+		}
+		for off := from; off < size; off += int64(len(buf)) {
+			n := int(min(int64(len(buf)), size-off))
+			if _, err := src.file.ReadAt(buf[:n], off); err != nil {
+				return fmt.Errorf("resync of the grown area from %s: %w", src.n.name, err)
+			}
+			if _, err := x.file.WriteAt(buf[:n], off); err != nil {
+				return fmt.Errorf("resync of the grown area to %s: %w", x.n.name, err)
+			}
+		}
+	}
+	return nil
+}
+
 func usableSize(md *metadata) (int64, error) {
 	size, err := deviceSize(md.backing)
 	if err != nil {

@@ -21,8 +21,10 @@ import (
 // than against the code path that answers: whatever change makes an RPC answer early,
 // these fail.
 //
-//   - ControllerPublishVolume succeeds only with a device path, and only once the
-//     node's DRBD is Primary: the kubelet stages the device it is given at once.
+//   - ControllerPublishVolume succeeds only once the RVA is Attached with a device
+//     path and the node's DRBD is Primary: the kubelet stages the volume at once. The
+//     answer carries no device path (NodeStage reads its own node's RVR, never a path
+//     the CO kept).
 //   - ControllerExpandVolume succeeds only once every diskful replica's DRBD device
 //     has the new size — whichever replica lags (the first, a middle or the last in
 //     the datamesh's order), since a loop that checks some of them passes when the
@@ -38,18 +40,20 @@ func (r *rig) csiController() *csi.Controller {
 var singleWriterMount = &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
 	AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
 
-// publishKept checks the publish promise for an answer: an error, or a device path on
-// a node whose DRBD is Primary with an Attached RVA.
+// publishKept checks the publish promise for an answer: an error, or an Attached RVA
+// with a device path on a node whose DRBD is Primary, and no device path in the answer.
 func (r *rig) publishKept(vol, node string, res *csipb.ControllerPublishVolumeResponse, err error) error {
 	if err != nil {
 		return nil
 	}
-	dev := res.GetPublishContext()[csi.PublishContextDevicePath]
 	rva := &v1.ReplicatedVolumeAttachment{}
 	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(vol, node)}, rva))
+	dev := rva.Status.DevicePath
 	switch role := r.role(vol, node); {
+	case len(res.GetPublishContext()) != 0:
+		return fmt.Errorf("ControllerPublishVolume answered a publish context %v: a path the CO keeps may be stale when NodeStage gets it", res.GetPublishContext())
 	case dev == "":
-		return fmt.Errorf("ControllerPublishVolume succeeded without a device path (RVA phase %s, DRBD %s)", rva.Status.Phase, role)
+		return fmt.Errorf("ControllerPublishVolume succeeded without a device path on the RVA (RVA phase %s, DRBD %s)", rva.Status.Phase, role)
 	case role != "Primary":
 		return fmt.Errorf("ControllerPublishVolume succeeded with %s while the node's DRBD is %s (RVA phase %s)", dev, role, rva.Status.Phase)
 	case rva.Status.Phase != v1.AttachmentAttached:
@@ -60,7 +64,7 @@ func (r *rig) publishKept(vol, node string, res *csipb.ControllerPublishVolumeRe
 
 // ControllerPublishVolume does not answer while the attachment is still Attaching:
 // the node's promotion is refused (injected), the call times out saying so; once the
-// promotion goes through, it answers with the device.
+// promotion goes through, it answers.
 func TestPublishAnswersOnlyWhenAttached(t *testing.T) {
 	r := newRig(t)
 	const vol = "publish-safety"
@@ -95,12 +99,14 @@ func TestPublishAnswersOnlyWhenAttached(t *testing.T) {
 }
 
 // expandKept checks the expansion promise for an answer: an error, or every diskful
-// member's DRBD device at least as large as asked.
+// member has confirmed the datamesh that publishes the size (its agent saw its DRBD
+// device grow) and its DRBD device is at least as large as asked.
 func (r *rig) expandKept(vol string, want int64, err error) error {
 	if err != nil {
 		return nil
 	}
-	for _, m := range r.rv(vol).Status.Datamesh.Members {
+	rv := r.rv(vol)
+	for _, m := range rv.Status.Datamesh.Members {
 		if !m.Type.HasDisk() {
 			continue
 		}
@@ -111,17 +117,22 @@ func (r *rig) expandKept(vol string, want int64, err error) error {
 		if kib := st[0].Devices[0].Size; kib*1024 < want {
 			return fmt.Errorf("ControllerExpandVolume to %d bytes succeeded while %s's DRBD device has %d bytes", want, m.Name, kib*1024)
 		}
+		rvr := &v1.ReplicatedVolumeReplica{}
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: m.Name}, rvr))
+		if rvr.Status.DatameshRevision < rv.Status.DatameshRevision {
+			return fmt.Errorf("ControllerExpandVolume to %d bytes succeeded while %s has not confirmed revision %d (it reports %d)",
+				want, m.Name, rv.Status.DatameshRevision, rvr.Status.DatameshRevision)
+		}
 	}
 	return nil
 }
 
 // ControllerExpandVolume with one diskful replica lagging — each of the three in
-// turn — does not report success; once it catches up, it does, and then every device
-// has grown. The laggard's node is cut from its peers and its agent stopped: the other
-// two grow their backing volumes and DRBD devices between themselves (DRBD grows the
-// connected replicas to their smallest backing size) and confirm, so only a check of
-// every diskful replica sees the one that did not. (With the agent stopped alone, DRBD
-// cannot grow anywhere, and a check of any replica sees it.)
+// turn — does not report success; once it catches up, it does, and then every replica
+// has confirmed the new size and every device has grown. The laggard's resize hangs
+// (drbdsim's injected fault, until the agent's command timeout): its backing volume
+// has grown, so the other two replicas' resize grows the connected resource and they
+// confirm, and only a check of every diskful replica sees the one that did not.
 func TestExpandAnswersOnlyWhenEveryReplicaGrew(t *testing.T) {
 	r := newRig(t)
 	const vol = "expand-safety-3d"
@@ -135,25 +146,19 @@ func TestExpandAnswersOnlyWhenEveryReplicaGrew(t *testing.T) {
 		}
 		size += 16 << 20
 		req := &csipb.ControllerExpandVolumeRequest{VolumeId: vol, CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, VolumeCapability: singleWriterMount}
-		r.must(r.c.StopAgent(m.NodeName))
-		r.c.Partition(m.NodeName)
-		back := func() {
-			r.c.Heal()
-			r.must(r.c.RestartAgent(m.NodeName))
-		}
-		ctx, cancel := context.WithTimeout(r.ctx, 8*time.Second)
+		sim := r.c.Node(m.NodeName).Sim
+		sim.InjectFault("resize", drbdsim.Fault{Hang: true})
+		ctx, cancel := context.WithTimeout(r.ctx, 6*time.Second)
 		_, err := cs.ControllerExpandVolume(ctx, req)
 		cancel()
+		sim.ClearFault("resize")
 		if bad := r.expandKept(vol, size, err); bad != nil {
-			back()
 			t.Fatalf("member %d (%s) lagging: %v", i, m.Name, bad)
 		}
 		if status.Code(err) != codes.DeadlineExceeded {
-			back()
 			t.Fatalf("member %d (%s) lagging: %v, want DeadlineExceeded", i, m.Name, err)
 		}
 		t.Logf("member %d (%s) lagging: %v", i, m.Name, err)
-		back()
 		_, err = cs.ControllerExpandVolume(r.ctx, req)
 		r.must(err)
 		if bad := r.expandKept(vol, size, err); bad != nil {
