@@ -200,10 +200,18 @@ func (c *Controller) meshvolVolumes(ctx context.Context, pod *corev1.Pod) ([]pod
 
 // heldWithout says why volume rv is held without node: no replica on a live node
 // reports a Connected connection to a replica on node, and one such replica reports
-// quorum (DRBD's own verdict, recomputed when it lost the connection). "" when it is
+// quorum (DRBD's own verdict, recomputed when it lost the connection) under a datamesh
+// that runs DRBD with quorum on. "" when it is
 // not: then the lost node may still be part of a quorum that writes, and nothing of
 // it is deleted.
 func (c *Controller) heldWithout(ctx context.Context, rv, node string, leases map[string]*coordinationv1.Lease) (string, error) {
+	vol := &v1.ReplicatedVolume{}
+	if err := c.reader.Get(ctx, types.NamespacedName{Name: rv}, vol); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	if vol.Status.Datamesh.Quorum < 1 {
+		return "", nil // quorum off: DRBD's quorum flag proves nothing about the other side
+	}
 	var rvrs v1.ReplicatedVolumeReplicaList
 	if err := c.reader.List(ctx, &rvrs, client.MatchingFields{indexVolume: rv}); err != nil {
 		return "", err
