@@ -59,10 +59,10 @@ func (c *Controller) deletionCondition(v *volume, work *v1.ReplicatedVolume) {
 	if len(names) > 0 {
 		msg = "Waiting for attachments to be removed: " + strings.Join(names, ", ")
 	}
-	setCondChanged(&work.Status.Conditions, ConditionDeleting, true, reasonWaitingForDetach, msg, v.rv.Generation, v.now)
+	v.setCondition(work, ConditionDeleting, true, reasonWaitingForDetach, msg)
 }
 
-func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (*ctrl.Result, error) {
+func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (ctrl.Result, error) {
 	rv := v.rv
 	st := &work.Status
 	if len(st.Datamesh.Members) > 0 || len(st.DatameshTransitions) > 0 || len(st.DatameshReplicaRequests) > 0 {
@@ -80,15 +80,14 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	}
 	sort.Strings(pending)
 	if len(pending) > 0 {
-		setCondChanged(&st.Conditions, ConditionDeleting, true, reasonWaitingReplicas,
-			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "), rv.Generation, v.now)
+		v.setCondition(work, ConditionDeleting, true, reasonWaitingReplicas,
+			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	}
 	c.summarize(v, work, v.rvrs, "")
-	if err := c.writeStatus(ctx, rv, work); err != nil {
-		if apierrors.IsConflict(err) {
-			return &ctrl.Result{RequeueAfter: conflictRetry}, nil
-		}
-		return nil, err
+	if retry, err := c.publishStatus(ctx, rv, work); err != nil {
+		return ctrl.Result{}, err
+	} else if retry {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
 	// Only once the teardown revision is written do the replicas go: an agent must see
 	// its replica out of the datamesh before it sees the replica deleted.
@@ -97,29 +96,29 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		if r.DeletionTimestamp != nil {
 			continue
 		}
-		if err := c.client.Delete(ctx, r, client.Preconditions{UID: &r.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("deleting replica %s: %w", r.Name, err)
+		if err := c.deleteReplica(ctx, r); err != nil {
+			return ctrl.Result{}, fmt.Errorf("deleting replica %s: %w", r.Name, err)
 		}
 		deleted = append(deleted, r.Name)
 	}
 	c.waitForCache(ctx, deleted, false)
 	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
-		return nil, err
+		return ctrl.Result{}, err
 	}
 	if len(pending) > 0 {
-		return nil, nil // the replicas' deletion brings the next reconcile
+		return ctrl.Result{}, nil // the replicas' deletion brings the next reconcile
 	}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: c.opts.Namespace, Name: SecretName(rv.Name)}}
 	if err := c.reader.Get(ctx, client.ObjectKeyFromObject(secret), &corev1.Secret{}); err == nil {
 		if err := c.client.Delete(ctx, secret); err != nil && !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("deleting Secret %s/%s: %s", c.opts.Namespace, secret.Name, apierrors.ReasonForError(err))
+			return ctrl.Result{}, fmt.Errorf("deleting Secret %s/%s: %s", c.opts.Namespace, secret.Name, apierrors.ReasonForError(err))
 		}
 	}
 	c.alloc.Release(rv.Name)
 	if slices.Contains(rv.Finalizers, v1.FinalizerController) {
 		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)); err != nil {
-			return nil, fmt.Errorf("removing finalizer: %w", err)
+			return ctrl.Result{}, fmt.Errorf("removing finalizer: %w", err)
 		}
 	}
-	return nil, nil
+	return ctrl.Result{}, nil
 }
