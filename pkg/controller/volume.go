@@ -132,6 +132,8 @@ func (v *volume) liveness(node string) Liveness {
 	return LeaseLiveness(v.leases[node], v.now, 0)
 }
 
+// read fills a volume from the caches: its replicas and attachments, its configuration
+// source and pool, the nodes and the agents' Leases, and the pool's eligible nodes.
 func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume, error) {
 	v := &volume{rv: rv, now: c.opts.Now(), nodes: map[string]*corev1.Node{}, leases: map[string]*coordinationv1.Lease{}}
 	var rvrs v1.ReplicatedVolumeReplicaList
@@ -150,42 +152,8 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 		v.rvas = append(v.rvas, &rvas.Items[i])
 	}
 	slices.SortFunc(v.rvas, func(a, b *v1.ReplicatedVolumeAttachment) int { return strings.Compare(a.Name, b.Name) })
-
-	if rv.Spec.ConfigurationMode != v1.ConfigurationModeManual && rv.Spec.ReplicatedStorageClassName != "" {
-		rsc := &v1.ReplicatedStorageClass{}
-		switch err := c.reader.Get(ctx, types.NamespacedName{Name: rv.Spec.ReplicatedStorageClassName}, rsc); {
-		case apierrors.IsNotFound(err):
-			v.configWhy = fmt.Sprintf("spec.replicatedStorageClassName: storage class %q does not exist", rv.Spec.ReplicatedStorageClassName)
-			v.configReason = reasonClassNotFound
-		case err != nil:
-			return nil, err
-		default:
-			v.rsc = rsc
-		}
-	}
-	switch {
-	case rv.Status.Configuration != nil:
-		v.poolName = rv.Status.Configuration.StoragePool
-	case rv.Spec.ConfigurationMode == v1.ConfigurationModeManual && rv.Spec.ManualConfiguration != nil:
-		v.poolName = rv.Spec.ManualConfiguration.StoragePool
-	case v.rsc != nil:
-		v.poolName = v.rsc.Spec.StoragePool
-	}
-	if v.poolName != "" {
-		rsp := &v1.ReplicatedStoragePool{}
-		switch err := c.reader.Get(ctx, types.NamespacedName{Name: v.poolName}, rsp); {
-		case apierrors.IsNotFound(err):
-			field := "spec.manualConfiguration.storagePool"
-			if v.rsc != nil {
-				field = "storage class " + v.rsc.Name + " spec.storagePool"
-			}
-			v.configWhy = fmt.Sprintf("%s: storage pool %q does not exist", field, v.poolName)
-			v.configReason = reasonPoolNotFound
-		case err != nil:
-			return nil, err
-		default:
-			v.rsp = rsp
-		}
+	if err := c.readConfiguration(ctx, v); err != nil {
+		return nil, err
 	}
 	var nodes corev1.NodeList
 	if err := c.reader.List(ctx, &nodes); err != nil {
@@ -211,6 +179,52 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 		}
 	}
 	return v, nil
+}
+
+// readConfiguration reads the volume's configuration source (its storage class unless
+// it is configured by hand) and its storage pool: the published configuration's pool,
+// else the manual configuration's, else the class's. One that does not exist is the
+// volume's configWhy, naming the field.
+func (c *Controller) readConfiguration(ctx context.Context, v *volume) error {
+	rv := v.rv
+	if rv.Spec.ConfigurationMode != v1.ConfigurationModeManual && rv.Spec.ReplicatedStorageClassName != "" {
+		rsc := &v1.ReplicatedStorageClass{}
+		switch err := c.reader.Get(ctx, types.NamespacedName{Name: rv.Spec.ReplicatedStorageClassName}, rsc); {
+		case apierrors.IsNotFound(err):
+			v.configWhy = fmt.Sprintf("spec.replicatedStorageClassName: storage class %q does not exist", rv.Spec.ReplicatedStorageClassName)
+			v.configReason = reasonClassNotFound
+		case err != nil:
+			return err
+		default:
+			v.rsc = rsc
+		}
+	}
+	switch {
+	case rv.Status.Configuration != nil:
+		v.poolName = rv.Status.Configuration.StoragePool
+	case rv.Spec.ConfigurationMode == v1.ConfigurationModeManual && rv.Spec.ManualConfiguration != nil:
+		v.poolName = rv.Spec.ManualConfiguration.StoragePool
+	case v.rsc != nil:
+		v.poolName = v.rsc.Spec.StoragePool
+	}
+	if v.poolName == "" {
+		return nil
+	}
+	rsp := &v1.ReplicatedStoragePool{}
+	switch err := c.reader.Get(ctx, types.NamespacedName{Name: v.poolName}, rsp); {
+	case apierrors.IsNotFound(err):
+		field := "spec.manualConfiguration.storagePool"
+		if v.rsc != nil {
+			field = "storage class " + v.rsc.Name + " spec.storagePool"
+		}
+		v.configWhy = fmt.Sprintf("%s: storage pool %q does not exist", field, v.poolName)
+		v.configReason = reasonPoolNotFound
+	case err != nil:
+		return err
+	default:
+		v.rsp = rsp
+	}
+	return nil
 }
 
 // reconcileVolume is one reconcile of a volume, in the order docs/controller.md gives:
