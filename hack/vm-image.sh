@@ -47,11 +47,18 @@ lvm) ;;
 drbd)
 	OUT=$ROOT/bin/vm/drbd
 	# virtio_net for the guests' network; DRBD's own modules (their
-	# dependencies, lru_cache and libcrc32c, come from Debian's tree).
-	MODULES=(virtio_pci virtio_blk virtio_net drbd drbd_transport_tcp handshake)
+	# dependencies, lru_cache and libcrc32c, come from Debian's tree). For
+	# `meshvol node` and its CSI node service (test/vm/product): loop (the
+	# file pool's devices), ext4 (the file pool's own disk and the volumes'
+	# filesystems) and device-mapper with the thin target (the LVM thin pool).
+	MODULES=(virtio_pci virtio_blk virtio_net drbd drbd_transport_tcp handshake
+		loop ext4 dm_mod dm_thin_pool dm_snapshot)
 	# drbd-utils 9.22 (bookworm's), the version of the recordings; iproute2
-	# for the guest's address; kmod for modprobe.
-	PACKAGES=drbd-utils,iproute2,kmod
+	# for the guest's address; kmod for modprobe; what the node agent's
+	# start-up checks ask for (pkg/nodecheck: mkfs.ext4, mkfs.xfs, blkid,
+	# losetup, resize2fs, xfs_growfs); lvm2 and thin-provisioning-tools for
+	# the LVM thin pool.
+	PACKAGES=drbd-utils,iproute2,kmod,e2fsprogs,xfsprogs,util-linux,mount,lvm2,thin-provisioning-tools
 	kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
 	extra_modules=$ROOT/bin/vm/drbd-modules/${kpkg#linux-image-}
 	if [[ ! -f $extra_modules/build.stamp ]]; then

@@ -24,6 +24,12 @@
 #   VM_RUN           -test.run pattern (default: all; e.g. TestContract)
 #   VM_CONTRACT_RUNS how many times TestContract runs the contract suite in a
 #                    row, from wiped metadata each time (default 1)
+#   VM_SUITE         drbd (default): pkg/drbd's contract suite and checks, as
+#                    above; product: the whole of meshvol on the guests
+#                    (test/vm/README.md, "The product on real DRBD"): the
+#                    guests are node-1..3, each with a 1 GiB disk for its
+#                    File pool and the real `meshvol node`; the host runs
+#                    kube-apiserver, etcd (bin/k8s) and `meshvol controller`
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -57,14 +63,32 @@ mkdir -p "$RUN/payload/meshvol"
 # Static, so the same binary runs in the guests and on the host. The package
 # is behind the build tag vmtest, which keeps it out of `go test ./...`.
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go test -c -tags vmtest -o "$RUN/payload/meshvol/drbd.test" ./test/vm/drbd
+suite=${VM_SUITE:-drbd}
+case $suite in
+drbd) nodes=(node1 node2 node3) ;;
+product)
+	nodes=(node-1 node-2 node-3)
+	# The real binary, for `meshvol node` in the guests and `meshvol
+	# controller` on the host.
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o "$RUN/payload/meshvol/meshvol" ./cmd/meshvol
+	;;
+*)
+	echo "vm-test-drbd: VM_SUITE=$suite: want drbd or product" >&2
+	exit 2
+	;;
+esac
 install -m 0755 test/vm/drbd/init.sh "$RUN/payload/init"
 install -m 0644 test/vm/guest.sh "$RUN/payload/meshvol/guest.sh" # the helpers /init sources
 (cd "$RUN/payload" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) >"$RUN/payload.cpio"
 cat "$OUT/rootfs.cpio" "$RUN/payload.cpio" >"$RUN/initrd.cpio"
 
-nodes=(node1 node2 node3)
-# Fresh sparse backing disks of contract.BackingSize (the captures' size).
-truncate -s 128M "$RUN/node1.img" "$RUN/node2.img"
+if [[ $suite == product ]]; then
+	# Each guest's File pool: a fresh sparse disk the guest formats.
+	truncate -s 1G "$RUN/node-1.img" "$RUN/node-2.img" "$RUN/node-3.img"
+else
+	# Fresh sparse backing disks of contract.BackingSize (the captures' size).
+	truncate -s 128M "$RUN/node1.img" "$RUN/node2.img"
+fi
 
 NS=meshvol-drbdvm-$$
 pids=()
@@ -92,7 +116,7 @@ echo "vm-test-drbd: booting node1-3 (software emulation) in network namespace $N
 boot=$SECONDS
 spec=""
 for i in 1 2 3; do
-	n=node$i
+	n=${nodes[i - 1]}
 	disk=()
 	diskful=no
 	if [[ -f $RUN/$n.img ]]; then
@@ -102,7 +126,7 @@ for i in 1 2 3; do
 	nsx timeout -k 10 "${VM_TIMEOUT:-3600}" qemu-system-x86_64 \
 		-accel tcg -cpu max -m 1024 -smp 1 \
 		-kernel "$OUT/vmlinuz" -initrd "$RUN/initrd.cpio" \
-		-append "console=ttyS0 panic=-1 loglevel=4 MESHVOL_VM_NODE=$n MESHVOL_VM_IP=10.99.0.$i MESHVOL_VM_DISK=$diskful" \
+		-append "console=ttyS0 panic=-1 loglevel=4 MESHVOL_VM_NODE=$n MESHVOL_VM_IP=10.99.0.$i MESHVOL_VM_DISK=$diskful MESHVOL_VM_PRODUCT=$([[ $suite == product ]] && echo yes || echo no)" \
 		"${disk[@]}" \
 		-netdev "tap,id=net0,ifname=tap-$n,script=no,downscript=no" \
 		-device "virtio-net-pci,netdev=net0,mac=52:54:00:99:00:0$i" \
@@ -113,7 +137,9 @@ for i in 1 2 3; do
 done
 
 test_rc=0
-nsx env MESHVOL_VM_DRBD="$spec" MESHVOL_VM_DRBD_OUT="$RUN" MESHVOL_VM_CONTRACT_RUNS="${VM_CONTRACT_RUNS:-1}" \
+product_env=()
+[[ $suite == product ]] && product_env=(MESHVOL_VM_PRODUCT="$ROOT/$RUN/payload/meshvol/meshvol")
+nsx env MESHVOL_VM_DRBD="$spec" MESHVOL_VM_DRBD_OUT="$RUN" MESHVOL_VM_CONTRACT_RUNS="${VM_CONTRACT_RUNS:-1}" "${product_env[@]}" \
 	"$RUN/payload/meshvol/drbd.test" -test.v -test.timeout "${VM_TEST_TIMEOUT:-50m}" \
 	${VM_RUN:+-test.run "$VM_RUN"} 2>&1 | tee "$RUN/result.txt" || test_rc=$?
 

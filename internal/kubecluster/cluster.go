@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,6 +69,18 @@ type Options struct {
 	KubeletVerbosity int
 	// CRDDirs are passed to testenv (nil: meshvol's CRDs).
 	CRDDirs []string
+	// Namespaces gives every node a mount and a network namespace of its
+	// own (netns.go): its /var/lib/kubelet, /var/lib/meshvol and /dev are
+	// its own, it has its own address, and pods run with service account
+	// tokens and in-cluster configuration as on a real cluster. Without
+	// it, the nodes share the machine's mounts and address.
+	Namespaces bool
+	// PrepareNode, when set, runs once a node's namespaces exist and
+	// before its containerd starts (Node.Run runs commands in them).
+	PrepareNode func(*Node) error
+	// Images are OCI archives imported into every node's containerd
+	// besides the pause and busybox images.
+	Images []string
 }
 
 // NodeSpec names a node and its zone.
@@ -170,17 +183,28 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return c, err
 	}
+	apiArgs := map[string][]string{
+		// Logs and exec reach the kubelets at the machine's address,
+		// with a certificate they trust.
+		"kubelet-preferred-address-types": {"InternalIP"},
+		"kubelet-client-certificate":      {pki.ClientCertFile},
+		"kubelet-client-key":              {pki.ClientKeyFile},
+	}
+	if opts.Namespaces {
+		// The kubernetes Service gets 127.0.0.1, so the in-cluster
+		// configuration every pod is given (KUBERNETES_SERVICE_HOST) is an
+		// address the apiserver's certificate names and the proxy on each
+		// node's loopback serves (netns.go).
+		apiArgs["service-cluster-ip-range"] = []string{"127.0.0.0/24"}
+		// envtest turns the ServiceAccount admission plugin off; on, every
+		// pod gets its service account's token and the apiserver's CA.
+		apiArgs["disable-admission-plugins"] = nil
+	}
 	c.Env, err = testenv.Start(testenv.Options{
-		BinDir:  opts.BinDir,
-		CRDDirs: opts.CRDDirs,
-		Log:     logw,
-		APIServerArgs: map[string][]string{
-			// Logs and exec reach the kubelets at the machine's address,
-			// with a certificate they trust.
-			"kubelet-preferred-address-types": {"InternalIP"},
-			"kubelet-client-certificate":      {pki.ClientCertFile},
-			"kubelet-client-key":              {pki.ClientKeyFile},
-		},
+		BinDir:        opts.BinDir,
+		CRDDirs:       opts.CRDDirs,
+		Log:           logw,
+		APIServerArgs: apiArgs,
 	})
 	if err != nil {
 		return c, err
@@ -190,7 +214,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	c.logf("control plane up in %s (kube-apiserver %s, etcd %s)", time.Since(began).Round(time.Millisecond), c.Env.Version.GitVersion, c.Env.EtcdVersion)
 
-	if err := c.startControllers(); err != nil {
+	if err := c.startControllers(opts.Namespaces); err != nil {
 		return c, err
 	}
 
@@ -214,7 +238,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 		n.KubeletRootDir = filepath.Join(n.Dir, "kubelet")
 		n.ContainerdAddress = filepath.Join(n.Dir, "containerd.sock")
-		if n.KubeletPort, err = freePort(c.NodeIP); err != nil {
+		if opts.Namespaces {
+			n.KubeletPort = 10250 // the node's own address
+		} else if n.KubeletPort, err = freePort(c.NodeIP); err != nil {
 			return c, err
 		}
 		c.Nodes = append(c.Nodes, n)
@@ -222,6 +248,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			return c, err
 		}
 	}
+	if opts.Namespaces {
+		if err := c.startNamespaces(ctx, opts.PrepareNode); err != nil {
+			return c, err
+		}
+	}
+	archives = append(archives, opts.Images...)
 	// containerd and the image import per node in parallel: the import
 	// unpacks the images, the longest step of a node's start.
 	if err := c.eachNode(func(n *Node) error {
@@ -293,14 +325,25 @@ func (c *Cluster) WriteKubeconfig(name, user string, groups ...string) (string, 
 // attach/detach, node lifecycle and garbage collector meshvol's flows need)
 // and kube-scheduler (WaitForFirstConsumer placement). Both serve no port:
 // nothing here scrapes them.
-func (c *Cluster) startControllers() error {
+func (c *Cluster) startControllers(namespaces bool) error {
 	kc, err := c.WriteKubeconfig("kube-controller-manager.kubeconfig", "system:kube-controller-manager", "system:masters")
 	if err != nil {
 		return err
 	}
 	logDir := filepath.Join(c.Dir, "logs")
-	c.kcm, err = startProc("kube-controller-manager", logDir, "", filepath.Join(c.BinDir, "kube-controller-manager"),
-		"--kubeconfig="+kc,
+	var extra []string
+	if namespaces {
+		// Pods get a service account token: its projected volume carries
+		// the apiserver's CA from the kube-root-ca.crt ConfigMap, which the
+		// root CA publisher writes from this file.
+		ca := filepath.Join(c.Dir, "pki", "apiserver-ca.crt")
+		if err := os.WriteFile(ca, c.Env.Config.CAData, 0o644); err != nil {
+			return err
+		}
+		extra = append(extra, "--root-ca-file="+ca)
+	}
+	c.kcm, err = startProc("kube-controller-manager", logDir, "", filepath.Join(c.BinDir, "kube-controller-manager"), append([]string{
+		"--kubeconfig=" + kc,
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
@@ -309,8 +352,8 @@ func (c *Cluster) startControllers() error {
 		"--node-monitor-period=2s",
 		"--node-monitor-grace-period=10s",
 		// Else it creates /usr/libexec/kubernetes/... on the machine.
-		"--flex-volume-plugin-dir="+filepath.Join(c.Dir, "kcm-flexvolume"),
-	)
+		"--flex-volume-plugin-dir=" + filepath.Join(c.Dir, "kcm-flexvolume"),
+	}, extra...)...)
 	if err != nil {
 		return err
 	}
@@ -332,6 +375,38 @@ func (c *Cluster) startControllers() error {
 	for _, p := range []*proc{c.kcm, c.sched} {
 		if p.exited() {
 			return fmt.Errorf("kubecluster: %s exited at start: %v\n%s", p.name, p.err, p.tail(20))
+		}
+	}
+	return nil
+}
+
+// startNamespaces creates the nodes' bridge, then each node's namespaces,
+// its proxy to the apiserver and whatever prepare adds.
+func (c *Cluster) startNamespaces(ctx context.Context, prepare func(*Node) error) error {
+	if err := createBridge(); err != nil {
+		return err
+	}
+	c.host.Bridge = true
+	if err := saveHostState(c.host); err != nil {
+		return err
+	}
+	u, err := url.Parse(c.Env.Config.Host)
+	if err != nil || u.Port() == "" {
+		return fmt.Errorf("kubecluster: the apiserver's address %q has no port (%v)", c.Env.Config.Host, err)
+	}
+	apiHost, apiPort := u.Host, u.Port()
+	for i, n := range c.Nodes {
+		if err := n.startNamespaces(ctx, i); err != nil {
+			return err
+		}
+		ns := fmt.Sprintf("/proc/%d/ns/net", n.nsPID)
+		if n.proxy, err = startAPIProxy(ns, apiHost, apiPort, "443"); err != nil {
+			return err
+		}
+		if prepare != nil {
+			if err := prepare(n); err != nil {
+				return fmt.Errorf("kubecluster: preparing %s: %w", n.Name, err)
+			}
 		}
 	}
 	return nil
@@ -453,7 +528,7 @@ func (c *Cluster) stop() error {
 	if c.host != nil {
 		errs = appendErr(errs, cleanHost(c.host))
 		for _, n := range c.Nodes {
-			for _, d := range []string{"containerd", "kubelet", "pod-logs"} {
+			for _, d := range []string{"containerd", "kubelet", "pod-logs", "dev", "meshvol"} {
 				errs = appendErr(errs, os.RemoveAll(filepath.Join(n.Dir, d)))
 			}
 		}

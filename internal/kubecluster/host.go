@@ -52,6 +52,8 @@ var sharedPaths = []string{
 	"/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
 	"/var/lib/kubelet/device-plugins",
 	"/var/lib/kubelet",
+	// The mount point of the nodes' own /var/lib/meshvol (netns.go).
+	"/var/lib/meshvol",
 	"/var/log/containers",
 	"/run/containerd/s",
 	"/run/containerd/runc/k8s.io",
@@ -73,6 +75,8 @@ type hostState struct {
 	// nodes' loopback-only CNI adds none; a new CNI bridge or veth would
 	// be the cluster's and is reported as left behind.
 	Links []string
+	// Bridge says the cluster created the nodes' bridge (netns.go).
+	Bridge bool
 }
 
 var sharedDirs = []string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/netns", "/var/log/containers"}
@@ -126,14 +130,18 @@ func captureHostState(dir string) (*hostState, error) {
 		st.Entries[d] = listDir(d)
 	}
 	st.Links = linkNames()
+	return st, saveHostState(st)
+}
+
+func saveHostState(st *hostState) error {
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := os.WriteFile(statePath(), b, 0o644); err != nil {
-		return nil, fmt.Errorf("kubecluster: saving the host state: %w", err)
+		return fmt.Errorf("kubecluster: saving the host state: %w", err)
 	}
-	return st, nil
+	return nil
 }
 
 func loadHostState() (*hostState, error) {
@@ -193,6 +201,16 @@ func cleanHost(st *hostState) error {
 	}
 	if err := unmountUnder(st.Dir); err != nil {
 		errs = append(errs, err)
+	}
+	if st.Bridge {
+		// A dead node's network namespace goes asynchronously, and its
+		// link with it: delete the links now (either end takes both).
+		for _, l := range linkNames() {
+			if strings.HasPrefix(l, vethPrefix) {
+				_, _ = execOutput("ip", "link", "del", l)
+			}
+		}
+		errs = appendErr(errs, deleteBridge())
 	}
 	// Sockets of shims that were killed: a live shim (another containerd's)
 	// still accepts connections and is left alone.
@@ -334,7 +352,7 @@ func leftovers(st *hostState) []string {
 	for _, l := range linkNames() {
 		// Only what CNI's bridge and ptp plugins would have made: other
 		// work on the machine may add links of its own meanwhile.
-		if !before[l] && (strings.HasPrefix(l, "cni") || strings.HasPrefix(l, "veth")) {
+		if !before[l] && (strings.HasPrefix(l, "cni") || strings.HasPrefix(l, "veth") || strings.HasPrefix(l, vethPrefix) || l == bridgeName) {
 			left = append(left, "network interface "+l)
 		}
 	}

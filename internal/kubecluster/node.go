@@ -31,10 +31,27 @@ type Node struct {
 	CgroupRoot string
 	// KubeletPort is the port the kubelet serves on at the node address.
 	KubeletPort int
+	// IP is the node's own address (Options.Namespaces), on the bridge the
+	// cluster creates; empty when the nodes share the machine's.
+	IP string
 
 	containerd *proc
 	kubelet    *proc
 	crashed    bool
+	// With namespaces of its own: the process holding them, its pid, and
+	// the proxy from the node's loopback to the apiserver.
+	holder *proc
+	nsPID  int
+	proxy  *apiProxy
+}
+
+// command is bin with args, run in the node's namespaces when it has them.
+func (n *Node) command(bin string, args ...string) (string, []string) {
+	if n.nsPID == 0 {
+		return bin, args
+	}
+	ns := n.nsenter()
+	return ns[0], append(append(ns[1:], bin), args...)
 }
 
 // PluginsRegistryDir is where the kubelet watches for plugin registration
@@ -75,7 +92,8 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	if err := os.WriteFile(cfgPath, []byte(n.containerdConfig(cniDir)), 0o644); err != nil {
 		return err
 	}
-	p, err := startProc("containerd", n.LogDir(), n.systemCgroup(), "containerd", "--config", cfgPath)
+	bin, args := n.command("containerd", "--config", cfgPath)
+	p, err := startProc("containerd", n.LogDir(), n.systemCgroup(), bin, args...)
 	if err != nil {
 		return err
 	}
@@ -183,25 +201,34 @@ evictionHard:
 
 // startKubelet writes the kubelet's configuration and starts it.
 func (n *Node) startKubelet(binDir, kubeconfig, nodeIP, clientCAFile string, verbosity int) error {
-	healthz, err := freePort("127.0.0.1")
-	if err != nil {
-		return err
+	rootDir := n.KubeletRootDir
+	healthz := 10248 // the kubelet's default, on the node's own loopback
+	if n.nsPID == 0 {
+		var err error
+		if healthz, err = freePort("127.0.0.1"); err != nil {
+			return err
+		}
+	} else {
+		// The node's own mount namespace binds its directory here: the
+		// path a DaemonSet's hostPath names.
+		rootDir, nodeIP = "/var/lib/kubelet", n.IP
 	}
 	cfgPath := filepath.Join(n.Dir, "kubelet.yaml")
 	if err := os.WriteFile(cfgPath, []byte(n.kubeletConfig(nodeIP, healthz, clientCAFile)), 0o644); err != nil {
 		return err
 	}
 	labels := "topology.kubernetes.io/zone=" + n.Zone
-	p, err := startProc("kubelet", n.LogDir(), n.systemCgroup(), filepath.Join(binDir, "kubelet"),
+	bin, args := n.command(filepath.Join(binDir, "kubelet"),
 		"--config="+cfgPath,
 		"--kubeconfig="+kubeconfig,
-		"--root-dir="+n.KubeletRootDir,
-		"--cert-dir="+filepath.Join(n.KubeletRootDir, "pki"),
+		"--root-dir="+rootDir,
+		"--cert-dir="+filepath.Join(rootDir, "pki"),
 		"--hostname-override="+n.Name,
 		"--node-ip="+nodeIP,
 		"--node-labels="+labels,
 		"--v="+strconv.Itoa(verbosity),
 	)
+	p, err := startProc("kubelet", n.LogDir(), n.systemCgroup(), bin, args...)
 	if err != nil {
 		return err
 	}
@@ -219,7 +246,8 @@ func (n *Node) Crash() error {
 		return err
 	}
 	n.crashed = true
-	for _, p := range []*proc{n.kubelet, n.containerd} {
+	n.proxy.close()
+	for _, p := range []*proc{n.kubelet, n.containerd, n.holder} {
 		if p != nil {
 			<-p.done
 		}
@@ -234,6 +262,7 @@ func (n *Node) Crashed() bool { return n.crashed }
 // while they die), then everything else in its cgroups.
 func (n *Node) stop() error {
 	n.kubelet.stop(10 * time.Second)
+	n.proxy.close()
 	return killCgroupTree(n.CgroupRoot)
 }
 

@@ -103,7 +103,7 @@ func (r *rig) addReplica(i int, typ v1.ReplicaType) string {
 	n := r.node(i)
 	rvr := &v1.ReplicatedVolumeReplica{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:       r.rv + "-" + n.Name,
+			Name:       v1.ReplicaName(r.rv, n.Name),
 			Labels:     map[string]string{v1.LabelVolume: r.rv, v1.LabelNode: n.Name},
 			Finalizers: []string{v1.FinalizerAgent},
 		},
@@ -290,8 +290,8 @@ func TestAttachDetach(t *testing.T) {
 	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[1].Attached = false })
 	r.eventually("demotion refused is reported", 30*time.Second, func() string {
 		o := r.rvr(names[1])
-		c := meta.FindStatusCondition(o.Status.Conditions, agent.ConditionDRBDRole)
-		if c == nil || c.Reason != agent.ReasonDemoteRefused || o.Status.DatameshRevision >= rev {
+		c := meta.FindStatusCondition(o.Status.Conditions, v1.ConditionDRBDRole)
+		if c == nil || c.Reason != v1.ReasonDemoteRefused || o.Status.DatameshRevision >= rev {
 			return fmt.Sprintf("role condition %v, revision %d", c, o.Status.DatameshRevision)
 		}
 		return ""

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"strings"
 	"time"
@@ -120,7 +119,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map
 			last, ok := caps[rsp.Name]
 			if !ok || dirty || moved(last, c.TotalBytes, c.FreeBytes) {
 				caps[rsp.Name] = capacity{total: c.TotalBytes, free: c.FreeBytes}
-				ann[key] = fmt.Sprintf("total=%d,free=%d", c.TotalBytes, c.FreeBytes)
+				ann[key] = v1.PoolCapacity{Total: c.TotalBytes, Free: c.FreeBytes}.String()
 			}
 		}
 		for k := range ann {

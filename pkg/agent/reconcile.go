@@ -119,8 +119,8 @@ func (r *replicaStep) cond(typ string, status metav1.ConditionStatus, reason, ms
 // failed ends the step on an error of what: DRBDConfigured=False naming it,
 // the revision last confirmed, a retry, and the kernel's state.
 func (r *replicaStep) failed(ctx context.Context, what string, err error) step {
-	r.a.log.Info("replica step failed; will retry", "replica", r.rvr.Name, "step", what, "err", redact(err.Error()))
-	r.cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+redact(err.Error()))
+	r.a.log.Info("replica step failed; will retry", "replica", r.rvr.Name, "step", what, "err", drbd.RedactSecrets(err.Error()))
+	r.cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+drbd.RedactSecrets(err.Error()))
 	return r.notConfirmed(ctx)
 }
 
@@ -154,8 +154,8 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	if _, running := a.obs.Snapshot(resName); running {
 		if err := a.takeDown(ctx, resName); err != nil {
 			if errors.Is(err, drbd.ErrDeviceInUse) {
-				r.cond(ConditionDRBDRole, metav1.ConditionFalse, ReasonDemoteRefused,
-					"Left the datamesh but the device is held open (mounted?); will retry, never forced: "+redact(err.Error()))
+				r.cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonDemoteRefused,
+					"Left the datamesh but the device is held open (mounted?); will retry, never forced: "+drbd.RedactSecrets(err.Error()))
 			}
 			return r.failed(ctx, "taking down the resource of a replica that is not a datamesh member", err)
 		}
@@ -329,7 +329,7 @@ func (a *Agent) apply(ctx context.Context, want *drbd.Resource) error {
 			return err
 		}
 		if !has {
-			if err := a.drv.CreateMetadata(ctx, want.Name, MaxPeers); err != nil {
+			if err := a.drv.CreateMetadata(ctx, want.Name, v1.DRBDMaxPeers); err != nil {
 				return err
 			}
 		}
@@ -406,27 +406,27 @@ func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember
 	switch {
 	case m.Attached && role != "Primary":
 		if err := a.drv.Primary(ctx, name, drbd.NoForce); err != nil {
-			cond(ConditionDRBDRole, metav1.ConditionFalse, ReasonPromoteFailed, "Promotion refused: "+redact(err.Error()))
+			cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonPromoteFailed, "Promotion refused: "+drbd.RedactSecrets(err.Error()))
 			return false, a.cfg.RetryInterval, false
 		}
-		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonPrimary, "Primary: the datamesh marks this member attached")
+		cond(v1.ConditionDRBDRole, metav1.ConditionTrue, v1.ReasonPrimary, "Primary: the datamesh marks this member attached")
 		return true, 0, true
 	case !m.Attached && role == "Primary":
 		if err := a.drv.Secondary(ctx, name); err != nil {
-			reason := ReasonDemoteRefused
+			reason := v1.ReasonDemoteRefused
 			msg := "Demotion refused (the device is held open, e.g. mounted); retrying, never forced: "
 			if !errors.Is(err, drbd.ErrDeviceInUse) {
 				msg = "Demotion failed; retrying: "
 			}
-			cond(ConditionDRBDRole, metav1.ConditionFalse, reason, msg+redact(err.Error()))
+			cond(v1.ConditionDRBDRole, metav1.ConditionFalse, reason, msg+drbd.RedactSecrets(err.Error()))
 			return false, a.cfg.RetryInterval, false
 		}
-		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
+		cond(v1.ConditionDRBDRole, metav1.ConditionTrue, v1.ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
 		return true, 0, true
 	case m.Attached:
-		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonPrimary, "Primary: the datamesh marks this member attached")
+		cond(v1.ConditionDRBDRole, metav1.ConditionTrue, v1.ReasonPrimary, "Primary: the datamesh marks this member attached")
 	default:
-		cond(ConditionDRBDRole, metav1.ConditionTrue, ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
+		cond(v1.ConditionDRBDRole, metav1.ConditionTrue, v1.ReasonSecondary, "Secondary: the datamesh does not mark this member attached")
 	}
 	return true, 0, false
 }
@@ -437,7 +437,7 @@ func (a *Agent) resizeDevice(ctx context.Context, rv *v1.ReplicatedVolume, m *v1
 	if !m.Type.HasDisk() || vol == nil {
 		return true, nil
 	}
-	want := volumeSize(rv)
+	want := rv.DeviceSize()
 	s, ok := a.obs.Snapshot(rv.Name)
 	if !ok {
 		return true, nil
@@ -452,19 +452,11 @@ func (a *Agent) resizeDevice(ctx context.Context, rv *v1.ReplicatedVolume, m *v1
 	return false, nil
 }
 
-// volumeSize is the usable size the datamesh asks for.
-func volumeSize(rv *v1.ReplicatedVolume) int64 {
-	if q := rv.Status.Datamesh.Size; q != nil && !q.IsZero() {
-		return q.Value()
-	}
-	return rv.Spec.Size.Value()
-}
-
 // ensureVolume creates (or grows) the replica's backing volume.
 func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) (storage.Volume, error) {
 	// Enough for DRBD's internal metadata on top of the volume's size, so that
 	// the device offers at least the size (the agent confirms no less).
-	need := drbd.BackingBytes(volumeSize(rv), MaxPeers)
+	need := drbd.BackingBytes(rv.DeviceSize(), v1.DRBDMaxPeers)
 	a.mu.Lock()
 	v, known := a.volumes[rvr.UID]
 	a.mu.Unlock()
@@ -709,25 +701,4 @@ func (a *Agent) markCapacity() {
 	a.mu.Lock()
 	a.capDirty = true
 	a.mu.Unlock()
-}
-
-// redact removes anything that looks like a shared-secret assignment from a
-// message bound for status or logs (drbdsetup show prints it; an error may
-// quote a configuration line).
-func redact(s string) string {
-	const key = "shared-secret"
-	for i := strings.Index(s, key); i >= 0; {
-		end := i + len(key)
-		j := end
-		for j < len(s) && s[j] != ';' && s[j] != '\n' && s[j] != ',' && s[j] != '}' {
-			j++
-		}
-		s = s[:end] + " <redacted>" + s[j:]
-		next := strings.Index(s[end+len(" <redacted>"):], key)
-		if next < 0 {
-			break
-		}
-		i = end + len(" <redacted>") + next
-	}
-	return s
 }

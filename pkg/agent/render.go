@@ -9,13 +9,6 @@ import (
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
-// MaxPeers is the number of bitmap slots create-md reserves. A slot is needed
-// for every diskful peer a replica will ever have at once: the largest layout
-// is 5D, and a replacement or a shadow replica adds one or two while it syncs.
-// DRBD cannot grow the slots of internal metadata in place, so the count is
-// generous; each slot costs one bit per 4 KiB (32 KiB per GiB).
-const MaxPeers = 7
-
 // renderInput is everything that decides one replica's DRBD configuration for
 // one datamesh revision. It is a pure value so that the same revision always
 // renders the same Resource (the read-back compares against it).

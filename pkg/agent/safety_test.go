@@ -8,7 +8,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
-	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -115,8 +114,8 @@ func TestNeverPromotesWithForce(t *testing.T) {
 	r.watchNoneStale(time.Second, 2, false)
 	r.eventually("the refusals reported", 30*time.Second, func() string {
 		for _, n := range []string{names[2], joining} {
-			c := meta.FindStatusCondition(r.rvr(n).Status.Conditions, agent.ConditionDRBDRole)
-			if c == nil || c.Reason != agent.ReasonPromoteFailed {
+			c := meta.FindStatusCondition(r.rvr(n).Status.Conditions, v1.ConditionDRBDRole)
+			if c == nil || c.Reason != v1.ReasonPromoteFailed {
 				return fmt.Sprintf("%s: %v", n, c)
 			}
 		}

@@ -15,22 +15,9 @@ import (
 	"github.com/meshvol/meshvol/pkg/storage"
 )
 
-// ConditionDRBDRole is the agent's condition on whether DRBD's role is the one
-// the datamesh asks for (Primary when the member is attached, else Secondary).
-const (
-	ConditionDRBDRole = "DRBDRole"
-
-	ReasonPrimary       = "Primary"
-	ReasonSecondary     = "Secondary"
-	ReasonPromoteFailed = "PromoteFailed"
-	// ReasonDemoteRefused: the device is held open (mounted); the agent retries
-	// and never forces a demotion.
-	ReasonDemoteRefused = "DemoteRefused"
-)
-
 // ownedConditions are the condition types the agent writes; every other type
 // in status.conditions (the controller's AgentReady) is left to its owner.
-var ownedConditions = []string{v1.ConditionDRBDConfigured, ConditionDRBDRole}
+var ownedConditions = []string{v1.ConditionDRBDConfigured, v1.ConditionDRBDRole}
 
 // observed is what the kernel says about the replica's resource, by name of
 // the members it talks to.

@@ -30,7 +30,7 @@ func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.R
 			// The engine did not run (allocation or configuration holds the volume).
 			a = datamesh.AttachmentStatus{Name: rva.Name, NodeName: rva.Spec.NodeName, Phase: v1.AttachmentPending,
 				Message: "Waiting for the volume: " + string(work.Status.Phase)}
-			if c := meta.FindStatusCondition(work.Status.Conditions, ConditionReady); c != nil {
+			if c := meta.FindStatusCondition(work.Status.Conditions, v1.ConditionReady); c != nil {
 				a.Message = "Waiting for the volume: " + c.Message
 			}
 		}
@@ -50,7 +50,7 @@ func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.R
 				}
 			}
 		}
-		meta.SetStatusCondition(&want.Conditions, metav1.Condition{Type: ConditionAttached, Status: boolStatus(a.Phase == v1.AttachmentAttached),
+		meta.SetStatusCondition(&want.Conditions, metav1.Condition{Type: v1.ConditionAttached, Status: boolStatus(a.Phase == v1.AttachmentAttached),
 			Reason: reason, Message: msg, ObservedGeneration: rva.Generation, LastTransitionTime: metav1.NewTime(v.now)})
 		if !equality.Semantic.DeepEqual(&rva.Status, want) {
 			if err := applyStatus(ctx, c.client, "ReplicatedVolumeAttachment", rva.Name, "", want); err != nil && !apierrors.IsNotFound(err) {

@@ -59,7 +59,7 @@ func (c *Controller) deletionCondition(v *volume, work *v1.ReplicatedVolume) {
 	if len(names) > 0 {
 		msg = "Waiting for attachments to be removed: " + strings.Join(names, ", ")
 	}
-	v.setCondition(work, ConditionDeleting, true, reasonWaitingForDetach, msg)
+	v.setCondition(work, v1.ConditionDeleting, true, reasonWaitingForDetach, msg)
 }
 
 // tearDown runs steps 2 to 4 above once nothing is attached.
@@ -71,7 +71,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	}
 	sort.Strings(pending)
 	if len(pending) > 0 {
-		v.setCondition(work, ConditionDeleting, true, reasonWaitingReplicas,
+		v.setCondition(work, v1.ConditionDeleting, true, reasonWaitingReplicas,
 			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	}
 	c.summarize(v, work, v.rvrs, "")

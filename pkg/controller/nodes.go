@@ -3,7 +3,6 @@ package controller
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -80,42 +79,6 @@ func NodeNameOfLease(l *coordinationv1.Lease) string {
 	return strings.TrimPrefix(l.Name, v1.AgentLeasePrefix)
 }
 
-// PoolCapacity is one "capacity.storage.meshvol.io/<pool>" annotation.
-type PoolCapacity struct {
-	Total, Free int64
-}
-
-// ParseCapacity reads "total=<bytes>,free=<bytes>".
-func ParseCapacity(s string) (PoolCapacity, error) {
-	var c PoolCapacity
-	var haveTotal, haveFree bool
-	for _, part := range strings.Split(s, ",") {
-		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			return c, fmt.Errorf("capacity %q: %q is not key=value", s, part)
-		}
-		n, err := strconv.ParseInt(val, 10, 64)
-		if err != nil || n < 0 {
-			return c, fmt.Errorf("capacity %q: %s must be a non-negative number of bytes", s, k)
-		}
-		switch k {
-		case "total":
-			c.Total, haveTotal = n, true
-		case "free":
-			c.Free, haveFree = n, true
-		}
-	}
-	if !haveTotal || !haveFree {
-		return c, fmt.Errorf("capacity %q: needs total= and free=", s)
-	}
-	return c, nil
-}
-
-// FormatCapacity writes the annotation value ParseCapacity reads (for agents and tests).
-func FormatCapacity(c PoolCapacity) string {
-	return "total=" + strconv.FormatInt(c.Total, 10) + ",free=" + strconv.FormatInt(c.Free, 10)
-}
-
 // splitList reads a comma-separated annotation.
 func splitList(s string) []string {
 	var out []string
@@ -184,7 +147,7 @@ func EligibleNodes(rsp *v1.ReplicatedStoragePool, nodes []corev1.Node, leases ma
 		live := LeaseLiveness(l, now, grace).Live
 		if l != nil {
 			if s, ok := l.Annotations[v1.AnnotationPoolCapacityPrefix+rsp.Name]; ok {
-				if c, err := ParseCapacity(s); err == nil {
+				if c, err := v1.ParsePoolCapacity(s); err == nil {
 					e.TotalCapacity = resource.NewQuantity(c.Total, resource.BinarySI)
 					e.FreeCapacity = resource.NewQuantity(c.Free, resource.BinarySI)
 					// A node whose agent reports missing prerequisites (no DRBD 9.2

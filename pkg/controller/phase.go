@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,6 +27,19 @@ import (
 //
 // Ready is also a condition (type Ready) whose reason is the phase and whose message
 // names the replicas and why.
+
+// Formed is the Formed condition's status, reason and message: True once the first
+// datamesh is in place (a published revision with members, no Formation transition in
+// flight), the rule the CSI controller service waits on in CreateVolume
+// (docs/contract.md "CSI"); while not, the reason is the phase and the message the
+// Ready condition's, which says what formation waits for.
+func Formed(st *v1.ReplicatedVolumeStatus, verdict PhaseVerdict) (bool, string, string) {
+	forming := slices.ContainsFunc(st.DatameshTransitions, func(t v1.DatameshTransition) bool { return t.Type == v1.TransitionFormation })
+	if !forming && st.DatameshRevision > 0 && len(st.Datamesh.Members) > 0 {
+		return true, v1.ReasonFormed, "The first datamesh is in place (revision " + strconv.FormatInt(st.DatameshRevision, 10) + ")"
+	}
+	return false, string(verdict.Phase), verdict.Message
+}
 
 // PhaseVerdict is the phase with the Ready condition's reason and message.
 type PhaseVerdict struct {

@@ -67,6 +67,16 @@ func TestComputePhase(t *testing.T) {
 			if got.Phase != tc.phase || !strings.Contains(got.Message, tc.msg) {
 				t.Errorf("got %s %q, want %s containing %q", got.Phase, got.Message, tc.phase, tc.msg)
 			}
+			// Formed: every volume with a published revision, members and no Formation
+			// in flight, whatever its health or deletion; else the phase's own words.
+			wantFormed := tc.rv.Status.DatameshRevision > 0
+			ok, reason, msg := Formed(&tc.rv.Status, got)
+			if ok != wantFormed {
+				t.Errorf("Formed = %v (%s: %s), want %v", ok, reason, msg, wantFormed)
+			}
+			if !ok && (reason != string(got.Phase) || msg != got.Message) {
+				t.Errorf("not formed: %s %q, want the phase's %s %q", reason, msg, got.Phase, got.Message)
+			}
 		})
 	}
 }

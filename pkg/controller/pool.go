@@ -73,7 +73,7 @@ func (c *Controller) reconcilePool(ctx context.Context, req reconcile.Request) (
 	want := rsp.Status.DeepCopy()
 	want.ObservedGeneration = rsp.Generation
 	eligible, err := EligibleNodes(rsp, nodes.Items, byNode, now, c.opts.AgentGracePeriod)
-	cond := metav1.Condition{Type: ConditionReady, ObservedGeneration: rsp.Generation, LastTransitionTime: metav1.NewTime(now)}
+	cond := metav1.Condition{Type: v1.ConditionReady, ObservedGeneration: rsp.Generation, LastTransitionTime: metav1.NewTime(now)}
 	switch {
 	case err != nil:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "InvalidSpec", err.Error()

@@ -108,7 +108,7 @@ func (c *Controller) createAccess(ctx context.Context, v *volume, work *v1.Repli
 	if err := c.applyRVR(ctx, v.rv, want.NodeName, v1.ReplicaTypeAccess, nil, ""); err != nil {
 		return fmt.Errorf("creating Access replica on %s: %w", want.NodeName, err)
 	}
-	name := rvrName(v.rv.Name, want.NodeName)
+	name := v1.ReplicaName(v.rv.Name, want.NodeName)
 	w.created = append(w.created, name)
 	c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed Access replica %s on node %s: %s", name, want.NodeName, want.Reason)
 	return nil
@@ -177,7 +177,7 @@ func (c *Controller) placeMembers(ctx context.Context, v *volume, work *v1.Repli
 		if v.configWhy != "" {
 			refusal = v.configWhy
 		}
-		v.setCondition(work, ConditionScheduled, false, ConstraintNoEligibleNodes, refusal)
+		v.setCondition(work, v1.ConditionScheduled, false, ConstraintNoEligibleNodes, refusal)
 		return refusal, nil
 	}
 	in, err := c.placementInput(ctx, v, work, need)
@@ -188,7 +188,7 @@ func (c *Controller) placeMembers(ctx context.Context, v *volume, work *v1.Repli
 	var pe *PlacementError
 	if errors.As(err, &pe) {
 		placementFailures.WithLabelValues(pe.Constraint).Inc()
-		if v.setCondition(work, ConditionScheduled, false, pe.Constraint, pe.Message) {
+		if v.setCondition(work, v1.ConditionScheduled, false, pe.Constraint, pe.Message) {
 			c.recorder.Event(v.rv, corev1.EventTypeWarning, EventPlacementFailed, pe.Message)
 		}
 		return pe.Message, nil
@@ -199,7 +199,7 @@ func (c *Controller) placeMembers(ctx context.Context, v *volume, work *v1.Repli
 	if err := c.createPlaced(ctx, v, placed, need.reasons, w); err != nil {
 		return "", err
 	}
-	v.setCondition(work, ConditionScheduled, true, reasonPlaced,
+	v.setCondition(work, v1.ConditionScheduled, true, reasonPlaced,
 		fmt.Sprintf("Placed %d Diskful and %d TieBreaker replica(s)", need.diskful, need.tieBreaker))
 	return "", nil
 }
@@ -238,7 +238,7 @@ func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []Place
 		if err := c.applyRVR(ctx, v.rv, p.Node, p.Type, storage, ""); err != nil {
 			return fmt.Errorf("creating %s replica on %s: %w", p.Type, p.Node, err)
 		}
-		name := rvrName(v.rv.Name, p.Node)
+		name := v1.ReplicaName(v.rv.Name, p.Node)
 		w.created = append(w.created, name)
 		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed %s replica %s on node %s%s", p.Type, name, p.Node, why)
 	}
@@ -249,8 +249,8 @@ func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []Place
 // left by an earlier refusal turns True; with nothing wanted and nothing in flight,
 // volumeAccess=EventuallyLocal may move data to where it is used (eventuallyLocal).
 func (c *Controller) nothingToPlace(ctx context.Context, v *volume, work *v1.ReplicatedVolume, wanted []datamesh.WantedReplica) error {
-	if sc := meta.FindStatusCondition(work.Status.Conditions, ConditionScheduled); sc != nil && sc.Status == metav1.ConditionFalse {
-		v.setCondition(work, ConditionScheduled, true, reasonPlaced, "Every wanted replica is placed")
+	if sc := meta.FindStatusCondition(work.Status.Conditions, v1.ConditionScheduled); sc != nil && sc.Status == metav1.ConditionFalse {
+		v.setCondition(work, v1.ConditionScheduled, true, reasonPlaced, "Every wanted replica is placed")
 	}
 	if len(wanted) == 0 && len(work.Status.DatameshTransitions) == 0 {
 		return c.eventuallyLocal(ctx, v, work)

@@ -182,15 +182,3 @@ func TestChooseAlgorithm(t *testing.T) {
 		t.Error("no preferred algorithm offered must be refused")
 	}
 }
-
-func TestParseCapacity(t *testing.T) {
-	c, err := ParseCapacity(FormatCapacity(PoolCapacity{Total: 10, Free: 4}))
-	if err != nil || c.Total != 10 || c.Free != 4 {
-		t.Fatalf("round trip: %+v %v", c, err)
-	}
-	for _, bad := range []string{"", "total=1", "total=x,free=1", "free=-1,total=3"} {
-		if _, err := ParseCapacity(bad); err == nil {
-			t.Errorf("ParseCapacity(%q) accepted it", bad)
-		}
-	}
-}

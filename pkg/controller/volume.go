@@ -29,22 +29,6 @@ import (
 	"github.com/meshvol/meshvol/pkg/datamesh"
 )
 
-// RV condition types the controller writes besides Ready.
-const (
-	// ConditionConfigured: the configuration source (class or manual) and its pool resolve.
-	ConditionConfigured = "Configured"
-	// ConditionScheduled: placement found nodes for every replica the engine wants.
-	ConditionScheduled = "Scheduled"
-	// ConditionAllocated: the volume has its DRBD port, minor and shared Secret.
-	ConditionAllocated = "Allocated"
-	// ConditionReady: the phase, with a message naming the replicas and why.
-	ConditionReady = "Ready"
-	// ConditionDeleting: what the deletion of the volume waits for.
-	ConditionDeleting = "Deleting"
-	// ConditionAttached is the RVA's condition.
-	ConditionAttached = "Attached"
-)
-
 // Event reasons of the controller's own (the engine's come with Result.Events).
 const (
 	EventReplicaPlaced     = "ReplicaPlaced"
@@ -64,8 +48,6 @@ const (
 	reasonWaitingForDetach = "WaitingForDetach"
 	reasonWaitingReplicas  = "WaitingForReplicas"
 )
-
-func rvrName(rv, node string) string { return rv + "-" + node }
 
 // SecretName is the name of a volume's shared-secret Secret.
 func SecretName(rv string) string { return "drbd-" + rv }
@@ -323,9 +305,9 @@ func (c *Controller) ensureFinalizers(ctx context.Context, v *volume) (done bool
 // configuredCondition says whether the configuration source and its pool resolve.
 func (v *volume) configuredCondition(work *v1.ReplicatedVolume) {
 	if v.configWhy != "" {
-		v.setCondition(work, ConditionConfigured, false, v.configReason, v.configWhy)
+		v.setCondition(work, v1.ConditionConfigured, false, v.configReason, v.configWhy)
 	} else if v.poolName != "" {
-		v.setCondition(work, ConditionConfigured, true, reasonResolved, "Configuration resolves; storage pool "+v.poolName)
+		v.setCondition(work, v1.ConditionConfigured, true, reasonResolved, "Configuration resolves; storage pool "+v.poolName)
 	}
 }
 
@@ -342,13 +324,13 @@ func (c *Controller) allocation(ctx context.Context, v *volume, work *v1.Replica
 		return "", false, err
 	}
 	if why != "" {
-		if v.setCondition(work, ConditionAllocated, false, reason, why) {
+		if v.setCondition(work, v1.ConditionAllocated, false, reason, why) {
 			c.recorder.Event(v.rv, corev1.EventTypeWarning, EventAllocationFailed, why)
 		}
 		return why, false, nil
 	}
 	dm := &work.Status.Datamesh
-	v.setCondition(work, ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
+	v.setCondition(work, v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
 		dm.Port, dm.Minor, c.opts.Namespace, SecretName(v.rv.Name), dm.SharedSecret.Algorithm))
 	return "", true, nil
 }
@@ -402,7 +384,7 @@ func (c *Controller) refuseInput(ctx context.Context, v *volume, err error) erro
 		return err
 	}
 	work := v.rv.DeepCopy()
-	if v.setCondition(work, ConditionConfigured, false, reasonInvalidInput, bad.Error()) {
+	if v.setCondition(work, v1.ConditionConfigured, false, reasonInvalidInput, bad.Error()) {
 		c.recorder.Event(v.rv, corev1.EventTypeWarning, EventConfigurationBad, bad.Error())
 	}
 	return c.writeStatus(ctx, v.rv, work)
@@ -481,7 +463,9 @@ func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs 
 	verdict := ComputePhase(work, byName, reportingAgent, pendingWhy)
 	st := &work.Status
 	st.Phase = verdict.Phase
-	v.setCondition(work, ConditionReady, verdict.Phase == v1.VolumePhaseReady, string(verdict.Phase), verdict.Message)
+	v.setCondition(work, v1.ConditionReady, verdict.Phase == v1.VolumePhaseReady, string(verdict.Phase), verdict.Message)
+	formed, reason, msg := Formed(st, verdict)
+	v.setCondition(work, v1.ConditionFormed, formed, reason, msg)
 	st.Layout = LayoutString(st.Datamesh.Members)
 	st.ReadyMembers = ReadyMembers(st.Datamesh.Members, byName, reportingAgent)
 	st.SyncProgress = SyncProgress(st.Datamesh.Members, byName)
@@ -527,7 +511,7 @@ func (c *Controller) enginePool(v *volume) *datamesh.Pool {
 // A retype passes the replica's resourceVersion, so it never recreates a replica that is
 // gone.
 func (c *Controller) applyRVR(ctx context.Context, rv *v1.ReplicatedVolume, node string, t v1.ReplicaType, storage *v1.ReplicaStorage, resourceVersion string) error {
-	u := applyObject("ReplicatedVolumeReplica", "", rvrName(rv.Name, node), resourceVersion)
+	u := applyObject("ReplicatedVolumeReplica", "", v1.ReplicaName(rv.Name, node), resourceVersion)
 	u.SetLabels(map[string]string{v1.LabelVolume: rv.Name, v1.LabelNode: node})
 	u.SetFinalizers([]string{v1.FinalizerAgent})
 	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}})

@@ -85,10 +85,10 @@ func (c *Controller) volumesOnNode(ctx context.Context, node string, waiting boo
 
 // waitsForNodes: placement or allocation refused, or the volume is not formed yet.
 func waitsForNodes(rv *v1.ReplicatedVolume) bool {
-	if c := meta.FindStatusCondition(rv.Status.Conditions, ConditionScheduled); c != nil && c.Status == metav1.ConditionFalse {
+	if c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionScheduled); c != nil && c.Status == metav1.ConditionFalse {
 		return true
 	}
-	if c := meta.FindStatusCondition(rv.Status.Conditions, ConditionAllocated); c != nil && c.Status == metav1.ConditionFalse {
+	if c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionAllocated); c != nil && c.Status == metav1.ConditionFalse {
 		return true
 	}
 	return rv.Status.Phase == v1.VolumePhasePending || rv.Status.Phase == v1.VolumePhaseForming

@@ -25,10 +25,6 @@ import (
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
-// MaxPeers is the number of bitmap slots the agent gives DRBD's internal metadata
-// (pkg/agent); capacity answers subtract the metadata this many slots need.
-const MaxPeers = 7
-
 // PublishContextDevicePath is the publish_context key carrying the device path.
 const PublishContextDevicePath = "devicePath"
 
@@ -111,59 +107,36 @@ func (c *Controller) attachmentsOf(ctx context.Context, rv string) ([]v1.Replica
 	return l.Items, nil
 }
 
-// formed reports whether the volume's first datamesh is in place (docs/contract.md
-// "CSI"), and if not, what it waits for.
+// formed reports whether the volume's first datamesh is in place, from the Formed
+// condition the controller publishes (docs/contract.md "CSI"), and if not, what it
+// waits for in the controller's words.
 func formed(rv *v1.ReplicatedVolume) (bool, string) {
-	st := &rv.Status
-	for _, t := range st.DatameshTransitions {
-		if t.Type == v1.TransitionFormation {
-			for _, s := range t.Steps {
-				if s.Status != v1.StepCompleted {
-					return false, fmt.Sprintf("formation step %q: %s", s.Name, s.Message)
-				}
-			}
-			return false, "formation is finishing"
-		}
-	}
-	if st.DatameshRevision == 0 || len(st.Datamesh.Members) == 0 {
-		msg := "waiting for the controller to configure and place it"
-		for _, r := range st.DatameshReplicaRequests {
-			if r.Message != "" {
-				msg = r.Name + ": " + r.Message
-				break
-			}
-		}
-		if st.Phase != "" {
-			msg = "phase " + string(st.Phase) + ", " + msg
-		}
-		return false, msg
+	c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionFormed)
+	switch {
+	case c == nil:
+		return false, "the controller has not reported on it yet"
+	case c.Status != metav1.ConditionTrue:
+		return false, c.Reason + ": " + c.Message
 	}
 	return true, ""
 }
 
-// volumeSize is the size to report: the DRBD device's when the controller has
-// published one at least as large as the spec, else the spec's.
-func volumeSize(rv *v1.ReplicatedVolume) int64 {
-	spec := rv.Spec.Size.Value()
-	if s := rv.Status.Datamesh.Size; s != nil && s.Value() >= spec {
-		return s.Value()
+// classLayout is the layout a class gives its volumes, decided by the rule the engine
+// applies (layout.FromClass, then Validate), so that a class the engine would refuse to
+// configure a volume from is refused here, with the engine's words, before a volume
+// exists to be stuck. InvalidArgument: the request's parameters name the class.
+func classLayout(rsc *v1.ReplicatedStorageClass) (layout.Layout, error) {
+	sp := &rsc.Spec
+	l, err := layout.FromClass(rsc.Name, (*string)(sp.Replication), sp.FailuresToTolerate, sp.GuaranteedMinimumDataRedundancy)
+	if err == nil {
+		if verr := l.Validate(); verr != nil {
+			err = fmt.Errorf("storage class %s: %w", rsc.Name, verr)
+		}
 	}
-	return spec
-}
-
-// rscLayout is the number of diskful replicas a class asks for.
-func rscLayout(rsc *v1.ReplicatedStorageClass) (layout.Layout, error) {
-	if rsc.Spec.Replication != nil {
-		return layout.FromReplication(string(*rsc.Spec.Replication))
+	if err != nil {
+		return l, invalid("parameters[%q]: %v", v1.CSIParameterStorageClass, err)
 	}
-	var l layout.Layout
-	if rsc.Spec.FailuresToTolerate != nil {
-		l.FTT = int(*rsc.Spec.FailuresToTolerate)
-	}
-	if rsc.Spec.GuaranteedMinimumDataRedundancy != nil {
-		l.GMDR = int(*rsc.Spec.GuaranteedMinimumDataRedundancy)
-	}
-	return l, l.Validate()
+	return l, nil
 }
 
 func volumeAccessOf(rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass) v1.VolumeAccess {
@@ -214,7 +187,7 @@ func (c *Controller) poolNodes(ctx context.Context, rsc *v1.ReplicatedStorageCla
 		p := poolNode{name: n.NodeName, zone: n.Zone}
 		if n.FreeCapacity != nil {
 			p.known = true
-			p.usable = drbd.UsableBytes(n.FreeCapacity.Value(), MaxPeers)
+			p.usable = drbd.UsableBytes(n.FreeCapacity.Value(), v1.DRBDMaxPeers)
 		}
 		out = append(out, p)
 	}
@@ -232,11 +205,7 @@ func segmentMatches(s v1.TopologySegment, node, zone string) bool {
 // requisite segment. A node whose free space the controller has not reported yet
 // counts as fitting: only what is known not to fit is refused, placement decides
 // the rest.
-func (c *Controller) checkCapacity(ctx context.Context, rsc *v1.ReplicatedStorageClass, r createRequest) error {
-	l, err := rscLayout(rsc)
-	if err != nil {
-		return status.Errorf(codes.FailedPrecondition, "ReplicatedStorageClass %q: %v", rsc.Name, err)
-	}
+func (c *Controller) checkCapacity(ctx context.Context, rsc *v1.ReplicatedStorageClass, l layout.Layout, r createRequest) error {
 	nodes, err := c.poolNodes(ctx, rsc)
 	if err != nil {
 		return err
@@ -283,6 +252,10 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if err != nil {
 		return nil, err
 	}
+	l, err := classLayout(rsc)
+	if err != nil {
+		return nil, err
+	}
 	rv, err := c.getRV(ctx, r.rvName)
 	if err != nil {
 		return nil, err
@@ -293,7 +266,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 			return nil, err
 		}
 	} else {
-		if err := c.checkCapacity(ctx, rsc, r); err != nil {
+		if err := c.checkCapacity(ctx, rsc, l, r); err != nil {
 			return nil, err
 		}
 		if rv, err = c.createRV(ctx, r); err != nil {
@@ -336,10 +309,10 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	}}, nil
 }
 
-// reportedSize is volumeSize unless that exceeds the request's limit (a device
+// reportedSize is the volume's CapacityBytes unless that exceeds the request's limit (a device
 // rounded up past it), when the spec's size, which the request allowed, is reported.
 func reportedSize(rv *v1.ReplicatedVolume, cr *csipb.CapacityRange) int64 {
-	s := volumeSize(rv)
+	s := rv.CapacityBytes()
 	if lim := cr.GetLimitBytes(); lim > 0 && s > lim {
 		return rv.Spec.Size.Value()
 	}
@@ -499,9 +472,6 @@ func deletionProgress(rv *v1.ReplicatedVolume) string {
 	return fmt.Sprintf("%d datamesh member(s) left, finalizers %v", len(rv.Status.Datamesh.Members), rv.Finalizers)
 }
 
-// rvaName is the attachment of a volume to a node (docs/contract.md).
-func rvaName(rv, node string) string { return rv + "-" + node }
-
 func (c *Controller) leaseExists(ctx context.Context, node string) (bool, error) {
 	var le coordinationv1.Lease
 	err := c.Client.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: v1.AgentLeasePrefix + node}, &le)
@@ -554,7 +524,7 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if err != nil {
 		return nil, err
 	}
-	name := rvaName(id, node)
+	name := v1.AttachmentName(id, node)
 	var mine *v1.ReplicatedVolumeAttachment
 	var others []string
 	created := false
@@ -628,7 +598,7 @@ func attachProgress(st v1.ReplicatedVolumeAttachmentStatus) string {
 		msg = "the controller has not picked it up"
 	}
 	for _, cnd := range st.Conditions {
-		if cnd.Type == "Attached" && cnd.Message != "" {
+		if cnd.Type == v1.ConditionAttached && cnd.Message != "" {
 			msg += ": " + cnd.Message
 		}
 	}
@@ -737,7 +707,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, err
 	}
 	return &csipb.ControllerExpandVolumeResponse{
-		CapacityBytes:         volumeSize(rv),
+		CapacityBytes:         rv.CapacityBytes(),
 		NodeExpansionRequired: req.GetVolumeCapability().GetBlock() == nil,
 	}, nil
 }
@@ -766,7 +736,7 @@ func (c *Controller) checkGrowth(ctx context.Context, rv *v1.ReplicatedVolume, w
 			free[n.NodeName] = n.FreeCapacity.Value()
 		}
 	}
-	need := drbd.BackingBytes(want, MaxPeers)
+	need := drbd.BackingBytes(want, v1.DRBDMaxPeers)
 	for _, m := range rv.Status.Datamesh.Members {
 		f, known := free[m.NodeName]
 		if !m.Type.HasDisk() || !known {

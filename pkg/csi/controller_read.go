@@ -48,9 +48,9 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequ
 	if err != nil {
 		return nil, err
 	}
-	l, err := rscLayout(rsc)
+	l, err := classLayout(rsc)
 	if err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "ReplicatedStorageClass %q: %v", rsc.Name, err)
+		return nil, err
 	}
 	nodes, err := c.poolNodes(ctx, rsc)
 	if err != nil {
@@ -133,7 +133,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequ
 			break
 		}
 		resp.Entries = append(resp.Entries, &csipb.ListVolumesResponse_Entry{
-			Volume: &csipb.Volume{VolumeId: rv.Name, CapacityBytes: volumeSize(rv)},
+			Volume: &csipb.Volume{VolumeId: rv.Name, CapacityBytes: rv.CapacityBytes()},
 			Status: &csipb.ListVolumesResponse_VolumeStatus{
 				PublishedNodeIds: sorted(published[rv.Name]),
 				VolumeCondition:  volumeCondition(rv),
@@ -154,7 +154,7 @@ func volumeCondition(rv *v1.ReplicatedVolume) *csipb.VolumeCondition {
 	if ok, why := formed(rv); !ok {
 		return &csipb.VolumeCondition{Abnormal: true, Message: "the volume is not formed yet: " + why}
 	}
-	if cnd := meta.FindStatusCondition(rv.Status.Conditions, "Ready"); cnd != nil && cnd.Status != "True" {
+	if cnd := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionReady); cnd != nil && cnd.Status != "True" {
 		return &csipb.VolumeCondition{Abnormal: true, Message: cnd.Reason + ": " + cnd.Message}
 	}
 	msg := "formed"
@@ -188,7 +188,7 @@ func (c *Controller) ControllerGetVolume(ctx context.Context, req *csipb.Control
 		nodes = append(nodes, a.Spec.NodeName)
 	}
 	return &csipb.ControllerGetVolumeResponse{
-		Volume: &csipb.Volume{VolumeId: rv.Name, CapacityBytes: volumeSize(rv)},
+		Volume: &csipb.Volume{VolumeId: rv.Name, CapacityBytes: rv.CapacityBytes()},
 		Status: &csipb.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: nodes, VolumeCondition: volumeCondition(rv)},
 	}, nil
 }

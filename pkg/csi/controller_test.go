@@ -219,7 +219,7 @@ func TestControllerService(t *testing.T) {
 				return errors.New("publish_context " + r.String())
 			}
 			var rva v1.ReplicatedVolumeAttachment
-			must(t, env.Client.Get(ctx, client.ObjectKey{Name: va + "-" + n1}, &rva))
+			must(t, env.Client.Get(ctx, client.ObjectKey{Name: v1.AttachmentName(va, n1)}, &rva))
 			if rva.Labels[v1.LabelVolume] != va || rva.Labels[v1.LabelNode] != n1 {
 				return errors.New("RVA labels missing")
 			}
@@ -424,7 +424,7 @@ func TestControllerService(t *testing.T) {
 	_ = upperID
 }
 
-func usable(free int64) int64 { return drbd.UsableBytes(free, MaxPeers) }
+func usable(free int64) int64 { return drbd.UsableBytes(free, v1.DRBDMaxPeers) }
 
 func wantCapacity(ctx context.Context, cs csipb.ControllerClient, req *csipb.GetCapacityRequest, maxVol, avail int64) error {
 	r, err := cs.GetCapacity(ctx, req)

@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -130,7 +131,7 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 	if err := p.cl.Get(ctx, client.ObjectKey{Name: rv.Spec.ReplicatedStorageClassName}, &rsc); err != nil {
 		return err
 	}
-	l, err := rscLayout(&rsc)
+	l, err := classLayout(&rsc)
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 	if rv.Status.DatameshRevision == 0 {
 		var members []v1.DatameshMember
 		for i, n := range p.nodes[:l.DiskfulCount()] {
-			name := rv.Name + "-" + n
+			name := v1.ReplicaName(rv.Name, n)
 			if err := p.replica(ctx, rv.Name, n, size, 1); err != nil {
 				return err
 			}
@@ -150,6 +151,8 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 		rv.Status.Configuration = &v1.ReplicatedVolumeConfiguration{StoragePool: rsc.Spec.StoragePool,
 			FailuresToTolerate: int32(l.FTT), GuaranteedMinimumDataRedundancy: int32(l.GMDR), VolumeAccess: rsc.Spec.VolumeAccess}
 		rv.Status.Layout = l.String()
+		meta.SetStatusCondition(&rv.Status.Conditions, metav1.Condition{Type: v1.ConditionFormed, Status: metav1.ConditionTrue,
+			Reason: v1.ReasonFormed, Message: "The first datamesh is in place (revision 1)"})
 		return p.cl.Status().Update(ctx, rv)
 	}
 	if rv.Status.Datamesh.Size.Value() < size {
@@ -173,7 +176,7 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 // confirming datamesh revision rev.
 func (p *playController) replica(ctx context.Context, rv, node string, size int64, rev int64) error {
 	r := &v1.ReplicatedVolumeReplica{}
-	name := rv + "-" + node
+	name := v1.ReplicaName(rv, node)
 	err := p.cl.Get(ctx, client.ObjectKey{Name: name}, r)
 	if apierrors.IsNotFound(err) {
 		r = &v1.ReplicatedVolumeReplica{
@@ -185,7 +188,7 @@ func (p *playController) replica(ctx context.Context, rv, node string, size int6
 	if err != nil {
 		return err
 	}
-	backing := size + drbd.InternalMetadataBytes(size, MaxPeers)
+	backing := size + drbd.InternalMetadataBytes(size, v1.DRBDMaxPeers)
 	r.Status.DiskState = v1.DiskStateUpToDate
 	r.Status.Role = v1.RoleSecondary
 	r.Status.DatameshRevision = rev

@@ -83,7 +83,7 @@ func (n *Node) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitiesRe
 // localRVR is this node's replica of the volume, nil if there is none.
 func (n *Node) localRVR(ctx context.Context, vol string) (*v1.ReplicatedVolumeReplica, error) {
 	var r v1.ReplicatedVolumeReplica
-	if err := n.Client.Get(ctx, client.ObjectKey{Name: vol + "-" + n.NodeName}, &r); err != nil {
+	if err := n.Client.Get(ctx, client.ObjectKey{Name: v1.ReplicaName(vol, n.NodeName)}, &r); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, nil
 		}

@@ -108,7 +108,7 @@ func TestNodeService(t *testing.T) {
 
 	rvr := func(vol, dev string, role v1.ReplicaRole) {
 		r := &v1.ReplicatedVolumeReplica{
-			ObjectMeta: metav1.ObjectMeta{Name: vol + "-" + node, Labels: map[string]string{v1.LabelVolume: vol, v1.LabelNode: node}},
+			ObjectMeta: metav1.ObjectMeta{Name: v1.ReplicaName(vol, node), Labels: map[string]string{v1.LabelVolume: vol, v1.LabelNode: node}},
 			Spec:       v1.ReplicatedVolumeReplicaSpec{ReplicatedVolumeName: vol, NodeName: node, Type: v1.ReplicaTypeDiskful},
 		}
 		must(t, env.Client.Create(ctx, r))
@@ -229,7 +229,7 @@ func TestNodeService(t *testing.T) {
 		}, codes.OK, ""},
 		{"Stats: no quorum is abnormal", func(ctx context.Context) error {
 			var r v1.ReplicatedVolumeReplica
-			must(t, env.Client.Get(ctx, client.ObjectKey{Name: vFresh + "-" + node}, &r))
+			must(t, env.Client.Get(ctx, client.ObjectKey{Name: v1.ReplicaName(vFresh, node)}, &r))
 			r.Status.Quorum = ptr.To(false)
 			must(t, env.Client.Status().Update(ctx, &r))
 			return waitFor(ctx, func() (bool, error) {

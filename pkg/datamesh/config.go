@@ -64,17 +64,9 @@ func desiredConfiguration(rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClas
 			return c, false, "spec.replicatedStorageClassName: storage class " + strconv.Quote(rv.Spec.ReplicatedStorageClassName) + " not found"
 		}
 		sp := &rsc.Spec
-		var l layout.Layout
-		switch {
-		case sp.Replication != nil:
-			var err error
-			if l, err = layout.FromReplication(string(*sp.Replication)); err != nil {
-				return c, false, "storage class " + rsc.Name + ": " + err.Error()
-			}
-		case sp.FailuresToTolerate != nil && sp.GuaranteedMinimumDataRedundancy != nil:
-			l = layout.Layout{FTT: int(*sp.FailuresToTolerate), GMDR: int(*sp.GuaranteedMinimumDataRedundancy)}
-		default:
-			return c, false, "storage class " + rsc.Name + ": set replication, or both failuresToTolerate and guaranteedMinimumDataRedundancy"
+		l, err := layout.FromClass(rsc.Name, (*string)(sp.Replication), sp.FailuresToTolerate, sp.GuaranteedMinimumDataRedundancy)
+		if err != nil {
+			return c, false, err.Error()
 		}
 		c = v1.ReplicatedVolumeConfiguration{
 			StoragePool:                     sp.StoragePool,

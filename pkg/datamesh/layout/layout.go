@@ -151,3 +151,32 @@ func FromReplication(replication string) (Layout, error) {
 	return Layout{}, &ValidationError{Field: "replication",
 		Rule: fmt.Sprintf("must be one of None, Availability, Consistency, ConsistencyAndAvailability, got %q", replication)}
 }
+
+// FromClass decides the layout storage class class asks for: the legacy replication
+// when it is set, else failuresToTolerate and guaranteedMinimumDataRedundancy, which
+// must then both be set (a class with one of them says nothing about the other, and
+// defaulting it would promise less, or cost more, than the class's author meant). The
+// engine and the CSI controller service both ask it, so that CreateVolume refuses
+// exactly the classes the engine would refuse to configure a volume from, with the
+// same message. The layout it returns is not Validated yet: both callers do that next,
+// as for a configuration from any source.
+func FromClass(class string, replication *string, ftt, gmdr *int32) (Layout, error) {
+	var l Layout
+	var err error
+	switch {
+	case replication != nil:
+		l, err = FromReplication(*replication)
+	case ftt != nil && gmdr != nil:
+		l = Layout{FTT: int(*ftt), GMDR: int(*gmdr)}
+	case ftt != nil:
+		err = &ValidationError{Field: "guaranteedMinimumDataRedundancy", Rule: classRule}
+	default:
+		err = &ValidationError{Field: "failuresToTolerate", Rule: classRule}
+	}
+	if err != nil {
+		return Layout{}, fmt.Errorf("storage class %s: %w", class, err)
+	}
+	return l, nil
+}
+
+const classRule = "required: set replication, or both failuresToTolerate and guaranteedMinimumDataRedundancy"

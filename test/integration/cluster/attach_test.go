@@ -17,8 +17,6 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
-func rvaName(volume, node string) string { return volume + "-" + node }
-
 // attach creates the RVA as the CSI controller service would and waits until
 // it is Attached and the node's DRBD is Primary.
 func (r *rig) attach(volume, node string) {
@@ -30,7 +28,7 @@ func (r *rig) attach(volume, node string) {
 func (r *rig) requestAttach(volume, node string) {
 	r.t.Helper()
 	rva := &v1.ReplicatedVolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: rvaName(volume, node), Labels: map[string]string{v1.LabelVolume: volume, v1.LabelNode: node}},
+		ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(volume, node), Labels: map[string]string{v1.LabelVolume: volume, v1.LabelNode: node}},
 		Spec:       v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: volume, NodeName: node},
 	}
 	r.must(r.cl.Create(r.ctx, rva))
@@ -40,7 +38,7 @@ func (r *rig) attached(volume, node string, d time.Duration) {
 	r.t.Helper()
 	r.eventually(volume+" attached on "+node, d, func() string {
 		rva := &v1.ReplicatedVolumeAttachment{}
-		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(volume, node)}, rva))
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(volume, node)}, rva))
 		if rva.Status.Phase != v1.AttachmentAttached || rva.Status.DevicePath == "" {
 			return fmt.Sprintf("RVA phase %q device %q %v", rva.Status.Phase, rva.Status.DevicePath, rva.Status.Conditions)
 		}
@@ -63,12 +61,12 @@ func (r *rig) role(volume, node string) string {
 // detach deletes the RVA and waits until it is gone and the node is Secondary.
 func (r *rig) detach(volume, node string) {
 	r.t.Helper()
-	err := r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rvaName(volume, node)}})
+	err := r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(volume, node)}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		r.t.Fatal(err)
 	}
 	r.eventually(volume+" detached from "+node, time.Minute, func() string {
-		err := r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(volume, node)}, &v1.ReplicatedVolumeAttachment{})
+		err := r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(volume, node)}, &v1.ReplicatedVolumeAttachment{})
 		if !apierrors.IsNotFound(err) {
 			return "RVA still there"
 		}
@@ -154,14 +152,14 @@ func TestNodeCrashAttachableElsewhere(t *testing.T) {
 	t.Cleanup(func() { _ = r.c.RestartNode(a) })
 	// What Kubernetes does for a lost node: the old attachment is released
 	// (ControllerUnpublish), a new one asked for elsewhere.
-	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rvaName(vol, a)}})))
+	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(vol, a)}})))
 	r.requestAttach(vol, b)
 	// ControllerUnpublish of the dead node's attachment returns once its RVA
 	// is gone (finalizer released after the force-detach): the external
 	// attacher does not attach elsewhere before that.
 	r.eventually("the dead node's RVA released", 2*time.Minute, func() string {
 		rva := &v1.ReplicatedVolumeAttachment{}
-		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(vol, a)}, rva); !apierrors.IsNotFound(err) {
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(vol, a)}, rva); !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("RVA %s still there: phase %q %v; transitions %v", rva.Name, rva.Status.Phase, rva.Status.Conditions, r.rv(vol).Status.DatameshTransitions)
 		}
 		return ""
@@ -284,9 +282,9 @@ func (r *rig) moveAfterCrash(volume, a, b string) time.Duration {
 	crashed := time.Now()
 	r.must(r.c.CrashNode(a))
 	r.t.Cleanup(func() { _ = r.c.RestartNode(a) })
-	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rvaName(volume, a)}})))
+	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(volume, a)}})))
 	r.eventually("the dead node's RVA released", 2*time.Minute, func() string {
-		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: rvaName(volume, a)}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(volume, a)}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
 			return "RVA still there"
 		}
 		return ""
@@ -400,7 +398,7 @@ func TestDetachReleasesACreatorsFinalizer(t *testing.T) {
 	rv := r.ready(vol, 2*time.Minute)
 	node := rv.Status.Datamesh.Members[0].NodeName
 	rva := &v1.ReplicatedVolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: rvaName(vol, node), Labels: map[string]string{v1.LabelVolume: vol, v1.LabelNode: node},
+		ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(vol, node), Labels: map[string]string{v1.LabelVolume: vol, v1.LabelNode: node},
 			Finalizers: []string{v1.FinalizerController}},
 		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: vol, NodeName: node},
 	}

@@ -172,7 +172,7 @@ func (cl *cluster) addNode(n nodeSpec) {
 		Annotations: map[string]string{
 			v1.AnnotationAddresses:                    "10.0.0.1",
 			v1.AnnotationHMACAlgorithms:               "sha256,sha1,md5",
-			v1.AnnotationPoolCapacityPrefix + cl.pool: controller.FormatCapacity(controller.PoolCapacity{Total: 1000 << 30, Free: n.freeGi << 30}),
+			v1.AnnotationPoolCapacityPrefix + cl.pool: v1.PoolCapacity{Total: 1000 << 30, Free: n.freeGi << 30}.String(),
 		}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &cl.leaseSz, RenewTime: &now, AcquireTime: &now}}
 	must(cl.t, cl.c.Create(cl.ctx, l))
@@ -367,5 +367,5 @@ func phaseOf(rv *v1.ReplicatedVolume) string {
 	if rv == nil {
 		return "<gone>"
 	}
-	return string(rv.Status.Phase) + " (" + cond(rv.Status.Conditions, controller.ConditionReady) + ")"
+	return string(rv.Status.Phase) + " (" + cond(rv.Status.Conditions, v1.ConditionReady) + ")"
 }

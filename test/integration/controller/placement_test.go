@@ -60,7 +60,7 @@ func TestFormationLayouts(t *testing.T) {
 					return false, fmt.Sprintf("TransZonal volume in zones %v", zones)
 				}
 				cur := cl.rv(rv.Name)
-				return cur.Status.Phase == v1.VolumePhaseForming && strings.Contains(cond(cur.Status.Conditions, controller.ConditionReady), "addresses"),
+				return cur.Status.Phase == v1.VolumePhaseForming && strings.Contains(cond(cur.Status.Conditions, v1.ConditionReady), "addresses"),
 					phaseOf(cur)
 			})
 		})
@@ -87,10 +87,10 @@ func TestPlacementRefusedThenRetried(t *testing.T) {
 	want := `TransZonal needs 3 zones with free capacity ≥ 10Gi in pool "` + cl.pool + `": zone z3 has none`
 	cl.eventually(t, "a Scheduled=False condition naming the failed rule", func() (bool, string) {
 		cur := cl.rv(rv.Name)
-		c := cond(cur.Status.Conditions, controller.ConditionScheduled)
+		c := cond(cur.Status.Conditions, v1.ConditionScheduled)
 		return strings.Contains(c, "False/"+controller.ConstraintTransZonal) && strings.Contains(c, want), c
 	})
-	t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, controller.ConditionScheduled))
+	t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled))
 	if n := len(cl.rvrs(rv.Name)); n != 0 {
 		t.Fatalf("%d replicas created although placement refused: placement is all or nothing", n)
 	}
@@ -108,8 +108,8 @@ func TestPlacementRefusedThenRetried(t *testing.T) {
 		}
 		want := []string{cl.node("a"), cl.node("b"), cl.node("d")}
 		cur := cl.rv(rv.Name)
-		return slices.Equal(nodes, want) && strings.HasPrefix(cond(cur.Status.Conditions, controller.ConditionScheduled), "True"),
-			fmt.Sprintf("%v %s", nodes, cond(cur.Status.Conditions, controller.ConditionScheduled))
+		return slices.Equal(nodes, want) && strings.HasPrefix(cond(cur.Status.Conditions, v1.ConditionScheduled), "True"),
+			fmt.Sprintf("%v %s", nodes, cond(cur.Status.Conditions, v1.ConditionScheduled))
 	})
 }
 
@@ -120,7 +120,7 @@ func TestBadInput(t *testing.T) {
 		rv := cl.volume("noclass", cl.prefix+"-nosuch", "1Gi")
 		cl.eventually(t, "Configured=False", func() (bool, string) {
 			cur := cl.rv(rv.Name)
-			c := cond(cur.Status.Conditions, controller.ConditionConfigured)
+			c := cond(cur.Status.Conditions, v1.ConditionConfigured)
 			return strings.Contains(c, "False/StorageClassNotFound") &&
 				strings.Contains(c, `spec.replicatedStorageClassName: storage class "`+cl.prefix+`-nosuch" does not exist`) &&
 				cur.Status.Phase == v1.VolumePhasePending, c + " " + phaseOf(cur)
@@ -137,7 +137,7 @@ func TestBadInput(t *testing.T) {
 		rv := cl.volume("nopool", rsc.Name, "1Gi")
 		cl.eventually(t, "Configured=False", func() (bool, string) {
 			cur := cl.rv(rv.Name)
-			c := cond(cur.Status.Conditions, controller.ConditionConfigured)
+			c := cond(cur.Status.Conditions, v1.ConditionConfigured)
 			return strings.Contains(c, "False/StoragePoolNotFound") && strings.Contains(c, "spec.storagePool: storage pool"), c
 		})
 	})
@@ -146,10 +146,10 @@ func TestBadInput(t *testing.T) {
 		rv := cl.volume("big", class, "500Gi")
 		cl.eventually(t, "Scheduled=False for capacity", func() (bool, string) {
 			cur := cl.rv(rv.Name)
-			c := cond(cur.Status.Conditions, controller.ConditionScheduled)
+			c := cond(cur.Status.Conditions, v1.ConditionScheduled)
 			return strings.Contains(c, "False/"+controller.ConstraintCapacity) && strings.Contains(c, "free capacity ≥ 500Gi"), c
 		})
-		t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, controller.ConditionScheduled))
+		t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled))
 		if n := len(cl.rvrs(rv.Name)); n != 0 {
 			t.Fatalf("%d replicas created for a volume that fits nowhere", n)
 		}
@@ -158,10 +158,10 @@ func TestBadInput(t *testing.T) {
 		class := cl.class("three", 1, 1, v1.TopologyIgnored)
 		rv := cl.volume("three", class, "1Gi")
 		cl.eventually(t, "Scheduled=False: two nodes for three Diskful", func() (bool, string) {
-			c := cond(cl.rv(rv.Name).Status.Conditions, controller.ConditionScheduled)
+			c := cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled)
 			return strings.Contains(c, "False/"+controller.ConstraintNodes) && strings.Contains(c, "need 3 Diskful replica(s) with free capacity ≥ 1Gi") && strings.Contains(c, "2 of 2 usable node(s) have room"), c
 		})
-		t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, controller.ConditionScheduled))
+		t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled))
 		if n := len(cl.rvrs(rv.Name)); n != 0 {
 			t.Fatalf("%d replicas half-created", n)
 		}
@@ -184,7 +184,7 @@ func TestBadInput(t *testing.T) {
 		cl.eventually(t, "the RVA says the node has no agent", func() (bool, string) {
 			a := &v1.ReplicatedVolumeAttachment{}
 			must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, a))
-			c := cond(a.Status.Conditions, controller.ConditionAttached)
+			c := cond(a.Status.Conditions, v1.ConditionAttached)
 			return a.Status.Phase == v1.AttachmentPending && strings.Contains(c, "has no meshvol agent (no Lease meshvol-node-"+cl.prefix+"-ghost)"), c
 		})
 	})
@@ -206,12 +206,12 @@ func TestPoolStatus(t *testing.T) {
 		for _, e := range p.Status.EligibleNodes {
 			ok = ok && e.Ready && e.FreeCapacity != nil && e.FreeCapacity.Value() == 100<<30 && e.Zone != ""
 		}
-		return ok && strings.HasPrefix(cond(p.Status.Conditions, controller.ConditionReady), "True"), fmt.Sprintf("%+v", p.Status)
+		return ok && strings.HasPrefix(cond(p.Status.Conditions, v1.ConditionReady), "True"), fmt.Sprintf("%+v", p.Status)
 	})
 	setFree := func(node string, free int64) {
 		l := &coordinationv1.Lease{}
 		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}, l))
-		l.Annotations[v1.AnnotationPoolCapacityPrefix+cl.pool] = controller.FormatCapacity(controller.PoolCapacity{Total: 1000 << 30, Free: free})
+		l.Annotations[v1.AnnotationPoolCapacityPrefix+cl.pool] = v1.PoolCapacity{Total: 1000 << 30, Free: free}.String()
 		must(t, cl.c.Update(cl.ctx, l))
 	}
 	mark := cl.writes.mark()

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/controller"
 )
 
 // A 3D volume from creation to Ready, attached, steady, then deleted with nothing left
@@ -126,7 +125,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	step("5 expand to 20Gi")
 
 	// Attach on node a.
-	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: rv.Name + "-" + cl.node("a")},
+	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(rv.Name, cl.node("a"))},
 		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: rv.Name, NodeName: cl.node("a")}}
 	must(t, cl.c.Create(cl.ctx, rva))
 	cl.eventually(t, "attached", func() (bool, string) {
@@ -136,7 +135,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, a))
 		return a.Status.Phase == v1.AttachmentAttached && a.Status.DevicePath == "/dev/drbd-sim/"+rv.Name+"-"+cl.node("a") &&
 				slices.Contains(a.Finalizers, v1.FinalizerController),
-			fmt.Sprintf("rva %s %s %v", a.Status.Phase, a.Status.DevicePath, cond(a.Status.Conditions, controller.ConditionAttached))
+			fmt.Sprintf("rva %s %s %v", a.Status.Phase, a.Status.DevicePath, cond(a.Status.Conditions, v1.ConditionAttached))
 	})
 	time.Sleep(300 * time.Millisecond)
 	step("6 attach (RVA finalizer, Attach, status)")
@@ -145,7 +144,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	must(t, cl.c.Delete(cl.ctx, rv))
 	cl.eventually(t, "deletion waits for the attachment", func() (bool, string) {
 		got = cl.rv(rv.Name)
-		c := cond(got.Status.Conditions, controller.ConditionDeleting)
+		c := cond(got.Status.Conditions, v1.ConditionDeleting)
 		return got.Status.Phase == v1.VolumePhaseDeleting && strings.Contains(c, "WaitingForDetach") && strings.Contains(c, rva.Name), c
 	})
 	if n := len(cl.rvrs(rv.Name)); n != 3 {
@@ -156,7 +155,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		if cur := cl.rv(rv.Name); cur != nil {
 			cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, nil)
 			cl.agentReleaseDeleted(rv.Name)
-			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, controller.ConditionDeleting)
+			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, v1.ConditionDeleting)
 		}
 		return true, ""
 	})
@@ -198,7 +197,7 @@ func TestFinalizerSetByCreator(t *testing.T) {
 		if cur := cl.rv(rv.Name); cur != nil {
 			cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, nil)
 			cl.agentReleaseDeleted(rv.Name)
-			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, controller.ConditionDeleting)
+			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, v1.ConditionDeleting)
 		}
 		err := cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, &v1.ReplicatedVolumeAttachment{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)

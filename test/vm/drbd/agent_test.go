@@ -50,6 +50,7 @@ func runAgent(node string) int {
 	mux.HandleFunc("POST /read", a.read)
 	mux.HandleFunc("GET /hold", a.hold)
 	mux.HandleFunc("POST /exec", a.exec)
+	a.productRoutes(mux)
 	mux.HandleFunc("GET /ping", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, node) })
 	mux.HandleFunc("POST /poweroff", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "bye")

@@ -49,6 +49,16 @@ func TestMain(m *testing.M) {
 	if node := os.Getenv("MESHVOL_VM_DRBD_AGENT"); node != "" {
 		os.Exit(runAgent(node))
 	}
+	if spec := os.Getenv("MESHVOL_VM_DRBD"); spec != "" && os.Getenv("MESHVOL_VM_PRODUCT") != "" {
+		var err error
+		if prod, err = startProduct(spec, os.Getenv("MESHVOL_VM_DRBD_OUT"), os.Getenv("MESHVOL_VM_PRODUCT")); err != nil {
+			fmt.Fprintf(os.Stderr, "product tier setup: %v\n", err)
+			os.Exit(2)
+		}
+		code := m.Run()
+		prod.finish()
+		os.Exit(code)
+	}
 	if spec := os.Getenv("MESHVOL_VM_DRBD"); spec != "" {
 		var err error
 		if cl, err = startCluster(spec, os.Getenv("MESHVOL_VM_DRBD_OUT")); err != nil {

@@ -31,6 +31,15 @@ if [ "${MESHVOL_VM_DISK:-}" = yes ]; then
 	wait_disk "the backing disk did not appear"
 fi
 
+# The product tier (VM_SUITE=product): `meshvol node` runs here with a File
+# pool on this guest's disk and stages volumes under the kubelet's directory.
+if [ "${MESHVOL_VM_PRODUCT:-}" = yes ]; then
+	load_modules loop ext4 dm_mod dm_thin_pool dm_snapshot
+	mkdir -p /var/lib/meshvol/pool /var/lib/kubelet
+	mkfs.ext4 -q -F /dev/vda || fail "mkfs.ext4 /dev/vda failed"
+	mount /dev/vda /var/lib/meshvol/pool || fail "mounting the pool's disk failed"
+fi
+
 say "$node: kernel $(uname -r); $(head -1 /proc/drbd); drbd.ko $(modinfo -F filename drbd); $(drbdadm --version 2>/dev/null | grep '^DRBDADM_VERSION='); $MESHVOL_VM_IP; disk ${MESHVOL_VM_DISK:-no}"
 
 MESHVOL_VM_DRBD_AGENT=$node /meshvol/drbd.test >"$out" 2>&1

@@ -1,5 +1,11 @@
 package v1alpha1
 
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
 // Well-known names shared by the controller, the node agent and the CSI services.
 // docs/contract.md explains who writes each and when; this file is the one place
 // their spelling lives.
@@ -112,6 +118,110 @@ const (
 	ReasonAgentLeaseExpired = "LeaseExpired"
 	// ReasonAgentLeaseMissing: no Lease exists for the node.
 	ReasonAgentLeaseMissing = "LeaseMissing"
+)
+
+// ReplicaName is the name of a volume's RVR on a node, and AttachmentName that of its
+// RVA there: both <rv>-<node> (docs/contract.md "Objects, names, writers"). One replica
+// and one attachment of a volume per node, ever, so the name is the key; readers that
+// only need to find them select by LabelVolume and LabelNode instead.
+func ReplicaName(rv, node string) string { return nodeScopedName(rv, node) }
+
+// AttachmentName: see ReplicaName.
+func AttachmentName(rv, node string) string { return nodeScopedName(rv, node) }
+
+func nodeScopedName(rv, node string) string { return rv + "-" + node }
+
+// DRBDMaxPeers is the number of peer bitmap slots the agent gives DRBD's internal
+// metadata at create-md. Every size that crosses a component depends on it: the agent
+// sizes a backing volume as drbd.BackingBytes(size, DRBDMaxPeers), and the CSI service
+// answers capacity and growth questions with the same count. A slot is needed for every
+// diskful peer a replica will ever have at once: the largest layout is 5D, and a
+// replacement or a shadow replica adds one or two while it syncs. DRBD cannot grow the
+// slots of internal metadata in place, so the count is generous; each slot costs one
+// bit per 4 KiB (32 KiB per GiB).
+const DRBDMaxPeers = 7
+
+// PoolCapacity is the value of one AnnotationPoolCapacityPrefix+<pool> annotation on an
+// agent Lease: the pool's total and free bytes on the node.
+type PoolCapacity struct {
+	Total, Free int64
+}
+
+// String is the annotation value, "total=<bytes>,free=<bytes>", which
+// ParsePoolCapacity reads.
+func (c PoolCapacity) String() string {
+	return "total=" + strconv.FormatInt(c.Total, 10) + ",free=" + strconv.FormatInt(c.Free, 10)
+}
+
+// ParsePoolCapacity reads a capacity annotation value. It is strict about what it
+// uses: both keys, once each, each a non-negative number of bytes, since a value it
+// guessed at would place replicas on a node without room for them. It skips keys it
+// does not know, so that a newer agent may add one without an older controller
+// losing the node's capacity.
+func ParsePoolCapacity(s string) (PoolCapacity, error) {
+	var c PoolCapacity
+	var haveTotal, haveFree bool
+	for _, part := range strings.Split(s, ",") {
+		k, val, ok := strings.Cut(part, "=")
+		if !ok {
+			return c, fmt.Errorf("capacity %q: %q is not key=value", s, part)
+		}
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil || n < 0 {
+			return c, fmt.Errorf("capacity %q: %s must be a non-negative number of bytes", s, k)
+		}
+		switch {
+		case (k == "total" && haveTotal) || (k == "free" && haveFree):
+			return c, fmt.Errorf("capacity %q: %s given twice", s, k)
+		case k == "total":
+			c.Total, haveTotal = n, true
+		case k == "free":
+			c.Free, haveFree = n, true
+		}
+	}
+	if !haveTotal || !haveFree {
+		return c, fmt.Errorf("capacity %q: needs total= and free=", s)
+	}
+	return c, nil
+}
+
+// Conditions the controller writes on an RV (status.conditions, field manager
+// meshvol-controller). The CSI controller service reads Ready's message and waits on
+// Formed; docs/contract.md says what each means.
+const (
+	// ConditionConfigured: the configuration source (class or manual) and its pool resolve.
+	ConditionConfigured = "Configured"
+	// ConditionScheduled: placement found nodes for every replica the engine wants.
+	ConditionScheduled = "Scheduled"
+	// ConditionAllocated: the volume has its DRBD port, minor and shared Secret.
+	ConditionAllocated = "Allocated"
+	// ConditionReady: the phase (as the reason), with a message naming the replicas and why.
+	ConditionReady = "Ready"
+	// ConditionDeleting: what the deletion of the volume waits for.
+	ConditionDeleting = "Deleting"
+	// ConditionFormed: the volume's first datamesh is in place (a published revision with
+	// members, and no Formation transition in flight), reason ReasonFormed; while it is
+	// not, the reason is the phase and the message what formation waits for. The CSI
+	// controller service answers CreateVolume once it is True.
+	ConditionFormed = "Formed"
+	ReasonFormed    = "Formed"
+)
+
+// ConditionAttached is the controller's condition on an RVA: True once the volume is
+// attached on the RVA's node, with the engine's message while it is not.
+const ConditionAttached = "Attached"
+
+// The agent's condition on an RVR (besides DRBDConfigured): whether DRBD's role is the
+// one the datamesh asks for (Primary when the member is attached, else Secondary).
+const (
+	ConditionDRBDRole = "DRBDRole"
+
+	ReasonPrimary       = "Primary"
+	ReasonSecondary     = "Secondary"
+	ReasonPromoteFailed = "PromoteFailed"
+	// ReasonDemoteRefused: the device is held open (mounted); the agent retries
+	// and never forces a demotion.
+	ReasonDemoteRefused = "DemoteRefused"
 )
 
 // SecretKeySharedSecret is the key of the per-volume Secret holding DRBD's shared

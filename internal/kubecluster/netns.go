@@ -1,0 +1,290 @@
+package kubecluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Nodes with namespaces of their own (Options.Namespaces), as a kind node
+// container has them:
+//
+//   - a mount namespace, whose /var/lib/kubelet, /var/lib/meshvol and /dev
+//     are the node's own directories (bound from its directory), so a
+//     DaemonSet's hostPath /var/lib/kubelet, a node plugin's state and the
+//     devices it creates are the node's, not the machine's. The machine's
+//     mounts propagate into it (slave), none of its own propagate out.
+//     /var/lib/kubelet and /var/lib/meshvol are shared mounts inside it, so
+//     a pod's Bidirectional mounts reach the kubelet.
+//   - a network namespace with one address on the bridge the cluster
+//     creates (bridgeName), so each node's host-network pods have their own
+//     ports, as on separate machines. The apiserver listens on the
+//     machine's loopback; a proxy of this process listening on the node's
+//     loopback (the same port, and 443 for the kubernetes Service) carries
+//     the node's connections to it, so kubeconfigs and in-cluster
+//     configuration work unchanged on every node.
+//
+// The bridge has no route or firewall rule beyond its own subnet; the
+// machine reaches the nodes on it (the apiserver calls the kubelets), the
+// nodes reach nothing else.
+const (
+	bridgeName = "meshvol0"
+	// bridgeSubnet: a /24 of the private range unlikely to be in use.
+	bridgeSubnet = "10.213.7"
+	// vethPrefix names the machine's end of each node's link.
+	vethPrefix = "mvn-"
+)
+
+// BridgeIP is the machine's address on the nodes' bridge.
+const BridgeIP = bridgeSubnet + ".1"
+
+func nodeAddressOnBridge(i int) string { return fmt.Sprintf("%s.%d", bridgeSubnet, 10+i) }
+
+// nodeDevices are the device nodes of a node's /dev: what containerd, runc,
+// the kubelet and a node plugin open (the loop devices a plugin attaches it
+// creates itself, as in any container without udev).
+var nodeDevices = []struct {
+	name         string
+	mode         uint32
+	major, minor uint32
+}{
+	{"null", unix.S_IFCHR | 0o666, 1, 3},
+	{"zero", unix.S_IFCHR | 0o666, 1, 5},
+	{"full", unix.S_IFCHR | 0o666, 1, 7},
+	{"random", unix.S_IFCHR | 0o666, 1, 8},
+	{"urandom", unix.S_IFCHR | 0o666, 1, 9},
+	{"kmsg", unix.S_IFCHR | 0o644, 1, 11},
+	{"tty", unix.S_IFCHR | 0o666, 5, 0},
+	{"fuse", unix.S_IFCHR | 0o666, 10, 229},
+	{"loop-control", unix.S_IFCHR | 0o660, 10, 237},
+}
+
+// DevDir is the node's /dev as the machine sees it.
+func (n *Node) DevDir() string { return filepath.Join(n.Dir, "dev") }
+
+// StateDir is the node's /var/lib/meshvol as the machine sees it.
+func (n *Node) StateDir() string { return filepath.Join(n.Dir, "meshvol") }
+
+// createBridge creates the nodes' bridge with the machine's address on it.
+func createBridge() error {
+	for _, args := range [][]string{
+		{"link", "add", bridgeName, "type", "bridge"},
+		{"addr", "add", BridgeIP + "/24", "dev", bridgeName},
+		{"link", "set", bridgeName, "up"},
+	} {
+		if _, err := execOutput("ip", args...); err != nil {
+			return fmt.Errorf("kubecluster: creating the nodes' bridge: %w", err)
+		}
+	}
+	return nil
+}
+
+func deleteBridge() error {
+	if _, err := net.InterfaceByName(bridgeName); err != nil {
+		return nil
+	}
+	if _, err := execOutput("ip", "link", "del", bridgeName); err != nil {
+		return fmt.Errorf("kubecluster: %w", err)
+	}
+	return nil
+}
+
+// startNamespaces creates the node's mount and network namespaces: a
+// process that holds them (in the node's cgroup: a crash ends them with
+// the node), its link on the bridge, and its mounts.
+func (n *Node) startNamespaces(ctx context.Context, index int) error {
+	for _, d := range []string{n.DevDir(), n.StateDir(), n.KubeletRootDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	for _, d := range nodeDevices {
+		p := filepath.Join(n.DevDir(), d.name)
+		if err := unix.Mknod(p, d.mode, int(unix.Mkdev(d.major, d.minor))); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("kubecluster: mknod %s: %w", p, err)
+		}
+		// mknod's mode is masked by the umask.
+		if err := os.Chmod(p, os.FileMode(d.mode&0o777)); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"pts", "shm"} {
+		if err := os.MkdirAll(filepath.Join(n.DevDir(), d), 0o755); err != nil {
+			return err
+		}
+	}
+	p, err := startProc("namespaces", n.LogDir(), n.systemCgroup(), "unshare", "--mount", "--net", "--propagation", "slave", "--", "sleep", "infinity")
+	if err != nil {
+		return err
+	}
+	n.holder = p
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return err
+	}
+	// The holder is the shell that moves itself into the cgroup and execs
+	// unshare, which unshares and execs sleep: one pid throughout.
+	pid := p.cmd.Process.Pid
+	if err := waitFor(ctx, 10*time.Second, func() (bool, error) {
+		if p.exited() {
+			return false, fmt.Errorf("unshare exited: %v\n%s", p.err, p.tail(10))
+		}
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+		return err == nil && ns != self, nil
+	}, "the namespaces of "+n.Name); err != nil {
+		return err
+	}
+	n.nsPID = pid
+	n.IP = nodeAddressOnBridge(index)
+	veth := vethPrefix + n.Name
+	if len(veth) > 15 {
+		veth = veth[:15]
+	}
+	for _, args := range [][]string{
+		{"link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(pid)},
+		{"link", "set", veth, "master", bridgeName, "up"},
+	} {
+		if _, err := execOutput("ip", args...); err != nil {
+			return fmt.Errorf("kubecluster: the link of %s: %w", n.Name, err)
+		}
+	}
+	script := strings.Join([]string{
+		"set -e",
+		"ip link set lo up",
+		"ip addr add " + n.IP + "/24 dev eth0",
+		"ip link set eth0 up",
+		"mkdir -p /var/lib/kubelet /var/lib/meshvol",
+		"mount --bind " + shellQuote(n.KubeletRootDir) + " /var/lib/kubelet",
+		"mount --make-rshared /var/lib/kubelet",
+		"mount --bind " + shellQuote(n.StateDir()) + " /var/lib/meshvol",
+		"mount --make-rshared /var/lib/meshvol",
+		"mount --bind " + shellQuote(n.DevDir()) + " /dev",
+		"mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts",
+		"mount -t tmpfs -o mode=1777 shm /dev/shm",
+	}, "\n")
+	if _, err := n.Run(ctx, script); err != nil {
+		return err
+	}
+	return nil
+}
+
+// nsenter is the command line prefix that runs a program in the node's
+// namespaces.
+func (n *Node) nsenter() []string {
+	return []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.nsPID), fmt.Sprintf("--net=/proc/%d/ns/net", n.nsPID), "--"}
+}
+
+// Run runs a shell script in the node's namespaces (Options.Namespaces)
+// and returns its output.
+func (n *Node) Run(ctx context.Context, script string) (string, error) {
+	if n.nsPID == 0 {
+		return "", fmt.Errorf("kubecluster: node %s has no namespaces of its own", n.Name)
+	}
+	args := append(n.nsenter()[1:], "/bin/sh", "-c", script)
+	out, err := execOutput("nsenter", args...)
+	if err != nil {
+		return out, fmt.Errorf("kubecluster: in the namespaces of %s: %w", n.Name, err)
+	}
+	return out, nil
+}
+
+// listenInNetns listens on addr in the network namespace at nsPath. A
+// socket belongs to the namespace of the thread that creates it, so the
+// listener is made on a thread moved there and back.
+func listenInNetns(nsPath, addr string) (net.Listener, error) {
+	runtime.LockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	defer orig.Close()
+	target, err := os.Open(nsPath)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("kubecluster: setns %s: %w", nsPath, err)
+	}
+	l, lerr := net.Listen("tcp", addr)
+	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+		// The thread stays in the node's namespace: leave it locked, so it
+		// ends with this goroutine instead of running others.
+		if l != nil {
+			l.Close()
+		}
+		return nil, fmt.Errorf("kubecluster: setns back: %w", err)
+	}
+	runtime.UnlockOSThread()
+	return l, lerr
+}
+
+// apiProxy carries connections accepted on a node's loopback to the
+// apiserver on the machine's, byte for byte (TLS end to end).
+type apiProxy struct {
+	ls     []net.Listener
+	target string
+	wg     sync.WaitGroup
+}
+
+func startAPIProxy(nsPath, target string, ports ...string) (*apiProxy, error) {
+	p := &apiProxy{target: target}
+	for _, port := range ports {
+		l, err := listenInNetns(nsPath, net.JoinHostPort("127.0.0.1", port))
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("kubecluster: the apiserver proxy on a node's port %s: %w", port, err)
+		}
+		p.ls = append(p.ls, l)
+		p.wg.Add(1)
+		go p.serve(l)
+	}
+	return p, nil
+}
+
+func (p *apiProxy) serve(l net.Listener) {
+	defer p.wg.Done()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+			if err != nil {
+				return
+			}
+			defer up.Close()
+			done := make(chan struct{}, 2)
+			go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+			<-done
+		}()
+	}
+}
+
+// close stops listening; connections in flight end with their peers.
+func (p *apiProxy) close() {
+	if p == nil {
+		return
+	}
+	for _, l := range p.ls {
+		l.Close()
+	}
+	p.wg.Wait()
+}

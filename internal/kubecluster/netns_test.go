@@ -1,0 +1,163 @@
+package kubecluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/meshvol/meshvol/internal/testenv"
+)
+
+// TestNodesWithNamespacesLookLikeNodes starts two nodes with namespaces of
+// their own and checks what makes them look like two machines: each
+// node's host-network pod serves the same port, sees the node's own
+// /var/lib/kubelet through a hostPath, has the node's own address, and
+// reaches the apiserver with the in-cluster configuration and service
+// account token Kubernetes gives it; then a crash and a teardown that
+// leaves nothing (the bridge and the links included).
+func TestNodesWithNamespacesLookLikeNodes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: it mounts, creates cgroups and runs containers (`make test` runs as root here and in CI)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	pause, err := BuildPause(ctx, root, tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("/tmp", "kn-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	prepared := map[string]bool{}
+	c, err := Start(ctx, Options{
+		Dir:         dir,
+		Nodes:       []NodeSpec{{"node-a", "zone-a"}, {"node-b", "zone-b"}},
+		PauseBinary: pause,
+		WaitForLock: true,
+		Log:         testLog{t},
+		CRDDirs:     []string{},
+		Namespaces:  true,
+		PrepareNode: func(n *Node) error {
+			_, err := n.Run(ctx, "touch /var/lib/meshvol/prepared")
+			prepared[n.Name] = err == nil
+			return err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			if err := c.Stop(); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	for _, n := range c.Nodes {
+		if !prepared[n.Name] {
+			t.Errorf("PrepareNode did not run on %s", n.Name)
+		}
+		if _, err := os.Stat(filepath.Join(n.StateDir(), "prepared")); err != nil {
+			t.Errorf("%s's /var/lib/meshvol is not its own directory: %v", n.Name, err)
+		}
+		var node corev1.Node
+		if err := c.Env.Client.Get(ctx, client.ObjectKey{Name: n.Name}, &node); err != nil {
+			t.Fatal(err)
+		}
+		if len(node.Status.Addresses) == 0 || node.Status.Addresses[0].Address != n.IP {
+			t.Errorf("node %s has addresses %v, want %s", n.Name, node.Status.Addresses, n.IP)
+		}
+	}
+
+	// The same host port on both nodes; the node's own /var/lib/kubelet;
+	// the apiserver through the kubernetes Service's address.
+	script := `set -e
+echo "service $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"
+test -s /var/run/secrets/kubernetes.io/serviceaccount/token
+test -s /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+echo "$NODE" > /host-kubelet/marker
+echo | nc "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" >/dev/null && echo "apiserver reached"
+exec httpd -f -p 7777`
+	for _, n := range c.Nodes {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "look-" + n.Name, Namespace: "default"},
+			Spec: corev1.PodSpec{
+				HostNetwork:                   true,
+				NodeName:                      n.Name,
+				TerminationGracePeriodSeconds: ptr(int64(1)),
+				Containers: []corev1.Container{{
+					Name:         "sh",
+					Image:        BusyboxImage,
+					Command:      []string{"sh", "-c", script},
+					Env:          []corev1.EnvVar{{Name: "NODE", Value: n.Name}},
+					VolumeMounts: []corev1.VolumeMount{{Name: "kubelet", MountPath: "/host-kubelet"}},
+				}},
+				Volumes: []corev1.Volume{{Name: "kubelet", VolumeSource: corev1.VolumeSource{
+					HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/kubelet"}}}},
+			},
+		}
+		if err := c.Env.Client.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range c.Nodes {
+		name := "look-" + n.Name
+		if err := waitFor(ctx, 2*time.Minute, func() (bool, error) {
+			out, err := c.Kubectl(ctx, "logs", name)
+			return err == nil && strings.Contains(out, "apiserver reached"), nil
+		}, name+" to reach the apiserver"); err != nil {
+			out, _ := c.Kubectl(ctx, "describe", "pod", name)
+			logs, _ := c.Kubectl(ctx, "logs", name)
+			t.Fatalf("%v\n%s\n%s", err, out, logs)
+		}
+		out, _ := c.Kubectl(ctx, "logs", name)
+		if !strings.Contains(out, "service 127.0.0.1:443") {
+			t.Errorf("%s: in-cluster configuration %q, want the kubernetes Service at 127.0.0.1:443", name, out)
+		}
+		b, err := os.ReadFile(filepath.Join(n.KubeletRootDir, "marker"))
+		if err != nil || strings.TrimSpace(string(b)) != n.Name {
+			t.Errorf("%s wrote %q to its hostPath /var/lib/kubelet, found in %s (%v)", name, b, n.KubeletRootDir, err)
+		}
+	}
+	// Both still serve port 7777: each node has its own ports.
+	time.Sleep(2 * time.Second)
+	for _, n := range c.Nodes {
+		var p corev1.Pod
+		if err := c.Env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "look-" + n.Name}, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].RestartCount != 0 {
+			t.Errorf("pod %s: phase %s, statuses %+v: the port is not its node's own", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+		}
+		if _, err := n.Run(ctx, "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc 127.0.0.1 7777"); err != nil {
+			t.Errorf("port 7777 on %s: %v", n.Name, err)
+		}
+	}
+
+	if err := c.Node("node-b").Crash(); err != nil {
+		t.Fatal(err)
+	}
+	host := c.host
+	stopped = true
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if left := leftovers(host); len(left) > 0 {
+		t.Fatalf("left on the machine: %v", left)
+	}
+}

@@ -1,0 +1,198 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd"
+)
+
+// Record is one run of the scenario list on one backend.
+type Record struct {
+	Backend string
+	Steps   []Step
+	// Times are each scenario's wall time, in the order they ran.
+	Times []Timing
+	// Figures are what a scenario measured (time to published elsewhere,
+	// bytes checked), one line each.
+	Figures []string
+}
+
+// Timing is one scenario's wall time.
+type Timing struct {
+	Scenario string
+	Took     time.Duration
+}
+
+// Step is what every replica looked like after one step of a scenario.
+type Step struct {
+	Name string
+	Rows []Row
+}
+
+// Row is one replica after a step: what its RVR status says and what DRBD
+// on its node runs (`drbdsetup status`), in the same words on both backends.
+type Row struct {
+	Volume, Node string
+	// RVR is the replica's status: type, role, disk state, quorum, revision.
+	RVR string
+	// Kernel is DRBD's status of the resource on the node: role, disk
+	// state, quorum and each connection with the peer's disk.
+	Kernel string
+}
+
+func (r Row) key() string { return r.Volume + " " + r.Node }
+
+// snapshot records the step: every RVR of the volumes and DRBD's status of
+// them on every node.
+func snapshot(ctx context.Context, b Backend, name string, volumes []string, down map[string]bool) (Step, error) {
+	st := Step{Name: name}
+	rows := map[string]*Row{}
+	row := func(vol, node string) *Row {
+		k := vol + " " + node
+		if rows[k] == nil {
+			rows[k] = &Row{Volume: vol, Node: node, RVR: "-", Kernel: "-"}
+		}
+		return rows[k]
+	}
+	for _, vol := range volumes {
+		var list v1.ReplicatedVolumeReplicaList
+		if err := b.Client().List(ctx, &list, client.MatchingLabels{v1.LabelVolume: vol}); err != nil {
+			return st, err
+		}
+		for _, x := range list.Items {
+			row(vol, x.Spec.NodeName).RVR = rvrSummary(&x)
+		}
+		for _, node := range b.Nodes() {
+			if down[node] {
+				if rows[vol+" "+node] != nil {
+					row(vol, node).Kernel = "node down"
+				}
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			res, err := b.DRBD(node).Status(cctx, vol)
+			cancel()
+			if err != nil || len(res) == 0 {
+				if rows[vol+" "+node] != nil {
+					row(vol, node).Kernel = "not running"
+				}
+				continue
+			}
+			row(vol, node).Kernel = kernelSummary(res[0])
+		}
+	}
+	for _, r := range rows {
+		st.Rows = append(st.Rows, *r)
+	}
+	sort.Slice(st.Rows, func(i, j int) bool { return st.Rows[i].key() < st.Rows[j].key() })
+	return st, nil
+}
+
+func rvrSummary(x *v1.ReplicatedVolumeReplica) string {
+	q := "-"
+	if x.Status.Quorum != nil {
+		q = fmt.Sprint(*x.Status.Quorum)
+	}
+	return fmt.Sprintf("%s %s %s quorum:%s rev:%d", x.Spec.Type, orDash(string(x.Status.Role)), orDash(string(x.Status.DiskState)), q, x.Status.DatameshRevision)
+}
+
+func kernelSummary(r drbd.StatusResource) string {
+	var b strings.Builder
+	b.WriteString(r.Role)
+	if len(r.Devices) > 0 {
+		d := r.Devices[0]
+		fmt.Fprintf(&b, " %s quorum:%v", d.DiskState, d.Quorum)
+	}
+	if r.Suspended {
+		b.WriteString(" suspended")
+	}
+	conns := append([]drbd.StatusConnection(nil), r.Connections...)
+	sort.Slice(conns, func(i, j int) bool { return conns[i].Name < conns[j].Name })
+	for _, c := range conns {
+		fmt.Fprintf(&b, " %s:%s", c.Name, c.ConnectionState)
+		if len(c.PeerDevices) > 0 {
+			fmt.Fprintf(&b, "/%s", c.PeerDevices[0].PeerDiskState)
+		}
+	}
+	return b.String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// Print writes the record step by step.
+func (r *Record) Print(w io.Writer) {
+	fmt.Fprintf(w, "=== scenario run on %s\n", r.Backend)
+	for _, s := range r.Steps {
+		fmt.Fprintf(w, "--- %s\n", s.Name)
+		for _, row := range s.Rows {
+			fmt.Fprintf(w, "    %-14s %-7s rvr: %-44s drbd: %s\n", row.Volume, row.Node, row.RVR, row.Kernel)
+		}
+	}
+	for _, t := range r.Times {
+		fmt.Fprintf(w, "time %-40s %s\n", t.Scenario, t.Took.Round(100*time.Millisecond))
+	}
+	for _, f := range r.Figures {
+		fmt.Fprintf(w, "figure %s\n", f)
+	}
+}
+
+// Compare lists every difference between two runs, step by step: a step one
+// run has and the other lacks, and each replica whose RVR status or DRBD
+// status differs.
+func Compare(a, b *Record) []string {
+	var out []string
+	bs := map[string]Step{}
+	for _, s := range b.Steps {
+		bs[s.Name] = s
+	}
+	seen := map[string]bool{}
+	for _, sa := range a.Steps {
+		seen[sa.Name] = true
+		sb, ok := bs[sa.Name]
+		if !ok {
+			out = append(out, fmt.Sprintf("%s: only on %s", sa.Name, a.Backend))
+			continue
+		}
+		ra, rb := map[string]Row{}, map[string]Row{}
+		var keys []string
+		for _, r := range sa.Rows {
+			ra[r.key()] = r
+			keys = append(keys, r.key())
+		}
+		for _, r := range sb.Rows {
+			rb[r.key()] = r
+			if _, ok := ra[r.key()]; !ok {
+				keys = append(keys, r.key())
+			}
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			x, y := ra[k], rb[k]
+			if x.RVR != y.RVR {
+				out = append(out, fmt.Sprintf("%s: %s rvr: %s %q, %s %q", sa.Name, k, a.Backend, x.RVR, b.Backend, y.RVR))
+			}
+			if x.Kernel != y.Kernel {
+				out = append(out, fmt.Sprintf("%s: %s drbd: %s %q, %s %q", sa.Name, k, a.Backend, x.Kernel, b.Backend, y.Kernel))
+			}
+		}
+	}
+	for _, sb := range b.Steps {
+		if !seen[sb.Name] {
+			out = append(out, fmt.Sprintf("%s: only on %s", sb.Name, b.Backend))
+		}
+	}
+	return out
+}
