@@ -26,6 +26,12 @@ TEST_PKGS     ?= ./...
 FUZZTIME      ?= 30s
 FUZZ_TARGETS  ?=
 BENCH_COUNT   ?= 5
+# `make soak`: the fault campaign (test/soak, docs/soak.md), SEEDS seeds of
+# DURATION each from SEED on; each seed's controller and agent log goes to
+# _output/soak/. `make test` runs one short seed of it.
+SEEDS         ?= 10
+DURATION      ?= 2m
+SEED          ?= 1
 # The model checker's test lives beside the engine, in its own package.
 MODELCHECK_PKG ?= ./pkg/datamesh/modelcheck/
 
@@ -108,6 +114,11 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:Fuzz
 .PHONY: modelcheck
 modelcheck: ## Deep model check of the datamesh engine (about 17 min; timeout 2h)
 	$(GO) test $(MODELCHECK_PKG) -run TestModelCheck -modelcheck.depth=deep -timeout 2h -v
+
+.PHONY: soak
+soak: deps k8s ## Fault campaign on the in-process cluster: SEEDS seeds × DURATION from SEED (root; docs/soak.md; logs in _output/soak)
+	mkdir -p _output/soak
+	$(GO) test ./test/soak/ -run TestSoak -count=1 -v -timeout 0 -args -soak.seeds=$(SEEDS) -soak.seed=$(SEED) -soak.duration=$(DURATION) -soak.logdir=$(CURDIR)/_output/soak 2>&1 | tee _output/soak/soak.log
 
 .PHONY: bench
 bench: k8s ## Benchmarks of ./pkg/..., -count=5 (BENCH_COUNT) for benchstat

@@ -1,6 +1,7 @@
 // Package docs_test checks the repository's documents as a reader follows them: every
-// relative link in a markdown file, and every docs/*.md that a file names, must lead to
-// a file or directory that exists. Links to the web are not followed (no network in
+// relative link in a markdown file, and every repository path that a file names
+// (docs/layouts.md, pkg/datamesh/testdata/scenarios/detach_recheck.txt, ...), must lead
+// to a file or directory that exists. Links to the web are not followed (no network in
 // tests), and anchors (#section) are not checked.
 package docs_test
 
@@ -17,7 +18,7 @@ import (
 // binaries, VCS metadata.
 var skipDirs = map[string]bool{".git": true, "bin": true, "_output": true, "node_modules": true}
 
-// textExt are the files whose mentions of docs/*.md are checked.
+// textExt are the files whose mentions of repository paths are checked.
 var textExt = map[string]bool{".go": true, ".md": true, ".yaml": true, ".yml": true, ".sh": true, ".tpl": true, ".txt": true, ".json": true}
 
 var (
@@ -25,9 +26,10 @@ var (
 	inlineLink = regexp.MustCompile(`!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)`)
 	// refLink is a reference definition: [label]: target
 	refLink = regexp.MustCompile(`^\s{0,3}\[[^\]]+\]:\s+<?(\S+?)>?(?:\s+.*)?$`)
-	// docMention is a repository-relative docs/<name>.md, not part of a longer path.
-	docMention = regexp.MustCompile(`(^|[^A-Za-z0-9_./-])(docs/[A-Za-z0-9_.-]+\.md)`)
-	codeSpan   = regexp.MustCompile("`[^`]*`")
+	// pathMention is a repository-relative path to a file under one of the top-level
+	// directories, not part of a longer path (an import path, ../docs/...).
+	pathMention = regexp.MustCompile(`(^|[^A-Za-z0-9_./-])((?:docs|pkg|internal|cmd|test|hack|charts|deploy|config|sanity)/[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.(?:md|go|txt|sh|yaml|json|tpl))`)
+	codeSpan    = regexp.MustCompile("`[^`]*`")
 )
 
 func repoRoot(t *testing.T) string {
@@ -157,9 +159,9 @@ func TestMarkdownLinksResolve(t *testing.T) {
 	t.Logf("%d markdown files, %d relative links checked", files, links)
 }
 
-// TestCitedDocsExist: every docs/<name>.md that a source file, script, chart or document
-// names (comments cite the docs that way) exists.
-func TestCitedDocsExist(t *testing.T) {
+// TestCitedPathsExist: every repository path that a source file, script, chart or
+// document names (comments cite docs/*.md, scenario files and code that way) exists.
+func TestCitedPathsExist(t *testing.T) {
 	root := repoRoot(t)
 	cites := 0
 	walkText(t, root, func(rel string) {
@@ -167,7 +169,7 @@ func TestCitedDocsExist(t *testing.T) {
 			return
 		}
 		for n, line := range lines(t, filepath.Join(root, rel), false) {
-			for _, m := range docMention.FindAllStringSubmatch(line, -1) {
+			for _, m := range pathMention.FindAllStringSubmatch(line, -1) {
 				cites++
 				if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(m[2]))); err != nil {
 					t.Errorf("%s:%d: cites %s, which does not exist", rel, n+1, m[2])
@@ -176,9 +178,9 @@ func TestCitedDocsExist(t *testing.T) {
 		}
 	})
 	if cites == 0 {
-		t.Fatalf("found no citation of docs/*.md under %s: the walk is broken", root)
+		t.Fatalf("found no citation of a repository path under %s: the walk is broken", root)
 	}
-	t.Logf("%d citations of docs/*.md checked", cites)
+	t.Logf("%d citations of repository paths checked", cites)
 }
 
 func mustRel(root, path string) string {

@@ -64,6 +64,9 @@ type Cluster struct {
 	// devs serves the Primaries' block devices (LoopDevices), from the
 	// first promotion on.
 	devs *devices
+	// twoWriters records, per resource, the moments two unconnected nodes
+	// could both write it (writers.go).
+	twoWriters map[string][]string
 }
 
 type link struct{ a, b string }

@@ -33,6 +33,7 @@ func (c *Cluster) settle() {
 		}
 		r.publish()
 	}
+	c.recordWriters()
 	c.cond.Broadcast()
 }
 

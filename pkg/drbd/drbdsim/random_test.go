@@ -14,7 +14,8 @@ import (
 // (quorum majority, io-error) through random partitions, crashes,
 // graceful downs, promotions, demotions and writes, and checks after every
 // step what DRBD promises with quorum: no UpToDate quorate replica lacks an
-// acknowledged write, and no split brain is ever detected.
+// acknowledged write, no split brain is ever detected, and two nodes never
+// both could write without replicating to each other (TwoWriters).
 func TestRandomFaultsKeepPromises(t *testing.T) {
 	runs, steps := 300, 40
 	if testing.Short() {
@@ -106,6 +107,9 @@ func TestRandomFaultsKeepPromises(t *testing.T) {
 			}
 			if bad, msgs := rg.c.Diverged("r0"); bad {
 				fail("split brain: %v", msgs)
+			}
+			if two := rg.c.TwoWriters("r0"); len(two) > 0 {
+				fail("two writers: %v", two)
 			}
 		}
 	}

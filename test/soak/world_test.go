@@ -1,0 +1,667 @@
+package soak_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/meshvol/meshvol/internal/localcluster"
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
+)
+
+const (
+	nodeCount  = 5
+	maxVolumes = 3
+	volSize    = 64 << 20
+	maxSize    = 160 << 20
+	// attachWait bounds how long a step waits for an attachment; one that takes
+	// longer stays requested and a later "settle" step mounts it.
+	attachWait = 20 * time.Second
+)
+
+// layout is a protection a Manual volume can ask for.
+type layout struct {
+	name      string
+	ftt, gmdr int32
+}
+
+var layouts = []layout{{"1D", 0, 0}, {"2D", 0, 1}, {"2D+1TB", 1, 0}, {"3D", 1, 1}}
+
+// vol is the test's record of one volume: what it asked for, where it is attached,
+// the workload on it and every write the workload had acknowledged.
+type vol struct {
+	name      string
+	layout    layout
+	size      int64
+	node      string // the node of its RVA, "" when none is requested
+	formatted bool
+	sess      *session
+	acked     map[int]int64 // slot → last acknowledged sequence number
+	nextSeq   int64
+}
+
+// session is a mounted filesystem and a writer on it.
+type session struct {
+	node, dev, mnt string
+	w              *writer
+}
+
+// world is one seed's run.
+type world struct {
+	t     *testing.T
+	ctx   context.Context
+	c     *localcluster.Cluster
+	rnd   *rand.Rand
+	seed  uint64
+	pool  string
+	dir   string
+	start time.Time
+
+	mu      sync.Mutex // guards vols' acked maps and stats.acked (writer goroutines)
+	vols    []*vol
+	deleted []string
+	nextVol int
+
+	crashed      map[string]bool
+	agentStopped map[string]bool
+	partitioned  []string
+	failedDisks  map[string]bool // volume/node
+
+	history []string
+	stats   stats
+}
+
+// step records one step of the history, with the time since the seed began.
+func (w *world) step(format string, args ...any) {
+	line := fmt.Sprintf("%7.2fs %s", time.Since(w.start).Seconds(), fmt.Sprintf(format, args...))
+	w.history = append(w.history, line)
+}
+
+// fail stops the seed with the history and the command that replays it.
+func (w *world) fail(format string, args ...any) {
+	w.t.Helper()
+	w.t.Fatalf("seed %d: %s\nreplay: go test ./test/soak/ -run 'TestSoak' -soak.seed=%d -soak.seeds=1 -soak.duration=%s -v\nhistory:\n  %s\nstate:\n%s",
+		w.seed, fmt.Sprintf(format, args...), w.seed, *flagDuration, strings.Join(w.history, "\n  "), w.dump())
+}
+
+func runSeed(t *testing.T, seed uint64, d time.Duration) stats {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := logr.Discard()
+	defer seedLog.Store(nil)
+	if *flagLogDir != "" {
+		f, err := os.Create(filepath.Join(*flagLogDir, fmt.Sprintf("soak-seed-%d.log", seed)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var mu sync.Mutex
+		log = funcr.New(func(prefix, args string) {
+			mu.Lock()
+			fmt.Fprintln(f, time.Now().Format("15:04:05.000"), prefix, args)
+			mu.Unlock()
+		}, funcr.Options{Verbosity: 1})
+		seedLog.Store(&log)
+	}
+	c, err := localcluster.Start(ctx, localcluster.Options{
+		Nodes: nodeCount, NamePrefix: fmt.Sprintf("s%d", seed), LoopDevices: true, Log: log,
+		Controller: localcluster.Controller(controller.Options{AgentGracePeriod: 3 * time.Second}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, ctx: ctx, c: c, seed: seed, rnd: rand.New(rand.NewPCG(seed, 0x736f616b)),
+		pool: "soak", dir: t.TempDir(), start: time.Now(),
+		crashed: map[string]bool{}, agentStopped: map[string]bool{}, failedDisks: map[string]bool{}}
+	t.Cleanup(func() {
+		w.stopAllSessions()
+		if err := c.Stop(); err != nil {
+			t.Errorf("seed %d: stopping the cluster: %v", seed, err)
+		}
+	})
+	if _, err := c.CreatePool(ctx, w.pool); err != nil {
+		t.Fatal(err)
+	}
+	w.step("seed %d: %d nodes, pool %s", seed, nodeCount, w.pool)
+	for time.Since(w.start) < d {
+		w.randomStep()
+		w.checkNow()
+		time.Sleep(time.Duration(w.rnd.IntN(400)) * time.Millisecond)
+	}
+	w.heal()
+	w.checkEnd()
+	w.stats.seeds, w.stats.minutes = 1, d.Minutes()
+	t.Logf("seed %d: %s", seed, w.stats.String())
+	if l := seedLog.Load(); l != nil {
+		l.Info("soak history", "seed", seed, "steps", "\n"+strings.Join(w.history, "\n"))
+	}
+	return w.stats
+}
+
+// randomStep picks the next operation or fault by the seed's generator; the choice
+// depends only on the generator and the test's own record, so the same seed asks for
+// the same kinds of steps (their outcomes depend on timing).
+func (w *world) randomStep() {
+	switch k := w.rnd.IntN(100); {
+	case k < 12:
+		w.create()
+	case k < 26:
+		w.attach()
+	case k < 32:
+		w.detach()
+	case k < 40:
+		w.move()
+	case k < 45:
+		w.expand()
+	case k < 51:
+		w.protect()
+	case k < 55:
+		w.deleteOne()
+	case k < 62:
+		w.settle()
+	case k < 68:
+		w.crash()
+	case k < 74:
+		w.restart()
+	case k < 79:
+		w.partition()
+	case k < 84:
+		w.healNet()
+	case k < 88:
+		w.stopAgent()
+	case k < 91:
+		w.restartAgent()
+	case k < 95:
+		w.restartController()
+	default:
+		w.failDisk()
+	}
+}
+
+func (w *world) pick(n int) int { return w.rnd.IntN(n) }
+
+func (w *world) nodeNames() []string {
+	var out []string
+	for _, n := range w.c.Nodes {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
+// upNodes are the nodes that run and whose agent runs.
+func (w *world) upNodes() []string {
+	var out []string
+	for _, n := range w.nodeNames() {
+		if !w.crashed[n] && !w.agentStopped[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (w *world) volsWhere(pred func(v *vol) bool) []*vol {
+	var out []*vol
+	for _, v := range w.vols {
+		if pred(v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// ---- operations ----
+
+func (w *world) create() {
+	if len(w.vols) >= maxVolumes {
+		return
+	}
+	l := layouts[1+w.pick(len(layouts)-1)]
+	if w.pick(8) == 0 {
+		l = layouts[0]
+	}
+	w.nextVol++
+	v := &vol{name: fmt.Sprintf("s%d-v%d", w.seed, w.nextVol), layout: l, size: volSize, acked: map[int]int64{}}
+	rv := &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: v.name}, Spec: v1.ReplicatedVolumeSpec{
+		Size:              *resource.NewQuantity(v.size, resource.BinarySI),
+		ConfigurationMode: v1.ConfigurationModeManual,
+		ManualConfiguration: &v1.ReplicatedVolumeConfiguration{StoragePool: w.pool,
+			FailuresToTolerate: l.ftt, GuaranteedMinimumDataRedundancy: l.gmdr, Topology: v1.TopologyIgnored},
+		MaxAttachments: 1,
+	}}
+	if err := w.c.Client.Create(w.ctx, rv); err != nil {
+		w.fail("create %s: %v", v.name, err)
+	}
+	w.vols = append(w.vols, v)
+	w.stats.count("op create")
+	w.step("create %s %s", v.name, l.name)
+}
+
+func rvaName(v *vol, node string) string { return v1.AttachmentName(v.name, node) }
+
+func (w *world) attach() {
+	vs := w.volsWhere(func(v *vol) bool { return v.node == "" })
+	up := w.upNodes()
+	if len(vs) == 0 || len(up) == 0 {
+		return
+	}
+	v := vs[w.pick(len(vs))]
+	w.attachOn(v, up[w.pick(len(up))])
+}
+
+func (w *world) attachOn(v *vol, node string) {
+	rva := &v1.ReplicatedVolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: rvaName(v, node), Labels: map[string]string{v1.LabelVolume: v.name, v1.LabelNode: node}},
+		Spec:       v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: v.name, NodeName: node},
+	}
+	if err := w.c.Client.Create(w.ctx, rva); err != nil && !apierrors.IsAlreadyExists(err) {
+		w.fail("attach %s on %s: %v", v.name, node, err)
+	}
+	v.node = node
+	w.stats.count("op attach")
+	w.step("attach %s on %s: %s", v.name, node, w.activate(v, attachWait))
+}
+
+// activate waits (up to d) for v's attachment, mounts its filesystem (formatting it
+// the first time), checks every acknowledged write and starts a writer. It returns
+// what happened, for the history.
+func (w *world) activate(v *vol, d time.Duration) string {
+	if v.sess != nil || v.node == "" {
+		return "already active"
+	}
+	var rva v1.ReplicatedVolumeAttachment
+	deadline := time.Now().Add(d)
+	for {
+		err := w.c.Client.Get(w.ctx, client.ObjectKey{Name: rvaName(v, v.node)}, &rva)
+		if err == nil && rva.Status.Phase == v1.AttachmentAttached && rva.Status.DevicePath != "" && w.role(v.name, v.node) == "Primary" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("pending (phase %q, %s)", rva.Status.Phase, attachedMessage(&rva))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	dev := rva.Status.DevicePath
+	if !v.formatted {
+		if out, err := exec.Command("mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev).CombinedOutput(); err != nil {
+			return fmt.Sprintf("mkfs failed (%v: %s)", err, strings.TrimSpace(string(out)))
+		}
+		v.formatted = true
+	}
+	mnt, err := os.MkdirTemp(w.dir, v.name+"-")
+	if err != nil {
+		w.fail("%v", err)
+	}
+	if out, err := runFor(30*time.Second, "mount", dev, mnt); err != nil {
+		_ = os.Remove(mnt)
+		return fmt.Sprintf("mount failed (%v: %s)", err, out)
+	}
+	n := w.verify(v, mnt)
+	v.nextSeq += 1 << 20 // a new session's numbers are above every earlier one
+	wr, err := startWriter(mnt, v.nextSeq, func(slot int, seq int64) {
+		w.mu.Lock()
+		v.acked[slot] = seq
+		w.stats.acked++
+		w.mu.Unlock()
+	})
+	if err != nil {
+		w.fail("starting a writer: %v", err)
+	}
+	v.sess = &session{node: v.node, dev: dev, mnt: mnt, w: wr}
+	return fmt.Sprintf("attached, mounted, %d acknowledged writes read back", n)
+}
+
+func attachedMessage(rva *v1.ReplicatedVolumeAttachment) string {
+	for _, c := range rva.Status.Conditions {
+		if c.Type == v1.ConditionAttached {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	return "no Attached condition"
+}
+
+// verify reads every slot that had an acknowledged write back from the mounted
+// filesystem: each must hold its last acknowledged sequence number or a later one.
+func (w *world) verify(v *vol, mnt string) int {
+	w.mu.Lock()
+	acked := make(map[int]int64, len(v.acked))
+	for k, s := range v.acked {
+		acked[k] = s
+	}
+	w.mu.Unlock()
+	for slot, want := range acked {
+		got, err := readSlot(filepath.Join(mnt, fmt.Sprintf("s%d", slot)))
+		if err != nil {
+			w.fail("%s: acknowledged write seq %d of slot %d: %v", v.name, want, slot, err)
+		}
+		if got < want {
+			w.fail("%s: slot %d holds seq %d, but seq %d was acknowledged: an acknowledged write is lost", v.name, slot, got, want)
+		}
+		if got > v.nextSeq {
+			v.nextSeq = got
+		}
+	}
+	w.stats.checked += int64(len(acked))
+	return len(acked)
+}
+
+// deactivate stops v's writer and unmounts its filesystem (lazily when the device no
+// longer answers: a crashed node's, or one whose IO is suspended).
+func (w *world) deactivate(v *vol) string {
+	s := v.sess
+	if s == nil {
+		return "no session"
+	}
+	v.sess = nil
+	what := "writer stopped"
+	if s.w.exited() {
+		what = "writer had stopped: " + s.w.lastError()
+	} else if !s.w.stop(10 * time.Second) {
+		what = "writer abandoned (blocked in the kernel)"
+	}
+	if _, err := runFor(20*time.Second, "umount", s.mnt); err != nil {
+		_, _ = runFor(10*time.Second, "umount", "-l", s.mnt)
+		what += ", unmounted lazily"
+	}
+	_ = os.Remove(s.mnt)
+	return what
+}
+
+func (w *world) stopAllSessions() {
+	for _, v := range w.vols {
+		w.deactivate(v)
+	}
+}
+
+func (w *world) detach() {
+	vs := w.volsWhere(func(v *vol) bool { return v.node != "" })
+	if len(vs) == 0 {
+		return
+	}
+	v := vs[w.pick(len(vs))]
+	w.stats.count("op detach")
+	w.step("detach %s from %s: %s", v.name, v.node, w.detachVol(v))
+}
+
+// detachVol ends the session and deletes the RVA, waiting for it to go.
+func (w *world) detachVol(v *vol) string {
+	what := w.deactivate(v)
+	name := rvaName(v, v.node)
+	v.node = ""
+	if err := w.c.Client.Delete(w.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsNotFound(err) {
+		w.fail("detach: %v", err)
+	}
+	deadline := time.Now().Add(attachWait)
+	for time.Now().Before(deadline) {
+		if apierrors.IsNotFound(w.c.Client.Get(w.ctx, client.ObjectKey{Name: name}, &v1.ReplicatedVolumeAttachment{})) {
+			return what + "; detached"
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return what + "; RVA still being detached"
+}
+
+func (w *world) move() {
+	vs := w.volsWhere(func(v *vol) bool { return v.node != "" })
+	if len(vs) == 0 {
+		return
+	}
+	v := vs[w.pick(len(vs))]
+	up := slices.DeleteFunc(w.upNodes(), func(n string) bool { return n == v.node })
+	if len(up) == 0 {
+		return
+	}
+	to := up[w.pick(len(up))]
+	w.stats.count("op move")
+	from := v.node
+	w.step("move %s from %s to %s: %s", v.name, from, to, w.detachVol(v))
+	w.attachOn(v, to)
+}
+
+// updateRV applies change to the volume, retrying on conflicts.
+func (w *world) updateRV(name string, change func(rv *v1.ReplicatedVolume)) error {
+	for {
+		rv := &v1.ReplicatedVolume{}
+		if err := w.c.Client.Get(w.ctx, client.ObjectKey{Name: name}, rv); err != nil {
+			return err
+		}
+		change(rv)
+		err := w.c.Client.Update(w.ctx, rv)
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+}
+
+func (w *world) expand() {
+	vs := w.volsWhere(func(v *vol) bool { return v.size < maxSize })
+	if len(vs) == 0 {
+		return
+	}
+	v := vs[w.pick(len(vs))]
+	v.size += 16 << 20
+	if err := w.updateRV(v.name, func(rv *v1.ReplicatedVolume) { rv.Spec.Size = *resource.NewQuantity(v.size, resource.BinarySI) }); err != nil {
+		w.fail("expand %s: %v", v.name, err)
+	}
+	w.stats.count("op expand")
+	w.step("expand %s to %d MiB", v.name, v.size>>20)
+}
+
+func (w *world) protect() {
+	if len(w.vols) == 0 {
+		return
+	}
+	v := w.vols[w.pick(len(w.vols))]
+	l := layouts[w.pick(len(layouts))]
+	if l == v.layout {
+		return
+	}
+	err := w.updateRV(v.name, func(rv *v1.ReplicatedVolume) {
+		rv.Spec.ManualConfiguration.FailuresToTolerate = l.ftt
+		rv.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = l.gmdr
+	})
+	if err != nil {
+		w.fail("protection of %s: %v", v.name, err)
+	}
+	w.stats.count("op protection")
+	w.step("protection of %s: %s → %s", v.name, v.layout.name, l.name)
+	v.layout = l
+}
+
+func (w *world) deleteOne() {
+	if len(w.vols) == 0 {
+		return
+	}
+	i := w.pick(len(w.vols))
+	v := w.vols[i]
+	what := "not attached"
+	if v.node != "" {
+		what = w.detachVol(v)
+	}
+	if err := w.c.Client.Delete(w.ctx, &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: v.name}}); err != nil && !apierrors.IsNotFound(err) {
+		w.fail("delete %s: %v", v.name, err)
+	}
+	w.vols = slices.Delete(w.vols, i, i+1)
+	w.deleted = append(w.deleted, v.name)
+	w.stats.count("op delete")
+	w.step("delete %s (%s)", v.name, what)
+}
+
+// settle mounts the attachments that completed after their step gave up waiting, and
+// restarts the sessions whose writer stopped (its node crashed, its disk failed).
+func (w *world) settle() {
+	for _, v := range w.vols {
+		if v.sess != nil && v.sess.w.exited() {
+			w.step("session of %s on %s ended: %s", v.name, v.sess.node, w.deactivate(v))
+		}
+		if v.node != "" && v.sess == nil && !w.crashed[v.node] {
+			w.step("settle %s on %s: %s", v.name, v.node, w.activate(v, 3*time.Second))
+		}
+	}
+}
+
+// ---- faults ----
+
+func (w *world) crash() {
+	up := slices.DeleteFunc(w.nodeNames(), func(n string) bool { return w.crashed[n] })
+	if len(up) < nodeCount-1 || len(up) == 0 {
+		return // one node down at a time
+	}
+	n := up[w.pick(len(up))]
+	for _, v := range w.vols {
+		if v.sess != nil && v.sess.node == n {
+			// The machine is gone: its writer and mount go with it. The writer
+			// sees EIO from here on; what it had acknowledged must survive.
+			defer func(v *vol) { w.step("  session of %s on %s: %s", v.name, n, w.deactivate(v)) }(v)
+		}
+	}
+	if err := w.c.CrashNode(n); err != nil {
+		w.step("crash %s: %v", n, err)
+	}
+	w.crashed[n] = true
+	delete(w.agentStopped, n)
+	w.stats.count("fault crash")
+	w.step("crash %s", n)
+}
+
+func (w *world) restart() {
+	var down []string
+	for _, n := range w.nodeNames() {
+		if w.crashed[n] {
+			down = append(down, n)
+		}
+	}
+	if len(down) == 0 {
+		return
+	}
+	n := down[w.pick(len(down))]
+	if err := w.c.RestartNode(n); err != nil {
+		w.step("restart %s: %v", n, err)
+	}
+	delete(w.crashed, n)
+	w.stats.count("fault restart")
+	w.step("restart %s", n)
+}
+
+func (w *world) partition() {
+	names := w.nodeNames()
+	w.rnd.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
+	side := names[:1+w.pick(2)]
+	w.c.Partition(side...)
+	w.partitioned = append(w.partitioned, side...)
+	w.stats.count("fault partition")
+	w.step("partition %v from the rest", side)
+}
+
+func (w *world) healNet() {
+	if len(w.partitioned) == 0 {
+		return
+	}
+	w.c.Heal()
+	w.partitioned = nil
+	w.stats.count("fault heal")
+	w.step("heal the network")
+}
+
+// stopAgent cuts a node from the control plane while its DRBD keeps its peers: the
+// agent stops (no Lease renewal, no reports), the kernel runs on.
+func (w *world) stopAgent() {
+	up := w.upNodes()
+	if len(up) < nodeCount-1 {
+		return
+	}
+	n := up[w.pick(len(up))]
+	if err := w.c.StopAgent(n); err != nil {
+		w.step("control-plane cut of %s: %v", n, err)
+	}
+	w.agentStopped[n] = true
+	w.stats.count("fault control-plane-cut")
+	w.step("control-plane cut of %s (agent stopped, DRBD runs)", n)
+}
+
+func (w *world) restartAgent() {
+	var cands []string
+	for _, n := range w.nodeNames() {
+		if !w.crashed[n] {
+			cands = append(cands, n)
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	n := cands[w.pick(len(cands))]
+	if err := w.c.RestartAgent(n); err != nil {
+		w.step("restart agent %s: %v", n, err)
+	}
+	was := w.agentStopped[n]
+	delete(w.agentStopped, n)
+	w.stats.count("fault agent-restart")
+	w.step("restart agent of %s (was cut: %v)", n, was)
+}
+
+func (w *world) restartController() {
+	if err := w.c.StopController(); err != nil {
+		w.step("stop controller: %v", err)
+	}
+	time.Sleep(time.Duration(w.pick(1500)) * time.Millisecond)
+	w.c.StartController()
+	w.stats.count("fault controller-restart")
+	w.step("restart the controller")
+}
+
+func (w *world) failDisk() {
+	if len(w.vols) == 0 || len(w.failedDisks) > 0 {
+		return // one failed disk per seed at a time
+	}
+	v := w.vols[w.pick(len(w.vols))]
+	var rvrs v1.ReplicatedVolumeReplicaList
+	if err := w.c.Client.List(w.ctx, &rvrs, client.MatchingLabels{v1.LabelVolume: v.name}); err != nil {
+		w.fail("%v", err)
+	}
+	var on []string
+	for _, r := range rvrs.Items {
+		if r.Spec.Type == v1.ReplicaTypeDiskful && !w.crashed[r.Spec.NodeName] {
+			on = append(on, r.Spec.NodeName)
+		}
+	}
+	if len(on) == 0 {
+		return
+	}
+	slices.Sort(on)
+	n := on[w.pick(len(on))]
+	err := w.c.FailDisk(n, v.name)
+	w.failedDisks[v.name+"/"+n] = true
+	w.stats.count("fault disk-failure")
+	w.step("fail the disk of %s on %s (%v)", v.name, n, err)
+}
+
+func (w *world) role(volume, node string) string {
+	st, err := w.c.Node(node).Sim.Status(w.ctx, volume)
+	if err != nil || len(st) != 1 {
+		return "not running"
+	}
+	return st[0].Role
+}
+
+// runFor runs a command with a deadline and returns its combined output.
+func runFor(d time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
