@@ -16,11 +16,12 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh"
+	"github.com/meshvol/meshvol/pkg/placement"
 )
 
 // This file is the volume reconciler's replica step, the I/O side of placement: it
 // creates, deletes and retypes RVRs to carry out what the engine wants. Where new
-// replicas go is placement.go's to decide (Place, PlaceAccess: pure, no client).
+// replicas go is pkg/placement's to decide (Place, CheckAccess: pure, no client).
 
 // replicaWrites are the replicas one placement step created and deleted: the next
 // reconcile must find them in its cache (waitForCache).
@@ -94,15 +95,15 @@ func (c *Controller) carryOut(ctx context.Context, v *volume, work *v1.Replicate
 }
 
 // createAccess creates an Access replica on the node of its attachment, unless that node
-// cannot take one (PlaceAccess): then accessRefused says why, for the RVA's condition.
+// cannot take one (placement.CheckAccess): then accessRefused says why, for the RVA's condition.
 func (c *Controller) createAccess(ctx context.Context, v *volume, work *v1.ReplicatedVolume, want datamesh.WantedReplica, accessRefused map[string]string, w *replicaWrites) error {
 	nodes, err := c.placementNodes(ctx, v, work)
 	if err != nil {
 		return err
 	}
-	if err := PlaceAccess(want.NodeName, existingReplicas(v), nodes); err != nil {
+	if err := placement.CheckAccess(want.NodeName, existingReplicas(v), nodes); err != nil {
 		accessRefused[want.NodeName] = err.Error()
-		placementFailures.WithLabelValues(ConstraintAccessNode).Inc()
+		placementFailures.WithLabelValues(placement.ConstraintAccessNode).Inc()
 		return nil
 	}
 	if err := c.applyRVR(ctx, v.rv, want.NodeName, v1.ReplicaTypeAccess, nil, ""); err != nil {
@@ -177,15 +178,15 @@ func (c *Controller) placeMembers(ctx context.Context, v *volume, work *v1.Repli
 		if v.configWhy != "" {
 			refusal = v.configWhy
 		}
-		v.setCondition(work, v1.ConditionScheduled, false, ConstraintNoEligibleNodes, refusal)
+		v.setCondition(work, v1.ConditionScheduled, false, placement.ConstraintNoEligibleNodes, refusal)
 		return refusal, nil
 	}
 	in, err := c.placementInput(ctx, v, work, need)
 	if err != nil {
 		return "", err
 	}
-	placed, err := Place(in)
-	var pe *PlacementError
+	placed, err := placement.Place(in)
+	var pe *placement.Error
 	if errors.As(err, &pe) {
 		placementFailures.WithLabelValues(pe.Constraint).Inc()
 		if v.setCondition(work, v1.ConditionScheduled, false, pe.Constraint, pe.Message) {
@@ -205,12 +206,12 @@ func (c *Controller) placeMembers(ctx context.Context, v *volume, work *v1.Repli
 }
 
 // placementInput is what Place needs to know about the volume and the cluster.
-func (c *Controller) placementInput(ctx context.Context, v *volume, work *v1.ReplicatedVolume, need memberNeed) (PlacementInput, error) {
+func (c *Controller) placementInput(ctx context.Context, v *volume, work *v1.ReplicatedVolume, need memberNeed) (placement.Input, error) {
 	nodes, err := c.placementNodes(ctx, v, work)
 	if err != nil {
-		return PlacementInput{}, err
+		return placement.Input{}, err
 	}
-	in := PlacementInput{Config: *work.Status.Configuration, Size: v.rv.Spec.Size, Existing: existingReplicas(v),
+	in := placement.Input{Config: *work.Status.Configuration, Size: v.rv.Spec.Size, Existing: existingReplicas(v),
 		Diskful: need.diskful, TieBreaker: need.tieBreaker, Nodes: nodes}
 	for _, a := range v.rvas {
 		if a.DeletionTimestamp == nil {
@@ -225,7 +226,7 @@ func (c *Controller) placementInput(ctx context.Context, v *volume, work *v1.Rep
 
 // createPlaced creates the replicas Place chose, with the engine's first reason in the
 // events.
-func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []Placement, reasons []string, w *replicaWrites) error {
+func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []placement.Choice, reasons []string, w *replicaWrites) error {
 	why := ""
 	if len(reasons) > 0 {
 		why = ": " + reasons[0]
@@ -258,11 +259,11 @@ func (c *Controller) nothingToPlace(ctx context.Context, v *volume, work *v1.Rep
 	return nil
 }
 
-func existingReplicas(v *volume) []PlacedReplica {
-	out := make([]PlacedReplica, 0, len(v.rvrs))
+func existingReplicas(v *volume) []placement.Replica {
+	out := make([]placement.Replica, 0, len(v.rvrs))
 	for _, r := range v.rvrs {
 		if r.Spec.NodeName != "" {
-			out = append(out, PlacedReplica{Node: r.Spec.NodeName, Type: r.Spec.Type, Deleting: r.DeletionTimestamp != nil})
+			out = append(out, placement.Replica{Node: r.Spec.NodeName, Type: r.Spec.Type, Deleting: r.DeletionTimestamp != nil})
 		}
 	}
 	return out
@@ -272,7 +273,7 @@ func existingReplicas(v *volume) []PlacedReplica {
 // or an agent Lease): pool membership and capacity from the pool's eligible nodes, the
 // load from the replica index, and the capacity of replicas placed but not yet backed
 // taken off the reported free space (the agent reports it only once it created them).
-func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.ReplicatedVolume) ([]PlacementNode, error) {
+func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.ReplicatedVolume) ([]placement.Node, error) {
 	alg := ""
 	if ss := work.Status.Datamesh.SharedSecret; ss != nil {
 		alg = ss.Algorithm
@@ -289,9 +290,9 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 		names[n] = true
 	}
 	sizes := map[string]int64{} // RV name → size, read once per reconcile
-	var out []PlacementNode
+	var out []placement.Node
 	for n := range names {
-		pn := PlacementNode{Name: n, Zone: nodeZone(v.nodes[n], v.leases[n]), AgentLive: v.liveness(n).Live, HMACOK: offersAlgorithm(v, n, alg),
+		pn := placement.Node{Name: n, Zone: nodeZone(v.nodes[n], v.leases[n]), AgentLive: v.liveness(n).Live, HMACOK: offersAlgorithm(v, n, alg),
 			Cordoned: Cordoned(v.nodes[n])}
 		if e, ok := eligible[n]; ok {
 			pn.InPool, pn.PoolReady, pn.Zone = true, e.Ready, e.Zone
@@ -320,7 +321,7 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 					}
 					sizes[r.Spec.ReplicatedVolumeName] = size
 				}
-				pn.Free -= size
+				pn.Free -= placement.BackingBytes(size)
 			}
 		}
 		out = append(out, pn)
@@ -359,7 +360,7 @@ func (c *Controller) eventuallyLocal(ctx context.Context, v *volume, work *v1.Re
 		ok := false
 		for _, n := range nodes {
 			if n.Name == m.NodeName {
-				ok = n.InPool && n.PoolReady && n.AgentLive && !n.Cordoned && n.HasFree && n.Free >= v.rv.Spec.Size.Value() &&
+				ok = n.InPool && n.PoolReady && n.AgentLive && !n.Cordoned && n.HasFree && placement.Fits(n.Free, v.rv.Spec.Size.Value()) &&
 					(len(cfg.Zones) == 0 || slices.Contains(cfg.Zones, n.Zone))
 			}
 		}

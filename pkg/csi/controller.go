@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 
@@ -22,11 +21,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
-	"github.com/meshvol/meshvol/pkg/drbd"
 )
-
-// PublishContextDevicePath is the publish_context key carrying the device path.
-const PublishContextDevicePath = "devicePath"
 
 // annotationReadonly on an RVA records ControllerPublish's readonly flag, so a retry
 // with a different flag is told AlreadyExists instead of silently succeeding.
@@ -160,84 +155,6 @@ func (c *Controller) getRSC(ctx context.Context, name string) (*v1.ReplicatedSto
 	return rsc, nil
 }
 
-// poolNode is one eligible node of a pool with what a volume could use there.
-type poolNode struct {
-	name, zone string
-	usable     int64 // after DRBD metadata
-	known      bool  // the controller reported free capacity
-}
-
-// poolNodes lists the ready, schedulable nodes of the class's pool inside its zones.
-func (c *Controller) poolNodes(ctx context.Context, rsc *v1.ReplicatedStorageClass) ([]poolNode, error) {
-	rsp := &v1.ReplicatedStoragePool{}
-	if err := c.Client.Get(ctx, client.ObjectKey{Name: rsc.Spec.StoragePool}, rsp); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, internal("reading ReplicatedStoragePool "+rsc.Spec.StoragePool, err)
-	}
-	var out []poolNode
-	for _, n := range rsp.Status.EligibleNodes {
-		if !n.Ready || n.Unschedulable {
-			continue
-		}
-		if len(rsc.Spec.Zones) > 0 && !slices.Contains(rsc.Spec.Zones, n.Zone) {
-			continue
-		}
-		p := poolNode{name: n.NodeName, zone: n.Zone}
-		if n.FreeCapacity != nil {
-			p.known = true
-			p.usable = drbd.UsableBytes(n.FreeCapacity.Value(), v1.DRBDMaxPeers)
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
-
-// segmentMatches says whether a node in zone lies inside segment s.
-func segmentMatches(s v1.TopologySegment, node, zone string) bool {
-	return (s.NodeName == "" || s.NodeName == node) && (s.Zone == "" || s.Zone == zone)
-}
-
-// checkCapacity refuses, with ResourceExhausted, a volume that no set of the pool's
-// nodes can hold: the layout needs its diskful replicas on distinct nodes, each with
-// the size plus DRBD metadata free, and with volumeAccess Local one of them inside a
-// requisite segment. A node whose free space the controller has not reported yet
-// counts as fitting: only what is known not to fit is refused, placement decides
-// the rest.
-func (c *Controller) checkCapacity(ctx context.Context, rsc *v1.ReplicatedStorageClass, l layout.Layout, r createRequest) error {
-	nodes, err := c.poolNodes(ctx, rsc)
-	if err != nil {
-		return err
-	}
-	need := l.DiskfulCount()
-	var fit []poolNode
-	for _, n := range nodes {
-		if !n.known || n.usable >= r.size {
-			fit = append(fit, n)
-		}
-	}
-	size := resource.NewQuantity(r.size, resource.BinarySI).String()
-	if len(fit) < need {
-		return status.Errorf(codes.ResourceExhausted,
-			"capacity: pool %q has %d ready node(s) with room for a %s volume (plus DRBD metadata); layout %s needs %d diskful replicas on distinct nodes",
-			rsc.Spec.StoragePool, len(fit), size, l, need)
-	}
-	if r.hints != nil && len(r.hints.Requisite) > 0 && rsc.Spec.VolumeAccess == v1.VolumeAccessLocal {
-		for _, n := range fit {
-			for _, s := range r.hints.Requisite {
-				if segmentMatches(s, n.name, n.zone) {
-					return nil
-				}
-			}
-		}
-		return status.Errorf(codes.ResourceExhausted,
-			"accessibility_requirements.requisite: volumeAccess is Local and no node of pool %q inside the requisite segments has room for a %s volume",
-			rsc.Spec.StoragePool, size)
-	}
-	return nil
-}
-
 func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRequest) (*csipb.CreateVolumeResponse, error) {
 	r, err := validateCreate(req)
 	if err != nil {
@@ -269,33 +186,12 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		if err := c.checkCapacity(ctx, rsc, l, r); err != nil {
 			return nil, err
 		}
-		if rv, err = c.createRV(ctx, r); err != nil {
+		if err := c.createRV(ctx, r); err != nil {
 			return nil, err
 		}
 		created = true
 	}
-	var why string
-	err = waitRPC(ctx, func() (bool, error) {
-		cur, err := c.getRV(ctx, r.rvName)
-		if err != nil {
-			return false, err
-		}
-		if cur == nil && created {
-			// The informer has not seen our create yet.
-			why = "the new volume is not in the informer cache yet"
-			return false, nil
-		}
-		if cur == nil || cur.DeletionTimestamp != nil {
-			return false, status.Errorf(codes.Aborted, "volume %q was deleted while it was being created; retry", r.rvName)
-		}
-		rv = cur
-		var ok bool
-		ok, why = formed(cur)
-		return ok, nil
-	}, func() string {
-		return fmt.Sprintf("volume %q is still forming (%s); a retry waits for it", r.rvName, why)
-	})
-	if err != nil {
+	if rv, err = c.waitFormed(ctx, r.rvName, created); err != nil {
 		return nil, err
 	}
 	top, err := c.accessibleTopology(ctx, rv, rsc)
@@ -307,6 +203,34 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		CapacityBytes:      reportedSize(rv, req.GetCapacityRange()),
 		AccessibleTopology: top,
 	}}, nil
+}
+
+// waitFormed waits (bounded by ctx) until the controller reports the volume Formed and
+// returns it as it is then. created: this call created the RV, so not finding it means
+// the informer lags, not that someone deleted it.
+func (c *Controller) waitFormed(ctx context.Context, name string, created bool) (*v1.ReplicatedVolume, error) {
+	var rv *v1.ReplicatedVolume
+	var why string
+	err := waitRPC(ctx, func() (bool, error) {
+		cur, err := c.getRV(ctx, name)
+		if err != nil {
+			return false, err
+		}
+		if cur == nil && created {
+			why = "the new volume is not in the informer cache yet"
+			return false, nil
+		}
+		if cur == nil || cur.DeletionTimestamp != nil {
+			return false, status.Errorf(codes.Aborted, "volume %q was deleted while it was being created; retry", name)
+		}
+		rv = cur
+		var ok bool
+		ok, why = formed(cur)
+		return ok, nil
+	}, func() string {
+		return fmt.Sprintf("volume %q is still forming (%s); a retry waits for it", name, why)
+	})
+	return rv, err
 }
 
 // reportedSize is the volume's CapacityBytes unless that exceeds the request's limit (a device
@@ -341,7 +265,7 @@ func compatible(rv *v1.ReplicatedVolume, r createRequest, cr *csipb.CapacityRang
 	return nil
 }
 
-func (c *Controller) createRV(ctx context.Context, r createRequest) (*v1.ReplicatedVolume, error) {
+func (c *Controller) createRV(ctx context.Context, r createRequest) error {
 	rv := &v1.ReplicatedVolume{
 		ObjectMeta: metav1.ObjectMeta{
 			// No finalizer here: the controller adds and releases its own by server-side
@@ -365,14 +289,14 @@ func (c *Controller) createRV(ctx context.Context, r createRequest) (*v1.Replica
 	if err := c.Client.Create(ctx, rv, client.FieldOwner(v1.FieldManagerCSI)); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Created meanwhile by someone else (the cache lagged): let the retry decide.
-			return nil, status.Errorf(codes.Aborted, "name: volume %q appeared while it was being created; retry", r.rvName)
+			return status.Errorf(codes.Aborted, "name: volume %q appeared while it was being created; retry", r.rvName)
 		}
 		if apierrors.IsInvalid(err) {
-			return nil, invalid("creating ReplicatedVolume %q: %v", r.rvName, err)
+			return invalid("creating ReplicatedVolume %q: %v", r.rvName, err)
 		}
-		return nil, internal("creating ReplicatedVolume "+r.rvName, err)
+		return internal("creating ReplicatedVolume "+r.rvName, err)
 	}
-	return rv, nil
+	return nil
 }
 
 // agentNodes lists nodes that run an agent, from their Leases.
@@ -484,15 +408,21 @@ func (c *Controller) leaseExists(ctx context.Context, node string) (bool, error)
 	return true, nil
 }
 
+// ControllerPublishVolume attaches a volume to a node: it checks that the node runs an
+// agent and the volume may be attached there, creates the RVA <rv>-<node> (or finds the
+// one a previous call made) and waits until the controller reports it Attached
+// (docs/contract.md "Attachments").
+//
+// The answer carries no publish_context. The CO keeps a publish context in the
+// VolumeAttachment and hands it to NodeStageVolume later, possibly after the agent
+// restarted, the device was re-created or the volume was detached and attached again: a
+// device path from it may name a device that is no longer this volume's. NodeStageVolume
+// reads the node's own RVR instead, which its agent keeps current, and uses the device
+// only once that RVR reports Primary, so the path it stages is never older than the
+// promotion it depends on.
 func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.ControllerPublishVolumeRequest) (*csipb.ControllerPublishVolumeResponse, error) {
 	id, node := req.GetVolumeId(), req.GetNodeId()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	if node == "" {
-		return nil, invalid("node_id: required")
-	}
-	if err := checkCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+	if err := validatePublish(req); err != nil {
 		return nil, err
 	}
 	release, err := c.guard.acquire(id, "ControllerPublishVolume")
@@ -500,6 +430,35 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		return nil, err
 	}
 	defer release()
+	rv, err := c.publishable(ctx, id, node, req.GetVolumeCapability().GetAccessMode().GetMode())
+	if err != nil {
+		return nil, err
+	}
+	created, err := c.ensureAttachment(ctx, rv, node, fmt.Sprint(req.GetReadonly()))
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitAttached(ctx, id, node, created); err != nil {
+		return nil, err
+	}
+	return &csipb.ControllerPublishVolumeResponse{}, nil
+}
+
+// validatePublish checks the request's own fields.
+func validatePublish(req *csipb.ControllerPublishVolumeRequest) error {
+	if err := requireVolumeID(req.GetVolumeId()); err != nil {
+		return err
+	}
+	if req.GetNodeId() == "" {
+		return invalid("node_id: required")
+	}
+	return checkCapability("volume_capability", req.GetVolumeCapability())
+}
+
+// publishable returns the volume if it may be attached to node at all: it exists and is
+// not being deleted, an agent runs on the node, and a multi-node access mode meets a
+// volume created for it.
+func (c *Controller) publishable(ctx context.Context, id, node string, mode csipb.VolumeCapability_AccessMode_Mode) (*v1.ReplicatedVolume, error) {
 	rv, err := c.existingRV(ctx, id)
 	if err != nil {
 		return nil, err
@@ -515,61 +474,68 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if rv.DeletionTimestamp != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume_id: volume %q is being deleted", id)
 	}
-	mode := req.GetVolumeCapability().GetAccessMode().GetMode()
 	if mode == csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER && rv.Spec.MaxAttachments < 2 {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume_capability.access_mode: volume %q was not created for multi-node access", id)
 	}
-	ro := fmt.Sprint(req.GetReadonly())
+	return rv, nil
+}
+
+// ensureAttachment finds the volume's RVA on node, or creates it if the volume's other
+// attachments leave room for one. created says whether this call created it (the
+// informer may not show it yet). ro is the request's readonly flag, kept on the RVA so
+// that a retry with a different flag is refused.
+func (c *Controller) ensureAttachment(ctx context.Context, rv *v1.ReplicatedVolume, node, ro string) (created bool, err error) {
+	id := rv.Name
 	rvas, err := c.attachmentsOf(ctx, id)
 	if err != nil {
-		return nil, err
+		return false, err
+	}
+	var others []string
+	for i := range rvas {
+		a := &rvas[i]
+		if a.Spec.NodeName != node {
+			others = append(others, a.Spec.NodeName)
+			continue
+		}
+		if a.DeletionTimestamp != nil {
+			return false, status.Errorf(codes.Aborted, "volume %q is being unpublished from node %q; retry", id, node)
+		}
+		if a.Annotations[annotationReadonly] != ro {
+			return false, status.Errorf(codes.AlreadyExists, "readonly: volume %q is published to node %q with readonly=%s", id, node, a.Annotations[annotationReadonly])
+		}
+		return false, nil
+	}
+	limit := max(int(rv.Spec.MaxAttachments), 1)
+	if len(others) >= limit {
+		return false, status.Errorf(codes.FailedPrecondition, "node_id: volume %q is already published to node(s) %s and allows %d attachment(s)",
+			id, strings.Join(others, ", "), limit)
 	}
 	name := v1.AttachmentName(id, node)
-	var mine *v1.ReplicatedVolumeAttachment
-	var others []string
-	created := false
-	for i := range rvas {
-		if rvas[i].Spec.NodeName == node {
-			mine = &rvas[i]
-		} else {
-			others = append(others, rvas[i].Spec.NodeName)
-		}
+	rva := &v1.ReplicatedVolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Labels:      map[string]string{v1.LabelVolume: id, v1.LabelNode: node},
+			Annotations: map[string]string{annotationReadonly: ro},
+		},
+		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: id, NodeName: node},
 	}
-	if mine != nil {
-		if mine.DeletionTimestamp != nil {
-			return nil, status.Errorf(codes.Aborted, "volume %q is being unpublished from node %q; retry", id, node)
+	if err := c.Client.Create(ctx, rva, client.FieldOwner(v1.FieldManagerCSI)); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return false, status.Errorf(codes.Aborted, "ReplicatedVolumeAttachment %q appeared meanwhile; retry", name)
 		}
-		if mine.Annotations[annotationReadonly] != ro {
-			return nil, status.Errorf(codes.AlreadyExists, "readonly: volume %q is published to node %q with readonly=%s", id, node, mine.Annotations[annotationReadonly])
-		}
-	} else {
-		max := int(rv.Spec.MaxAttachments)
-		if max < 1 {
-			max = 1
-		}
-		if len(others) >= max {
-			return nil, status.Errorf(codes.FailedPrecondition, "node_id: volume %q is already published to node(s) %s and allows %d attachment(s)",
-				id, strings.Join(others, ", "), max)
-		}
-		rva := &v1.ReplicatedVolumeAttachment{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:        name,
-				Labels:      map[string]string{v1.LabelVolume: id, v1.LabelNode: node},
-				Annotations: map[string]string{annotationReadonly: ro},
-			},
-			Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: id, NodeName: node},
-		}
-		if err := c.Client.Create(ctx, rva, client.FieldOwner(v1.FieldManagerCSI)); err != nil {
-			if apierrors.IsAlreadyExists(err) {
-				return nil, status.Errorf(codes.Aborted, "ReplicatedVolumeAttachment %q appeared meanwhile; retry", name)
-			}
-			return nil, internal("creating ReplicatedVolumeAttachment "+name, err)
-		}
-		created = true
+		return false, internal("creating ReplicatedVolumeAttachment "+name, err)
 	}
+	return true, nil
+}
+
+// waitAttached waits (bounded by ctx) until the controller reports the volume's RVA on
+// node Attached, with the device the attached replica reports, so that NodeStageVolume
+// finds a Primary to stage. created: this call created the RVA, so not finding it
+// means the informer lags, not that someone deleted it.
+func (c *Controller) waitAttached(ctx context.Context, id, node string, created bool) error {
+	name := v1.AttachmentName(id, node)
 	var last v1.ReplicatedVolumeAttachmentStatus
-	var dev string
-	err = waitRPC(ctx, func() (bool, error) {
+	return waitRPC(ctx, func() (bool, error) {
 		var a v1.ReplicatedVolumeAttachment
 		if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, &a); err != nil {
 			if apierrors.IsNotFound(err) && created {
@@ -581,15 +547,10 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 			return false, internal("reading ReplicatedVolumeAttachment "+name, err)
 		}
 		last = a.Status
-		dev = a.Status.DevicePath
-		return a.Status.Phase == v1.AttachmentAttached && dev != "", nil
+		return a.Status.Phase == v1.AttachmentAttached && a.Status.DevicePath != "", nil
 	}, func() string {
 		return fmt.Sprintf("volume %q is not attached to node %q yet (%s); a retry waits for it", id, node, attachProgress(last))
 	})
-	if err != nil {
-		return nil, err
-	}
-	return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{PublishContextDevicePath: dev}}, nil
 }
 
 func attachProgress(st v1.ReplicatedVolumeAttachmentStatus) string {
@@ -710,56 +671,6 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		CapacityBytes:         rv.CapacityBytes(),
 		NodeExpansionRequired: req.GetVolumeCapability().GetBlock() == nil,
 	}, nil
-}
-
-// checkGrowth refuses, with ResourceExhausted and before spec.size changes (it
-// never shrinks again), a size that a diskful replica's node is known not to have
-// room for: its backing volume grows to drbd.BackingBytes(want) from what it has,
-// out of the pool's free space on that node (RSP status), the rule CreateVolume's
-// checkCapacity applies. A node or a backing volume not reported yet counts as
-// fitting; the agent then says what it cannot do.
-func (c *Controller) checkGrowth(ctx context.Context, rv *v1.ReplicatedVolume, want int64) error {
-	cfg := rv.Status.Configuration
-	if cfg == nil || cfg.StoragePool == "" {
-		return nil
-	}
-	rsp := &v1.ReplicatedStoragePool{}
-	if err := c.Client.Get(ctx, client.ObjectKey{Name: cfg.StoragePool}, rsp); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return internal("reading ReplicatedStoragePool "+cfg.StoragePool, err)
-	}
-	free := map[string]int64{}
-	for _, n := range rsp.Status.EligibleNodes {
-		if n.FreeCapacity != nil {
-			free[n.NodeName] = n.FreeCapacity.Value()
-		}
-	}
-	need := drbd.BackingBytes(want, v1.DRBDMaxPeers)
-	for _, m := range rv.Status.Datamesh.Members {
-		f, known := free[m.NodeName]
-		if !m.Type.HasDisk() || !known {
-			continue
-		}
-		var r v1.ReplicatedVolumeReplica
-		if err := c.Client.Get(ctx, client.ObjectKey{Name: m.Name}, &r); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			return internal("reading ReplicatedVolumeReplica "+m.Name, err)
-		}
-		b := r.Status.BackingVolume
-		if b == nil {
-			continue
-		}
-		if more := need - b.Size.Value(); more > f {
-			return status.Errorf(codes.ResourceExhausted,
-				"capacity_range.required_bytes: growing to %d bytes needs %d more bytes of storage pool %q on node %s (replica %s's backing volume from %d to %d bytes, DRBD metadata included); it has %d free",
-				want, more, cfg.StoragePool, m.NodeName, m.Name, b.Size.Value(), need, f)
-		}
-	}
-	return nil
 }
 
 // applySize raises spec.size with a server-side apply of that one field.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/placement"
 )
 
 // GetCapacity answers for the class the parameters name, inside the requested
@@ -64,7 +65,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequ
 			continue
 		}
 		all = append(all, n.usable)
-		in := seg == nil || segmentMatches(*seg, n.name, n.zone)
+		in := seg == nil || placement.SegmentMatches(*seg, n.name, n.zone)
 		if in && n.usable > bestInSeg {
 			bestInSeg = n.usable
 		}

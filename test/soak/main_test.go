@@ -29,7 +29,7 @@ import (
 
 var (
 	flagSeeds    = flag.Int("soak.seeds", 1, "number of seeds to run, from -soak.seed on")
-	flagSeed     = flag.Uint64("soak.seed", 1, "first seed (replay one: -soak.seeds=1 -soak.seed=N)")
+	flagSeed     = flag.Uint64("soak.seed", 1, "first seed, from 1 (replay one: -soak.seeds=1 -soak.seed=N)")
 	flagDuration = flag.Duration("soak.duration", 50*time.Second, "time each seed spends injecting faults and operations")
 	flagLogDir   = flag.String("soak.logdir", "", "directory for each seed's controller and agent log (default none)")
 )
@@ -105,6 +105,9 @@ func needs(t *testing.T) {
 
 func TestSoak(t *testing.T) {
 	needs(t)
+	if *flagSeed == 0 {
+		t.Fatal("-soak.seed: seeds start at 1")
+	}
 	var total stats
 	var failed []uint64
 	for i := range *flagSeeds {

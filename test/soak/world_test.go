@@ -87,6 +87,14 @@ type world struct {
 	stats   stats
 }
 
+// replay is the command that runs this seed (or this reproduction) again.
+func (w *world) replay() string {
+	if w.seed == 0 {
+		return fmt.Sprintf("go test ./test/soak/ -run '^%s$' -v", w.t.Name())
+	}
+	return fmt.Sprintf("go test ./test/soak/ -run TestSoak -soak.seed=%d -soak.seeds=1 -soak.duration=%s -v", w.seed, *flagDuration)
+}
+
 // step records one step of the history, with the time since the seed began.
 func (w *world) step(format string, args ...any) {
 	line := fmt.Sprintf("%7.2fs %s", time.Since(w.start).Seconds(), fmt.Sprintf(format, args...))
@@ -96,8 +104,8 @@ func (w *world) step(format string, args ...any) {
 // fail stops the seed with the history and the command that replays it.
 func (w *world) fail(format string, args ...any) {
 	w.t.Helper()
-	w.t.Fatalf("seed %d: %s\nreplay: go test ./test/soak/ -run 'TestSoak' -soak.seed=%d -soak.seeds=1 -soak.duration=%s -v\nhistory:\n  %s\nstate:\n%s",
-		w.seed, fmt.Sprintf(format, args...), w.seed, *flagDuration, strings.Join(w.history, "\n  "), w.dump())
+	w.t.Fatalf("%s: %s\nreplay: %s\nhistory:\n  %s\nstate:\n%s",
+		w.t.Name(), fmt.Sprintf(format, args...), w.replay(), strings.Join(w.history, "\n  "), w.dump())
 }
 
 func runSeed(t *testing.T, seed uint64, d time.Duration) stats {
@@ -235,6 +243,11 @@ func (w *world) create() {
 	if w.pick(8) == 0 {
 		l = layouts[0]
 	}
+	w.createLayout(l)
+}
+
+// createLayout creates a Manual volume of layout l.
+func (w *world) createLayout(l layout) *vol {
 	w.nextVol++
 	v := &vol{name: fmt.Sprintf("s%d-v%d", w.seed, w.nextVol), layout: l, size: volSize, acked: map[int]int64{}}
 	rv := &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: v.name}, Spec: v1.ReplicatedVolumeSpec{
@@ -250,6 +263,7 @@ func (w *world) create() {
 	w.vols = append(w.vols, v)
 	w.stats.count("op create")
 	w.step("create %s %s", v.name, l.name)
+	return v
 }
 
 func rvaName(v *vol, node string) string { return v1.AttachmentName(v.name, node) }
@@ -395,7 +409,8 @@ func (w *world) detach() {
 	}
 	v := vs[w.pick(len(vs))]
 	w.stats.count("op detach")
-	w.step("detach %s from %s: %s", v.name, v.node, w.detachVol(v))
+	from := v.node
+	w.step("detach %s from %s: %s", v.name, from, w.detachVol(v))
 }
 
 // detachVol ends the session and deletes the RVA, waiting for it to go.
@@ -507,7 +522,8 @@ func (w *world) deleteOne() {
 func (w *world) settle() {
 	for _, v := range w.vols {
 		if v.sess != nil && v.sess.w.exited() {
-			w.step("session of %s on %s ended: %s", v.name, v.sess.node, w.deactivate(v))
+			node := v.sess.node
+			w.step("session of %s on %s ended: %s", v.name, node, w.deactivate(v))
 		}
 		if v.node != "" && v.sess == nil && !w.crashed[v.node] {
 			w.step("settle %s on %s: %s", v.name, v.node, w.activate(v, 3*time.Second))

@@ -789,10 +789,12 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 		n.c.settle()
 		return nil // no diskful replica connected, or nothing to grow
 	}
+	old := map[*resource]int64{}
 	for _, x := range group {
 		if !x.attached() || x.md.sizeBytes >= size {
 			continue
 		}
+		old[x] = x.md.sizeBytes
 		x.md.sizeBytes = size
 		for _, pm := range x.md.peers {
 			nb := newBitmap(x.md.blocks())
@@ -803,6 +805,9 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 		if err := x.md.sign(); err != nil {
 			return fail(err)
 		}
+	}
+	if err := resyncGrown(group, old, size); err != nil {
+		return fail(err)
 	}
 	for _, x := range group {
 		if err := x.growDevice(size); err != nil {
@@ -815,6 +820,42 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 
 // usableSize is what md's backing device offers DRBD now: its size less
 // the internal metadata, in whole blocks.
+// resyncGrown does what DRBD does after an online grow (drbd_resync_after_online_grow):
+// the area the grow added is synced from one replica to the others — the Primary's if
+// one is attached, else one that had the size already, else the first that grew. Each
+// backing device still holds its old internal metadata (and whatever else) in that
+// area; without the sync the replicas would differ there. The area is new to the
+// filesystem above, so the sync is done at once.
+func resyncGrown(group []*resource, old map[*resource]int64, size int64) error {
+	var src *resource
+	for _, x := range group {
+		if x.attached() && (src == nil || x.role == rolePrimary && src.role != rolePrimary ||
+			src.role != rolePrimary && old[src] > 0 && old[x] == 0) {
+			src = x
+		}
+	}
+	if src == nil {
+		return nil
+	}
+	buf := make([]byte, 1<<20)
+	for _, x := range group {
+		from, grew := old[x]
+		if !grew || x == src {
+			continue
+		}
+		for off := from; off < size; off += int64(len(buf)) {
+			n := int(min(int64(len(buf)), size-off))
+			if _, err := src.file.ReadAt(buf[:n], off); err != nil {
+				return fmt.Errorf("resync of the grown area from %s: %w", src.n.name, err)
+			}
+			if _, err := x.file.WriteAt(buf[:n], off); err != nil {
+				return fmt.Errorf("resync of the grown area to %s: %w", x.n.name, err)
+			}
+		}
+	}
+	return nil
+}
+
 func usableSize(md *metadata) (int64, error) {
 	size, err := deviceSize(md.backing)
 	if err != nil {

@@ -21,8 +21,10 @@ import (
 // than against the code path that answers: whatever change makes an RPC answer early,
 // these fail.
 //
-//   - ControllerPublishVolume succeeds only with a device path, and only once the
-//     node's DRBD is Primary: the kubelet stages the device it is given at once.
+//   - ControllerPublishVolume succeeds only once the RVA is Attached with a device
+//     path and the node's DRBD is Primary: the kubelet stages the volume at once. The
+//     answer carries no device path (NodeStage reads its own node's RVR, never a path
+//     the CO kept).
 //   - ControllerExpandVolume succeeds only once every diskful replica's DRBD device
 //     has the new size — whichever replica lags (the first, a middle or the last in
 //     the datamesh's order), since a loop that checks some of them passes when the
@@ -38,18 +40,20 @@ func (r *rig) csiController() *csi.Controller {
 var singleWriterMount = &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
 	AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
 
-// publishKept checks the publish promise for an answer: an error, or a device path on
-// a node whose DRBD is Primary with an Attached RVA.
+// publishKept checks the publish promise for an answer: an error, or an Attached RVA
+// with a device path on a node whose DRBD is Primary, and no device path in the answer.
 func (r *rig) publishKept(vol, node string, res *csipb.ControllerPublishVolumeResponse, err error) error {
 	if err != nil {
 		return nil
 	}
-	dev := res.GetPublishContext()[csi.PublishContextDevicePath]
 	rva := &v1.ReplicatedVolumeAttachment{}
 	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(vol, node)}, rva))
+	dev := rva.Status.DevicePath
 	switch role := r.role(vol, node); {
+	case len(res.GetPublishContext()) != 0:
+		return fmt.Errorf("ControllerPublishVolume answered a publish context %v: a path the CO keeps may be stale when NodeStage gets it", res.GetPublishContext())
 	case dev == "":
-		return fmt.Errorf("ControllerPublishVolume succeeded without a device path (RVA phase %s, DRBD %s)", rva.Status.Phase, role)
+		return fmt.Errorf("ControllerPublishVolume succeeded without a device path on the RVA (RVA phase %s, DRBD %s)", rva.Status.Phase, role)
 	case role != "Primary":
 		return fmt.Errorf("ControllerPublishVolume succeeded with %s while the node's DRBD is %s (RVA phase %s)", dev, role, rva.Status.Phase)
 	case rva.Status.Phase != v1.AttachmentAttached:
@@ -60,7 +64,7 @@ func (r *rig) publishKept(vol, node string, res *csipb.ControllerPublishVolumeRe
 
 // ControllerPublishVolume does not answer while the attachment is still Attaching:
 // the node's promotion is refused (injected), the call times out saying so; once the
-// promotion goes through, it answers with the device.
+// promotion goes through, it answers.
 func TestPublishAnswersOnlyWhenAttached(t *testing.T) {
 	r := newRig(t)
 	const vol = "publish-safety"

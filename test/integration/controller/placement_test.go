@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/placement"
 )
 
 // Every layout forms up to the point where agents must confirm: the right replica types
@@ -88,7 +89,7 @@ func TestPlacementRefusedThenRetried(t *testing.T) {
 	cl.eventually(t, "a Scheduled=False condition naming the failed rule", func() (bool, string) {
 		cur := cl.rv(rv.Name)
 		c := cond(cur.Status.Conditions, v1.ConditionScheduled)
-		return strings.Contains(c, "False/"+controller.ConstraintTransZonal) && strings.Contains(c, want), c
+		return strings.Contains(c, "False/"+placement.ConstraintTransZonal) && strings.Contains(c, want), c
 	})
 	t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled))
 	if n := len(cl.rvrs(rv.Name)); n != 0 {
@@ -147,7 +148,7 @@ func TestBadInput(t *testing.T) {
 		cl.eventually(t, "Scheduled=False for capacity", func() (bool, string) {
 			cur := cl.rv(rv.Name)
 			c := cond(cur.Status.Conditions, v1.ConditionScheduled)
-			return strings.Contains(c, "False/"+controller.ConstraintCapacity) && strings.Contains(c, "free capacity ≥ 500Gi"), c
+			return strings.Contains(c, "False/"+placement.ConstraintCapacity) && strings.Contains(c, "free capacity ≥ 500Gi"), c
 		})
 		t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled))
 		if n := len(cl.rvrs(rv.Name)); n != 0 {
@@ -159,7 +160,7 @@ func TestBadInput(t *testing.T) {
 		rv := cl.volume("three", class, "1Gi")
 		cl.eventually(t, "Scheduled=False: two nodes for three Diskful", func() (bool, string) {
 			c := cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled)
-			return strings.Contains(c, "False/"+controller.ConstraintNodes) && strings.Contains(c, "need 3 Diskful replica(s) with free capacity ≥ 1Gi") && strings.Contains(c, "2 of 2 usable node(s) have room"), c
+			return strings.Contains(c, "False/"+placement.ConstraintNodes) && strings.Contains(c, "need 3 Diskful replica(s) with free capacity ≥ 1Gi") && strings.Contains(c, "2 of 2 usable node(s) have room"), c
 		})
 		t.Logf("placement refusal: %s", cond(cl.rv(rv.Name).Status.Conditions, v1.ConditionScheduled))
 		if n := len(cl.rvrs(rv.Name)); n != 0 {

@@ -1,4 +1,31 @@
-package controller
+// Package placement turns the engine's "create a Diskful / TieBreaker / Access replica" into
+// nodes. It is a pure function of what the caller read from its caches (Input),
+// so every rule is a table test. The rules, in the order a node is judged:
+//
+//   - the node is an eligible node of the volume's pool, its agent is live, the pool is
+//     ready there, it is not cordoned for meshvol (label storage.meshvol.io/cordon, or
+//     spec.unschedulable) and it offers the volume's HMAC algorithm;
+//   - it holds no replica of this volume (one replica per node, ever: the RVR is named
+//     <rv>-<node>);
+//   - it is in the configuration's zones, when some are listed;
+//   - a Diskful replica needs free capacity in the pool there for its backing volume:
+//     the volume's size plus DRBD's internal metadata (Fits);
+//   - topology: Zonal keeps every Diskful and TieBreaker replica in one zone, TransZonal
+//     spreads them so that losing any one zone leaves quorum and the promised copies,
+//     Ignored places without regard to zones;
+//   - among the nodes left: a node with an attachment first (for a Diskful replica of a
+//     volume whose volumeAccess is not Any), then the fewest replicas of any volume,
+//     then the most free space, then the name (so the answer never depends on map
+//     order).
+//
+// Diskful and TieBreaker replicas are placed all together or not at all: a volume
+// never gets half of what it asked for and a condition saying it is stuck. Access
+// replicas go to the node their attachment names, each on its own.
+//
+// The controller places replicas with it (pkg/controller); the CSI controller service
+// asks it, before it creates a volume, whether the pool as it is could place one at all,
+// so that CreateVolume refuses with ResourceExhausted what placement would refuse.
+package placement
 
 import (
 	"fmt"
@@ -11,33 +38,20 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
-// Placement turns the engine's "create a Diskful / TieBreaker / Access replica" into
-// nodes. It is a pure function of what the caller read from its caches (PlacementInput),
-// so every rule is a table test. The rules, in the order a node is judged:
-//
-//   - the node is an eligible node of the volume's pool, its agent is live, the pool is
-//     ready there, it is not cordoned for meshvol (label storage.meshvol.io/cordon, or
-//     spec.unschedulable) and it offers the volume's HMAC algorithm;
-//   - it holds no replica of this volume (one replica per node, ever: the RVR is named
-//     <rv>-<node>);
-//   - it is in the configuration's zones, when some are listed;
-//   - a Diskful replica needs free capacity ≥ the volume's size in the pool there;
-//   - topology: Zonal keeps every Diskful and TieBreaker replica in one zone, TransZonal
-//     spreads them so that losing any one zone leaves quorum and the promised copies,
-//     Ignored places without regard to zones;
-//   - among the nodes left: a node with an attachment first (for a Diskful replica of a
-//     volume whose volumeAccess is not Any), then the fewest replicas of any volume,
-//     then the most free space, then the name (so the answer never depends on map
-//     order).
-//
-// Diskful and TieBreaker replicas are placed all together or not at all: a volume
-// never gets half of what it asked for and a condition saying it is stuck. Access
-// replicas go to the node their attachment names, each on its own.
+// BackingBytes is what a Diskful replica of a volume of size bytes takes from its pool:
+// the backing volume the agent creates, the data and DRBD's internal metadata for
+// v1.DRBDMaxPeers peers.
+func BackingBytes(size int64) int64 { return drbd.BackingBytes(size, v1.DRBDMaxPeers) }
 
-// PlacementNode is what placement knows about one node.
-type PlacementNode struct {
+// Fits reports whether free bytes of a pool on a node hold a Diskful replica of a
+// volume of size bytes.
+func Fits(free, size int64) bool { return free >= BackingBytes(size) }
+
+// Node is what placement knows about one node.
+type Node struct {
 	Name string
 	Zone string
 	// InPool: the node is an eligible node of the volume's storage pool.
@@ -59,18 +73,18 @@ type PlacementNode struct {
 	Replicas int
 }
 
-// PlacedReplica is an existing replica of the volume.
-type PlacedReplica struct {
+// Replica is an existing replica of the volume.
+type Replica struct {
 	Node     string
 	Type     v1.ReplicaType
 	Deleting bool
 }
 
-// PlacementInput is everything one placement decision reads.
-type PlacementInput struct {
+// Input is everything one placement decision reads.
+type Input struct {
 	Config   v1.ReplicatedVolumeConfiguration
 	Size     resource.Quantity
-	Existing []PlacedReplica
+	Existing []Replica
 	// Diskful and TieBreaker are how many replicas of each type to place now.
 	Diskful, TieBreaker int
 	// AttachNodes are nodes with an attachment request for the volume.
@@ -79,23 +93,23 @@ type PlacementInput struct {
 	// (spec.placementHints). Diskful replicas go to the preferred segments first, in
 	// order; with volumeAccess Local one of them must be in a requisite segment.
 	Requisite, Preferred []v1.TopologySegment
-	Nodes                []PlacementNode
+	Nodes                []Node
 }
 
-// Placement is a node chosen for a new replica.
-type Placement struct {
+// Choice is a node chosen for a new replica.
+type Choice struct {
 	Node string
 	Type v1.ReplicaType
 }
 
-// PlacementError is why no set of nodes fits. Constraint names the rule that failed
+// Error is why no set of nodes fits. Constraint names the rule that failed
 // (for the condition's reason); Error() is the message a person reads.
-type PlacementError struct {
+type Error struct {
 	Constraint string
 	Message    string
 }
 
-func (e *PlacementError) Error() string { return e.Message }
+func (e *Error) Error() string { return e.Message }
 
 // Constraint names (condition reasons when placement fails).
 const (
@@ -110,12 +124,12 @@ const (
 
 // Place chooses nodes for in.Diskful Diskful and in.TieBreaker TieBreaker replicas,
 // all or none.
-func Place(in PlacementInput) ([]Placement, error) {
+func Place(in Input) ([]Choice, error) {
 	if in.Diskful == 0 && in.TieBreaker == 0 {
 		return nil, nil
 	}
 	p := newPlacer(in)
-	var out []Placement
+	var out []Choice
 	var err error
 	switch in.Config.Topology {
 	case v1.TopologyZonal:
@@ -133,7 +147,7 @@ func Place(in PlacementInput) ([]Placement, error) {
 		for _, s := range in.Requisite {
 			segs = append(segs, segmentString(s))
 		}
-		return nil, &PlacementError{Constraint: ConstraintRequisite,
+		return nil, &Error{Constraint: ConstraintRequisite,
 			Message: "volumeAccess=Local needs a Diskful replica in one of the requisite topology segments (" + strings.Join(segs, "; ") +
 				") in pool " + strconv.Quote(in.Config.StoragePool) + ": no node there fits" + p.excluded()}
 	}
@@ -154,7 +168,7 @@ func segmentString(s v1.TopologySegment) string {
 	return strings.Join(parts, ", ")
 }
 
-func segmentMatches(s v1.TopologySegment, node, zone string) bool {
+func SegmentMatches(s v1.TopologySegment, node, zone string) bool {
 	return (s.NodeName == "" || s.NodeName == node) && (s.Zone == "" || s.Zone == zone)
 }
 
@@ -179,7 +193,7 @@ func (p *placer) needRequisite() bool {
 
 func (p *placer) inRequisite(node, zone string) bool {
 	for _, s := range p.in.Requisite {
-		if segmentMatches(s, node, zone) {
+		if SegmentMatches(s, node, zone) {
 			return true
 		}
 	}
@@ -187,9 +201,9 @@ func (p *placer) inRequisite(node, zone string) bool {
 }
 
 // prefRank is the index of the first preferred segment the node is in (len when none).
-func (p *placer) prefRank(n *PlacementNode) int {
+func (p *placer) prefRank(n *Node) int {
 	for i, s := range p.in.Preferred {
-		if segmentMatches(s, n.Name, n.Zone) {
+		if SegmentMatches(s, n.Name, n.Zone) {
 			return i
 		}
 	}
@@ -197,9 +211,9 @@ func (p *placer) prefRank(n *PlacementNode) int {
 }
 
 type placer struct {
-	in    PlacementInput
-	in0   PlacementInput // the input as given (messages judge the nodes before this call)
-	size  int64
+	in    Input
+	in0   Input           // the input as given (messages judge the nodes before this call)
+	size  int64           // what a Diskful replica takes from the pool (BackingBytes)
 	taken map[string]bool // nodes with a replica of this volume (existing or placed now)
 	free  map[string]int64
 	// refused counts, per rule, the nodes it removed (for messages).
@@ -208,10 +222,10 @@ type placer struct {
 	placedD []string
 }
 
-func newPlacer(in PlacementInput) *placer {
+func newPlacer(in Input) *placer {
 	orig := in
 	in.Nodes = slices.Clone(in.Nodes) // take() counts placed replicas on its own copy
-	p := &placer{in: in, in0: orig, size: in.Size.Value(), taken: map[string]bool{}, free: map[string]int64{}, why: map[string][]string{}}
+	p := &placer{in: in, in0: orig, size: BackingBytes(in.Size.Value()), taken: map[string]bool{}, free: map[string]int64{}, why: map[string][]string{}}
 	for _, r := range in.Existing {
 		p.taken[r.Node] = true
 	}
@@ -222,7 +236,7 @@ func newPlacer(in PlacementInput) *placer {
 }
 
 // usable reports whether n may take a replica at all, and records why not.
-func (p *placer) usable(n *PlacementNode, record bool) bool {
+func (p *placer) usable(n *Node, record bool) bool {
 	reason := ""
 	switch {
 	case !n.InPool:
@@ -247,7 +261,7 @@ func (p *placer) usable(n *PlacementNode, record bool) bool {
 }
 
 // fits reports whether n has room for a Diskful replica.
-func (p *placer) fits(n *PlacementNode) bool {
+func (p *placer) fits(n *Node) bool {
 	return n.HasFree && p.free[n.Name] >= p.size
 }
 
@@ -258,9 +272,9 @@ func (p *placer) wantsLocal() bool {
 // better orders candidates: for a Diskful replica, a requisite segment first while
 // volumeAccess Local still needs one, then an attachment node (unless volumeAccess Any),
 // then the earliest preferred segment; then fewest replicas, most free, name.
-func (p *placer) better(diskful bool) func(a, b *PlacementNode) int {
+func (p *placer) better(diskful bool) func(a, b *Node) int {
 	needReq := diskful && p.needRequisite()
-	return func(a, b *PlacementNode) int {
+	return func(a, b *Node) int {
 		if needReq {
 			ra, rb := p.inRequisite(a.Name, a.Zone), p.inRequisite(b.Name, b.Zone)
 			if ra != rb {
@@ -299,8 +313,8 @@ func (p *placer) better(diskful bool) func(a, b *PlacementNode) int {
 
 // candidates returns usable nodes (in zone when zone != nil), Diskful-fitting when
 // diskful, best first.
-func (p *placer) candidates(diskful bool, zone *string) []*PlacementNode {
-	var out []*PlacementNode
+func (p *placer) candidates(diskful bool, zone *string) []*Node {
+	var out []*Node
 	for i := range p.in.Nodes {
 		n := &p.in.Nodes[i]
 		if zone != nil && n.Zone != *zone {
@@ -315,19 +329,19 @@ func (p *placer) candidates(diskful bool, zone *string) []*PlacementNode {
 	return out
 }
 
-func (p *placer) take(n *PlacementNode, t v1.ReplicaType, out []Placement) []Placement {
+func (p *placer) take(n *Node, t v1.ReplicaType, out []Choice) []Choice {
 	p.taken[n.Name] = true
 	if t == v1.ReplicaTypeDiskful {
 		p.free[n.Name] -= p.size
 		p.placedD = append(p.placedD, n.Name)
 	}
 	n.Replicas++
-	return append(out, Placement{Node: n.Name, Type: t})
+	return append(out, Choice{Node: n.Name, Type: t})
 }
 
 // anywhere: topology Ignored.
-func (p *placer) anywhere() ([]Placement, error) {
-	var out []Placement
+func (p *placer) anywhere() ([]Choice, error) {
+	var out []Choice
 	for range p.in.Diskful {
 		c := p.candidates(true, nil)
 		if len(c) == 0 {
@@ -347,7 +361,7 @@ func (p *placer) anywhere() ([]Placement, error) {
 
 // zonal: every Diskful and TieBreaker replica in one zone: the zone the volume's
 // replicas already use, else the zone that fits them all with the most room.
-func (p *placer) zonal() ([]Placement, error) {
+func (p *placer) zonal() ([]Choice, error) {
 	existing := p.existingZones()
 	zones := p.zones()
 	if len(existing) > 0 {
@@ -358,7 +372,7 @@ func (p *placer) zonal() ([]Placement, error) {
 		return nil, p.zonalRefusal(opts, existing)
 	}
 	z := opts[0].zone
-	var out []Placement
+	var out []Choice
 	for range p.in.Diskful {
 		out = p.take(p.candidates(true, &z)[0], v1.ReplicaTypeDiskful, out)
 	}
@@ -440,14 +454,14 @@ func (p *placer) zonalRefusal(opts []zoneOption, existing []string) error {
 	if len(existing) > 0 {
 		scope = "zone " + quoteZone(existing[0]) + " (where the volume's replicas are)"
 	}
-	return &PlacementError{Constraint: ConstraintZonal,
+	return &Error{Constraint: ConstraintZonal,
 		Message: "Zonal needs " + what + " in " + scope + " in pool " + strconv.Quote(p.in.Config.StoragePool) + ": " + where + p.excluded()}
 }
 
 // transZonal spreads Diskful replicas over zones (fewest Diskful first), then puts each
 // TieBreaker in the zone with the fewest replicas, so 3D goes 1/1/1, 2D+1TB D/D/TB,
 // 4D+1TB 2/1+TB/1 and 5D 2/2/1.
-func (p *placer) transZonal() ([]Placement, error) {
+func (p *placer) transZonal() ([]Choice, error) {
 	// need: the zones over which losing any one keeps quorum and GMDR+1 copies
 	// (docs/layouts.md §7), the same count the engine refuses a configuration by.
 	// FTT 0 promises nothing about zones (1): its replicas spread as far as the
@@ -461,7 +475,7 @@ func (p *placer) transZonal() ([]Placement, error) {
 	if len(anyZones) < need || len(dZones) < needD {
 		return nil, p.transZonalRefusal(need, needD, len(zones), len(dZones), lacking)
 	}
-	var out []Placement
+	var out []Choice
 	var err error
 	for range p.in.Diskful {
 		if out, err = p.takeInEmptiestZone(v1.ReplicaTypeDiskful, dZones, tally, out); err != nil {
@@ -543,13 +557,13 @@ func (p *placer) transZonalRefusal(need, needD, zones, dZones int, lacking []str
 	if len(lacking) > 0 {
 		msg += ": " + strings.Join(lacking, ", ")
 	}
-	return &PlacementError{Constraint: ConstraintTransZonal, Message: msg + p.excluded()}
+	return &Error{Constraint: ConstraintTransZonal, Message: msg + p.excluded()}
 }
 
 // takeInEmptiestZone places a replica of type t in the first of zones, ordered by fewest
 // replicas of its kind (then, for a TieBreaker, fewest replicas; then name), that has a
 // candidate node.
-func (p *placer) takeInEmptiestZone(t v1.ReplicaType, zones []string, tally zoneTally, out []Placement) ([]Placement, error) {
+func (p *placer) takeInEmptiestZone(t v1.ReplicaType, zones []string, tally zoneTally, out []Choice) ([]Choice, error) {
 	count := tally.all
 	if t == v1.ReplicaTypeDiskful {
 		count = tally.d
@@ -587,7 +601,7 @@ func (p *placer) checkSpread(needD int, dZones []string, dCount map[string]int) 
 	limit := (total + needD - 1) / needD
 	for _, z := range dZones {
 		if dCount[z] > limit {
-			return &PlacementError{Constraint: ConstraintTransZonal,
+			return &Error{Constraint: ConstraintTransZonal,
 				Message: "TransZonal cannot spread " + strconv.Itoa(total) + " Diskful over " + strconv.Itoa(needD) +
 					" zones with at most " + strconv.Itoa(limit) + " per zone in pool " + strconv.Quote(p.in.Config.StoragePool) +
 					": zone " + quoteZone(z) + " would hold " + strconv.Itoa(dCount[z]) + p.excluded()}
@@ -688,7 +702,7 @@ func (p *placer) shortage(t v1.ReplicaType, want int, zone *string) error {
 	default:
 		msg = ": " + strconv.Itoa(usable) + " usable node(s)"
 	}
-	return &PlacementError{Constraint: constraint, Message: "No node fits: need " + what + " in pool " +
+	return &Error{Constraint: constraint, Message: "No node fits: need " + what + " in pool " +
 		strconv.Quote(p.in.Config.StoragePool) + msg + p.excluded()}
 }
 
@@ -724,29 +738,29 @@ func quoteZone(z string) string {
 	return z
 }
 
-// PlaceAccess checks that an Access replica may go to node (the node an attachment
+// CheckAccess checks that an Access replica may go to node (the node an attachment
 // names): its agent is live and it holds no replica of the volume yet. Access
 // replicas are diskless: pool capacity and cordon do not apply (cordon governs where
 // data lives, not where a volume may be used).
-func PlaceAccess(node string, existing []PlacedReplica, nodes []PlacementNode) error {
+func CheckAccess(node string, existing []Replica, nodes []Node) error {
 	for _, r := range existing {
 		if r.Node == node {
-			return &PlacementError{Constraint: ConstraintAccessNode, Message: fmt.Sprintf("node %s already holds a replica of this volume", node)}
+			return &Error{Constraint: ConstraintAccessNode, Message: fmt.Sprintf("node %s already holds a replica of this volume", node)}
 		}
 	}
 	for i := range nodes {
 		if nodes[i].Name == node {
 			if !nodes[i].AgentLive {
-				return &PlacementError{Constraint: ConstraintAccessNode,
+				return &Error{Constraint: ConstraintAccessNode,
 					Message: fmt.Sprintf("node %s has no live meshvol agent (Lease %s%s is missing or expired)", node, v1.AgentLeasePrefix, node)}
 			}
 			if !nodes[i].HMACOK {
-				return &PlacementError{Constraint: ConstraintAccessNode,
+				return &Error{Constraint: ConstraintAccessNode,
 					Message: fmt.Sprintf("node %s does not offer the volume's shared-secret algorithm", node)}
 			}
 			return nil
 		}
 	}
-	return &PlacementError{Constraint: ConstraintAccessNode,
+	return &Error{Constraint: ConstraintAccessNode,
 		Message: fmt.Sprintf("node %s has no meshvol agent (no Lease %s%s)", node, v1.AgentLeasePrefix, node)}
 }
