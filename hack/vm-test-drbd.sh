@@ -82,7 +82,11 @@ install -m 0644 test/vm/guest.sh "$RUN/payload/meshvol/guest.sh" # the helpers /
 (cd "$RUN/payload" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) >"$RUN/payload.cpio"
 cat "$OUT/rootfs.cpio" "$RUN/payload.cpio" >"$RUN/initrd.cpio"
 
+# The initramfs is unpacked into the guest's rootfs, a tmpfs of half its
+# memory: the product's image and payload (~330 MB) do not fit in 1 GiB's.
+mem=1024
 if [[ $suite == product ]]; then
+	mem=2048
 	# Each guest's File pool: a fresh sparse disk the guest formats.
 	truncate -s 1G "$RUN/node-1.img" "$RUN/node-2.img" "$RUN/node-3.img"
 else
@@ -106,13 +110,17 @@ nsx ip link set lo up
 nsx ip link add br0 type bridge
 nsx ip addr add 10.99.0.254/24 dev br0
 nsx ip link set br0 up
+# kube-apiserver and etcd (the product suite) refuse to start without a
+# default route to pick their advertised address from; nothing is routed
+# out of the namespace through it.
+nsx ip route add default dev br0
 for n in "${nodes[@]}"; do
 	nsx ip tuntap add dev "tap-$n" mode tap
 	nsx ip link set "tap-$n" master br0
 	nsx ip link set "tap-$n" up
 done
 
-echo "vm-test-drbd: booting node1-3 (software emulation) in network namespace $NS; logs in $RUN/"
+echo "vm-test-drbd: booting ${nodes[*]} (software emulation) in network namespace $NS; logs in $RUN/"
 boot=$SECONDS
 spec=""
 for i in 1 2 3; do
@@ -123,8 +131,11 @@ for i in 1 2 3; do
 		disk=(-drive "file=$RUN/$n.img,if=virtio,format=raw,cache=unsafe")
 		diskful=yes
 	fi
-	nsx timeout -k 10 "${VM_TIMEOUT:-3600}" qemu-system-x86_64 \
-		-accel tcg -cpu max -m 1024 -smp 1 \
+	# ip netns exec execs timeout, so $! is timeout itself: killing it (on
+	# any exit) passes the signal on to qemu. Through the nsx function, $!
+	# would be a subshell whose death leaves qemu running.
+	ip netns exec "$NS" timeout -k 10 "${VM_TIMEOUT:-3600}" qemu-system-x86_64 \
+		-accel tcg -cpu max -m "$mem" -smp 1 \
 		-kernel "$OUT/vmlinuz" -initrd "$RUN/initrd.cpio" \
 		-append "console=ttyS0 panic=-1 loglevel=4 MESHVOL_VM_NODE=$n MESHVOL_VM_IP=10.99.0.$i MESHVOL_VM_DISK=$diskful MESHVOL_VM_PRODUCT=$([[ $suite == product ]] && echo yes || echo no)" \
 		"${disk[@]}" \

@@ -338,18 +338,11 @@ func (n *Node) unmountAll(path string) error {
 	}
 }
 
+// NodePublishVolume bind-mounts the staged filesystem, or the device of a block volume,
+// at the target path.
 func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
-	vol, target, staging := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath()
-	if err := requireVolumeID(vol); err != nil {
-		return nil, err
-	}
-	if target == "" {
-		return nil, invalid("target_path: required")
-	}
-	if staging == "" {
-		return nil, invalid("staging_target_path: required (the plugin has STAGE_UNSTAGE_VOLUME)")
-	}
-	if err := checkCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+	vol, target := req.GetVolumeId(), req.GetTargetPath()
+	if err := validateNodePublish(req); err != nil {
 		return nil, err
 	}
 	release, err := n.guard.acquire(vol, "NodePublishVolume")
@@ -367,55 +360,90 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 		opts = append(opts, "ro")
 	}
 	var source string
+	var already *csipb.NodePublishVolumeResponse
 	if mnt := req.GetVolumeCapability().GetMount(); mnt != nil {
 		opts = append(opts, mnt.GetMountFlags()...)
-		smp, err := n.mountAt(staging)
-		if err != nil {
-			return nil, err
-		}
-		if smp == nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "staging_target_path: volume %q is not staged at %s", vol, staging)
-		}
-		source = staging
-		if mp, err := n.mountAt(target); err != nil {
-			return nil, err
-		} else if mp != nil {
-			return n.publishedAlready(vol, target, mp, smp.Device, req.GetReadonly())
-		}
-		if err := n.singleWriter(vol, staging, target, req.GetVolumeCapability()); err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(target, 0o750); err != nil {
-			return nil, status.Errorf(codes.Internal, "target_path: %v", err)
-		}
+		source, already, err = n.filesystemTarget(req)
 	} else {
-		dev, err := n.primaryDevice(ctx, vol)
-		if err != nil {
-			return nil, err
-		}
-		source = dev
-		if mp, err := n.mountAt(target); err != nil {
-			return nil, err
-		} else if mp != nil {
-			return n.publishedAlready(vol, target, mp, "", req.GetReadonly())
-		}
-		if err := n.singleWriter(vol, dev, target, req.GetVolumeCapability()); err != nil {
-			return nil, err
-		}
-		// A block volume is published as a file bind-mounted over the device.
-		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
-			return nil, status.Errorf(codes.Internal, "target_path: %v", err)
-		}
-		f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "target_path: %v", err)
-		}
-		f.Close()
+		source, already, err = n.blockTarget(ctx, req)
+	}
+	if err != nil || already != nil {
+		return already, err
 	}
 	if err := n.mounter().Mount(source, target, "", opts); err != nil {
 		return nil, status.Errorf(codes.Internal, "bind-mounting %s at %s with %v: %v", source, target, opts, err)
 	}
 	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+// validateNodePublish checks the request's own fields.
+func validateNodePublish(req *csipb.NodePublishVolumeRequest) error {
+	if err := requireVolumeID(req.GetVolumeId()); err != nil {
+		return err
+	}
+	if req.GetTargetPath() == "" {
+		return invalid("target_path: required")
+	}
+	if req.GetStagingTargetPath() == "" {
+		return invalid("staging_target_path: required (the plugin has STAGE_UNSTAGE_VOLUME)")
+	}
+	return checkCapability("volume_capability", req.GetVolumeCapability())
+}
+
+// filesystemTarget prepares the publication of a filesystem volume: the source is the
+// staging mount, the target a directory. already is the answer when the target is
+// published already.
+func (n *Node) filesystemTarget(req *csipb.NodePublishVolumeRequest) (source string, already *csipb.NodePublishVolumeResponse, err error) {
+	vol, target, staging := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath()
+	smp, err := n.mountAt(staging)
+	if err != nil {
+		return "", nil, err
+	}
+	if smp == nil {
+		return "", nil, status.Errorf(codes.FailedPrecondition, "staging_target_path: volume %q is not staged at %s", vol, staging)
+	}
+	if mp, err := n.mountAt(target); err != nil {
+		return "", nil, err
+	} else if mp != nil {
+		already, err = n.publishedAlready(vol, target, mp, smp.Device, req.GetReadonly())
+		return "", already, err
+	}
+	if err := n.singleWriter(vol, staging, target, req.GetVolumeCapability()); err != nil {
+		return "", nil, err
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return "", nil, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	return staging, nil, nil
+}
+
+// blockTarget prepares the publication of a block volume: the source is the DRBD
+// device (once this node's replica is Primary), the target a file bind-mounted over it.
+// already is the answer when the target is published already.
+func (n *Node) blockTarget(ctx context.Context, req *csipb.NodePublishVolumeRequest) (source string, already *csipb.NodePublishVolumeResponse, err error) {
+	vol, target := req.GetVolumeId(), req.GetTargetPath()
+	dev, err := n.primaryDevice(ctx, vol)
+	if err != nil {
+		return "", nil, err
+	}
+	if mp, err := n.mountAt(target); err != nil {
+		return "", nil, err
+	} else if mp != nil {
+		already, err = n.publishedAlready(vol, target, mp, "", req.GetReadonly())
+		return "", already, err
+	}
+	if err := n.singleWriter(vol, dev, target, req.GetVolumeCapability()); err != nil {
+		return "", nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		return "", nil, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
+	if err != nil {
+		return "", nil, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	f.Close()
+	return dev, nil, nil
 }
 
 // singleWriter refuses, with FailedPrecondition, to publish a SINGLE_NODE_SINGLE_WRITER

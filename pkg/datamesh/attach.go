@@ -1,18 +1,19 @@
 package datamesh
 
 import (
+	"slices"
 	"strconv"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
-// Attachment (seed 000 Attach/Detach/Enable/DisableMultiattach; seed 001's attachment
-// planner). An RVA asks for the volume on a node; up to spec.maxAttachments of them are
+// Attachment (docs/datamesh-spec.md Attach/Detach/Enable/DisableMultiattach;
+// docs/datamesh.md "Parallelism"). An RVA asks for the volume on a node; up to spec.maxAttachments of them are
 // served, attached ones first, then oldest first. Attach and Detach overlap each other
 // and membership transitions of other members; Enable/DisableMultiattach excludes them;
 // formation and ChangeQuorum block them.
 //
-// Guard (DRBD-QUORUM.md): upstream DRBD does not check quorum-minimum-redundancy on the
+// Guard (docs/drbd-quorum.md): upstream DRBD does not check quorum-minimum-redundancy on the
 // quorate-peer or tiebreaker paths, so a diskless Primary could write with fewer UpToDate
 // copies than GMDR promises. The engine therefore does not attach a diskless member (A,
 // TB) while UpToDate D ≤ target GMDR.
@@ -29,37 +30,27 @@ const (
 	msgAttached = "Attached"
 	msgWaitMax1 = "Waiting: maxAttachments=1 and another attachment is older or attached"
 	msgWaitMax2 = "Waiting: maxAttachments=2 and two other attachments are older or attached"
+
+	msgWaitMultiattach = "Waiting for the multiattach change to complete"
 )
 
-func (e *Engine) maxAttachments() int {
-	if n := e.s.in.RV.Spec.MaxAttachments; n >= 2 {
+func (rc *reconcile) maxAttachments() int {
+	if n := rc.in.RV.Spec.MaxAttachments; n >= 2 {
 		return 2
 	}
 	return 1
 }
 
-func (e *Engine) memberOnNode(node string) int {
+// memberOnNode returns the index of the first member on node, or -1.
+func (rc *reconcile) memberOnNode(node string) int {
 	if node == "" {
 		return -1
 	}
-	s := &e.s
-	ms := s.st.Datamesh.Members
-	if len(ms) < 4 {
-		for i := range ms {
-			if ms[i].NodeName == node {
-				return i
-			}
-		}
-		return -1
-	}
-	if !s.nodeTab.valid {
-		s.nodeTab.build(ms, true)
-	}
-	return s.nodeTab.find(node)
+	return slices.IndexFunc(rc.st.Datamesh.Members, func(m v1.DatameshMember) bool { return m.NodeName == node })
 }
 
-func (e *Engine) attachTransition(name string) int {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) attachTransition(name string) int {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		switch ts[i].Type {
 		case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
@@ -90,171 +81,161 @@ func rvaLess(a, b *v1.ReplicatedVolumeAttachment, aAtt, bAtt bool) int {
 	return 0
 }
 
-// served reports whether RVA i is among the first maxAttachments live RVAs.
-func (e *Engine) served(i int) bool {
-	for _, j := range e.s.rvaOrd {
-		if j == i {
+// serving is what the RVAs ask of the members: the member on each RVA's node, the
+// members some live RVA asks for, and the RVAs served (the first maxAttachments live
+// ones, attached first, then oldest).
+type serving struct {
+	member []int  // RVA index → member on its node, -1 when none
+	live   uint64 // members (by index) on a node some live RVA asks for
+	served []int  // the served RVAs' indexes, in serving order
+}
+
+// isServed reports whether RVA i is served.
+func (sv serving) isServed(i int) bool { return slices.Contains(sv.served, i) }
+
+// wantsNode reports whether a served RVA asks for node.
+func (sv serving) wantsNode(rvas []*v1.ReplicatedVolumeAttachment, node string) bool {
+	for _, j := range sv.served {
+		if rvas[j].Spec.NodeName == node {
 			return true
 		}
 	}
 	return false
 }
 
-// serveRVAs maps every RVA to the member on its node (s.rvaMember), marks the members
-// some live RVA asks for (s.liveMembers), and picks the served RVAs into s.rvaOrd: the
-// first maxAttachments live ones, attached first, then oldest. A selection of one or
-// two, not a sort: most volumes have one RVA.
-func (e *Engine) serveRVAs() {
-	s := &e.s
-	rvas := s.in.RVAs
-	ms := s.st.Datamesh.Members
-	limit := e.maxAttachments()
-	ord := s.rvaOrd[:0]
-	s.liveMembers = 0
-	s.rvaMember = resizeInts(s.rvaMember, len(rvas))
+// serveRVAs computes which RVAs are served. A selection of one or two, not a sort:
+// most volumes have one RVA.
+func (rc *reconcile) serveRVAs() serving {
+	rvas := rc.in.RVAs
+	ms := rc.st.Datamesh.Members
+	limit := rc.maxAttachments()
+	sv := serving{member: make([]int, len(rvas))}
 	for i, a := range rvas {
-		mi := e.memberOnNode(a.Spec.NodeName)
-		s.rvaMember[i] = mi
+		mi := rc.memberOnNode(a.Spec.NodeName)
+		sv.member[i] = mi
 		if a.DeletionTimestamp != nil {
 			continue
 		}
 		att := mi >= 0 && ms[mi].Attached
 		if mi >= 0 && mi < 64 {
-			s.liveMembers |= 1 << uint(mi)
+			sv.live |= 1 << uint(mi)
 		}
-		// Insert i into ord (kept sorted, at most limit long).
-		pos := len(ord)
+		// Insert i into served (kept in order, at most limit long).
+		pos := len(sv.served)
 		for pos > 0 {
-			j := ord[pos-1]
-			mj := s.rvaMember[j]
+			j := sv.served[pos-1]
+			mj := sv.member[j]
 			if rvaLess(rvas[i], rvas[j], att, mj >= 0 && ms[mj].Attached) >= 0 {
 				break
 			}
 			pos--
 		}
-		if pos >= limit {
-			continue
+		if pos < limit {
+			sv.served = slices.Insert(sv.served, pos, i)[:min(len(sv.served)+1, limit)]
 		}
-		if len(ord) < limit {
-			ord = append(ord, 0)
-		}
-		copy(ord[pos+1:], ord[pos:len(ord)-1])
-		ord[pos] = i
 	}
-	s.rvaOrd = ord
+	return sv
 }
 
-func (e *Engine) attachment() {
-	s := &e.s
-	rvas := s.in.RVAs
-	ms := s.st.Datamesh.Members
-	e.serveRVAs()
-	ord := s.rvaOrd
-	wantNode := func(node string) bool {
-		for _, j := range ord {
-			if rvas[j].Spec.NodeName == node {
-				return true
-			}
-		}
-		return false
+func (rc *reconcile) attachment(quorumBusy bool) ([]AttachmentStatus, []WantedReplica) {
+	sv := rc.serveRVAs()
+	block := rc.attachmentBlocked(quorumBusy)
+	if block == "" && rc.hasCfg && len(rc.st.Datamesh.Members) > 0 {
+		rc.detachUnasked(sv)
+		block = rc.followMultiattach(sv)
 	}
-
-	block := ""
-	switch {
-	case e.formationActive():
-		block = "Waiting for formation to complete"
-	case e.groupInFlight(v1.GroupQuorum) || s.quorumBusy:
-		block = "Waiting for ChangeQuorum to complete"
-	case e.groupInFlight(v1.GroupMultiattach):
-		block = "Waiting for the multiattach change to complete"
-	}
-	formed := s.hasCfg && len(ms) > 0
-
-	// Detach members nobody asks for any more.
-	if block == "" && formed {
-		for mi := 0; mi < len(s.st.Datamesh.Members); mi++ {
-			m := &s.st.Datamesh.Members[mi]
-			if !m.Attached || wantNode(m.NodeName) || e.attachTransition(m.Name) >= 0 {
-				continue
-			}
-			p, ok := e.reg.Latest(PlanDetach)
-			if !ok {
-				continue
-			}
-			ti := e.start(p, m.Name)
-			e.confirm(ti, p, 0)
-		}
-	}
-
-	// Multiattach follows the number of served RVAs, outside any Attach/Detach.
-	attached := e.attachedCount()
-	if block == "" && formed && !e.groupInFlight(v1.GroupAttachment) {
-		multi := s.st.Datamesh.Multiattach
-		switch {
-		case len(ord) >= 2 && !multi:
-			e.startVolumeWide(PlanEnableMultiattach)
-			block = "Waiting for the multiattach change to complete"
-		case len(ord) < 2 && multi && attached <= 1:
-			e.startVolumeWide(PlanDisableMultiattach)
-			block = "Waiting for the multiattach change to complete"
-		}
-	}
-
-	for i, a := range rvas {
-		st := AttachmentStatus{Name: a.Name, NodeName: a.Spec.NodeName, Phase: v1.AttachmentPending}
-		mi := s.rvaMember[i] // attachment changes attached flags, never the members
-		if a.DeletionTimestamp == nil && mi >= 0 && !s.st.Datamesh.Members[mi].Attached && !e.served(i) &&
-			(len(s.st.DatameshTransitions) == 0 || e.attachTransition(s.st.Datamesh.Members[mi].Name) < 0) {
-			// The common waiting case, without the full evaluation.
-			s.waiting = true
-			st.Message = msgWaitMax2
-			if e.maxAttachments() == 1 {
-				st.Message = msgWaitMax1
-			}
-			s.atts = append(s.atts, st)
-			continue
-		}
-		st.Phase, st.Message = e.attachOne(i, a, mi, block, attached, wantNode)
+	attached := rc.attachedCount()
+	atts := make([]AttachmentStatus, 0, len(rc.in.RVAs))
+	for i, a := range rc.in.RVAs {
+		st := AttachmentStatus{Name: a.Name, NodeName: a.Spec.NodeName}
+		mi := sv.member[i] // attachment changes attached flags, never the members
+		st.Phase, st.Message = rc.attachOne(i, a, mi, block, attached, sv)
 		if st.Phase == v1.AttachmentAttached || st.Phase == v1.AttachmentAttaching {
-			attached = e.attachedCount()
+			attached = rc.attachedCount()
 		}
 		if mi >= 0 {
-			st.Attached = s.st.Datamesh.Members[mi].Attached
+			st.Attached = rc.st.Datamesh.Members[mi].Attached
 		}
-		s.atts = append(s.atts, st)
+		atts = append(atts, st)
 	}
-	e.wantAccessReplicas()
+	return atts, rc.wantAccessReplicas(sv)
+}
+
+// attachmentBlocked says why no Attach may start now, or "": formation, a ChangeQuorum
+// (in flight or waiting) and a multiattach change exclude them.
+func (rc *reconcile) attachmentBlocked(quorumBusy bool) string {
+	switch {
+	case rc.formationActive():
+		return "Waiting for formation to complete"
+	case rc.groupInFlight(v1.GroupQuorum) || quorumBusy:
+		return "Waiting for ChangeQuorum to complete"
+	case rc.groupInFlight(v1.GroupMultiattach):
+		return msgWaitMultiattach
+	}
+	return ""
+}
+
+// detachUnasked starts a Detach of every attached member no served RVA asks for.
+func (rc *reconcile) detachUnasked(sv serving) {
+	for mi := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[mi]
+		if !m.Attached || sv.wantsNode(rc.in.RVAs, m.NodeName) || rc.attachTransition(m.Name) >= 0 {
+			continue
+		}
+		if p, ok := rc.reg.Latest(PlanDetach); ok {
+			ti := rc.start(p, m.Name)
+			rc.confirm(ti, p, 0)
+		}
+	}
+}
+
+// followMultiattach turns multiattach on when two RVAs are served and off when one is
+// (and at most one member is attached), outside any Attach/Detach. It returns the
+// block for Attaches when it started a change.
+func (rc *reconcile) followMultiattach(sv serving) string {
+	if rc.groupInFlight(v1.GroupAttachment) {
+		return ""
+	}
+	multi := rc.st.Datamesh.Multiattach
+	switch {
+	case len(sv.served) >= 2 && !multi:
+		rc.startVolumeWide(PlanEnableMultiattach)
+		return msgWaitMultiattach
+	case len(sv.served) < 2 && multi && rc.attachedCount() <= 1:
+		rc.startVolumeWide(PlanDisableMultiattach)
+		return msgWaitMultiattach
+	}
+	return ""
 }
 
 // attachedCount counts members that are attached or still detaching: a Detach is
 // published at once but the node may stay Primary until it confirms, so its slot is not
 // free before that.
-func (e *Engine) attachedCount() int {
+func (rc *reconcile) attachedCount() int {
 	n := 0
-	for i := range e.s.st.Datamesh.Members {
-		m := &e.s.st.Datamesh.Members[i]
-		if m.Attached || (len(e.s.st.DatameshTransitions) > 0 && e.detachInFlight(m.Name)) {
+	for i := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[i]
+		if m.Attached || (len(rc.st.DatameshTransitions) > 0 && rc.detachInFlight(m.Name)) {
 			n++
 		}
 	}
 	return n
 }
 
-func (e *Engine) startVolumeWide(id string) {
-	if p, ok := e.reg.Latest(id); ok {
-		ti := e.start(p, "")
-		e.confirm(ti, p, 0)
+func (rc *reconcile) startVolumeWide(id string) {
+	if p, ok := rc.reg.Latest(id); ok {
+		ti := rc.start(p, "")
+		rc.confirm(ti, p, 0)
 	}
 }
 
 // attachOne decides one RVA's phase and message, starting an Attach when it may.
-func (e *Engine) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, block string, attached int, wantNode func(string) bool) (v1.AttachmentPhase, string) {
-	s := &e.s
+func (rc *reconcile) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, block string, attached int, sv serving) (v1.AttachmentPhase, string) {
 	node := a.Spec.NodeName
 	if mi >= 0 {
-		m := &s.st.Datamesh.Members[mi]
-		if ti := e.attachTransition(m.Name); ti >= 0 {
-			t := &s.st.DatameshTransitions[ti]
+		m := &rc.st.Datamesh.Members[mi]
+		if ti := rc.attachTransition(m.Name); ti >= 0 {
+			t := &rc.st.DatameshTransitions[ti]
 			msg := ""
 			if si := activeStep(t); si >= 0 {
 				msg = t.Steps[si].Message
@@ -264,7 +245,7 @@ func (e *Engine) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, bloc
 			}
 			return v1.AttachmentDetaching, "Detaching: " + msg
 		}
-		if a.DeletionTimestamp != nil || !wantNode(node) {
+		if a.DeletionTimestamp != nil || !sv.wantsNode(rc.in.RVAs, node) {
 			if m.Attached {
 				return v1.AttachmentDetaching, "Detaching"
 			}
@@ -277,9 +258,9 @@ func (e *Engine) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, bloc
 	} else if a.DeletionTimestamp != nil {
 		return v1.AttachmentDetaching, "Detached"
 	}
-	s.waiting = true
-	if !e.served(i) {
-		if e.maxAttachments() == 1 {
+	rc.waiting = true
+	if !sv.isServed(i) {
+		if rc.maxAttachments() == 1 {
 			return v1.AttachmentPending, msgWaitMax1
 		}
 		return v1.AttachmentPending, msgWaitMax2
@@ -287,7 +268,7 @@ func (e *Engine) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, bloc
 	if block != "" {
 		return v1.AttachmentPending, block
 	}
-	cfg := s.st.Configuration
+	cfg := rc.st.Configuration
 	local := cfg != nil && cfg.VolumeAccess == v1.VolumeAccessLocal
 	if mi < 0 {
 		if local {
@@ -295,81 +276,90 @@ func (e *Engine) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, bloc
 		}
 		return v1.AttachmentPending, "Waiting for a replica on node " + node + " to join the datamesh"
 	}
-	m := &s.st.Datamesh.Members[mi]
-	if ti := e.transitionOf(m.Name, true); ti >= 0 {
-		return v1.AttachmentPending, "Waiting for the " + string(s.st.DatameshTransitions[ti].Type) + " transition of replica " + m.Name + " to complete"
+	if msg := rc.attachBlocked(mi, local, attached); msg != "" {
+		return v1.AttachmentPending, msg
 	}
-	if e.forceLeaving(m.Name) {
-		return v1.AttachmentPending, "Replica " + m.Name + " is being force-removed"
-	}
-	for _, n := range s.in.ForceDetach {
-		if n == m.Name {
-			return v1.AttachmentPending, "Member " + m.Name + " was force-detached: its node is lost"
-		}
-	}
-	if r := e.rvrOfMember(mi); r == nil || r.DeletionTimestamp != nil {
-		return v1.AttachmentPending, "Replica " + m.Name + " is leaving the datamesh"
-	}
-	state := e.mstate(mi)
-	switch {
-	case state.IsLiminal():
-		return v1.AttachmentPending, "Waiting for " + m.Name + " to leave " + string(m.Type)
-	case local && state != StateD:
-		return v1.AttachmentPending, "volumeAccess=Local: member " + m.Name + " is " + string(m.Type) + ", not Diskful"
-	}
-	if attached >= e.maxAttachments() {
-		return v1.AttachmentPending, "Waiting for another node to detach (maxAttachments=" + strconv.Itoa(e.maxAttachments()) + ")"
-	}
-	if attached >= 1 && !s.st.Datamesh.Multiattach {
-		return v1.AttachmentPending, "Waiting for multiattach to be enabled"
-	}
-	if state == StateA || state == StateTB || state == StateSDL {
-		c := e.counts()
-		if c.upToDateD <= s.cfg.GMDR {
-			return v1.AttachmentPending, "Cannot attach diskless member: " + strconv.Itoa(c.upToDateD) +
-				" UpToDate Diskful, need > GMDR " + strconv.Itoa(s.cfg.GMDR) +
-				" (DRBD does not enforce quorum-minimum-redundancy for a diskless Primary)"
-		}
-	}
-	p, ok := e.reg.Latest(PlanAttach)
+	p, ok := rc.reg.Latest(PlanAttach)
 	if !ok {
 		return v1.AttachmentPending, "Plan attach is not registered"
 	}
-	ti := e.start(p, m.Name)
-	e.confirm(ti, p, 0)
-	return v1.AttachmentAttaching, "Attaching: " + s.st.DatameshTransitions[ti].Steps[0].Message
+	ti := rc.start(p, rc.st.Datamesh.Members[mi].Name)
+	rc.confirm(ti, p, 0)
+	return v1.AttachmentAttaching, "Attaching: " + rc.st.DatameshTransitions[ti].Steps[0].Message
+}
+
+// attachBlocked returns why member mi may not be attached now, or "" (docs/datamesh.md
+// "Guards"); attached is how many members are attached or still detaching.
+func (rc *reconcile) attachBlocked(mi int, local bool, attached int) string {
+	m := &rc.st.Datamesh.Members[mi]
+	if ti := rc.transitionOf(m.Name, true); ti >= 0 {
+		return "Waiting for the " + string(rc.st.DatameshTransitions[ti].Type) + " transition of replica " + m.Name + " to complete"
+	}
+	if rc.forceLeaving(m.Name) {
+		return "Replica " + m.Name + " is being force-removed"
+	}
+	for _, n := range rc.in.ForceDetach {
+		if n == m.Name {
+			return "Member " + m.Name + " was force-detached: its node is lost"
+		}
+	}
+	if r := rc.rvrOfMember(mi); r == nil || r.DeletionTimestamp != nil {
+		return "Replica " + m.Name + " is leaving the datamesh"
+	}
+	state := rc.mstate(mi)
+	switch {
+	case state.IsLiminal():
+		return "Waiting for " + m.Name + " to leave " + string(m.Type)
+	case local && state != StateD:
+		return "volumeAccess=Local: member " + m.Name + " is " + string(m.Type) + ", not Diskful"
+	}
+	if attached >= rc.maxAttachments() {
+		return "Waiting for another node to detach (maxAttachments=" + strconv.Itoa(rc.maxAttachments()) + ")"
+	}
+	if attached >= 1 && !rc.st.Datamesh.Multiattach {
+		return "Waiting for multiattach to be enabled"
+	}
+	if state == StateA || state == StateTB || state == StateSDL {
+		c := rc.counts()
+		if c.upToDateD <= rc.cfg.GMDR {
+			return "Cannot attach diskless member: " + strconv.Itoa(c.upToDateD) +
+				" UpToDate Diskful, need > GMDR " + strconv.Itoa(rc.cfg.GMDR) +
+				" (DRBD does not enforce quorum-minimum-redundancy for a diskless Primary)"
+		}
+	}
+	return ""
 }
 
 // wantAccessReplicas asks for an Access replica on every served node without a replica,
 // and for deleting Access members no live RVA asks for (a waiting RVA keeps its replica).
-func (e *Engine) wantAccessReplicas() {
-	s := &e.s
-	if !s.hasCfg || e.formationActive() {
-		return
+func (rc *reconcile) wantAccessReplicas(sv serving) (wanted []WantedReplica) {
+	if !rc.hasCfg || rc.formationActive() {
+		return nil
 	}
-	local := s.st.Configuration != nil && s.st.Configuration.VolumeAccess == v1.VolumeAccessLocal
-	for _, j := range s.rvaOrd {
-		node := s.in.RVAs[j].Spec.NodeName
+	local := rc.st.Configuration != nil && rc.st.Configuration.VolumeAccess == v1.VolumeAccessLocal
+	for _, j := range sv.served {
+		node := rc.in.RVAs[j].Spec.NodeName
 		has := false
-		for _, r := range s.in.RVRs {
+		for _, r := range rc.in.RVRs {
 			if r.Spec.NodeName == node && r.DeletionTimestamp == nil {
 				has = true
 				break
 			}
 		}
-		if !has && !local && e.memberOnNode(node) < 0 {
-			s.wanted = append(s.wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeAccess, NodeName: node,
-				Reason: "attachment " + s.in.RVAs[j].Name + " needs the volume on node " + node})
+		if !has && !local && rc.memberOnNode(node) < 0 {
+			wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeAccess, NodeName: node,
+				Reason: "attachment " + rc.in.RVAs[j].Name + " needs the volume on node " + node})
 		}
 	}
-	for mi := range s.st.Datamesh.Members {
-		m := &s.st.Datamesh.Members[mi]
-		r := e.rvrOfMember(mi)
-		if e.mstate(mi) != StateA || m.Attached || r == nil || r.DeletionTimestamp != nil ||
-			r.Spec.Type != v1.ReplicaTypeAccess || (mi < 64 && s.liveMembers&(1<<uint(mi)) != 0) || e.transitionOf(m.Name, false) >= 0 {
+	for mi := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[mi]
+		r := rc.rvrOfMember(mi)
+		if rc.mstate(mi) != StateA || m.Attached || r == nil || r.DeletionTimestamp != nil ||
+			r.Spec.Type != v1.ReplicaTypeAccess || (mi < 64 && sv.live&(1<<uint(mi)) != 0) || rc.transitionOf(m.Name, false) >= 0 {
 			continue
 		}
-		s.wanted = append(s.wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeAccess, Replica: m.Name,
+		wanted = append(wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeAccess, Replica: m.Name,
 			Reason: "no attachment needs the Access replica on node " + m.NodeName})
 	}
+	return wanted
 }

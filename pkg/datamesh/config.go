@@ -14,33 +14,31 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // spec.manualConfiguration (Manual). During formation it is frozen: the layout being
 // built must not change under it. A source that cannot be resolved keeps the previous
 // configuration and says why in a Warning event; transitions in flight go on.
-func (e *Engine) resolveConfiguration() error {
-	s := &e.s
-	rv := s.in.RV
-	if !e.formationActive() {
-		want, ok, why := desiredConfiguration(rv, s.in.RSC)
+func (rc *reconcile) resolveConfiguration() error {
+	rv := rc.in.RV
+	if !rc.formationActive() {
+		want, ok, why := desiredConfiguration(rv, rc.in.RSC)
 		switch {
 		case !ok:
 			if why != "" {
-				e.event(EventWarning, "ConfigurationUnresolved", why)
+				rc.event(EventWarning, "ConfigurationUnresolved", why)
 			}
-		case s.st.Configuration == nil || !sameConfiguration(s.st.Configuration, &want):
-			if s.st.Configuration == nil {
-				s.st.Configuration = &v1.ReplicatedVolumeConfiguration{}
+		case rc.st.Configuration == nil || !sameConfiguration(rc.st.Configuration, &want):
+			if rc.st.Configuration == nil {
+				rc.st.Configuration = &v1.ReplicatedVolumeConfiguration{}
 			}
-			*s.st.Configuration = want
-			s.st.Configuration.Zones = slices.Clone(want.Zones)
-			e.markChanged()
+			*rc.st.Configuration = want
+			rc.st.Configuration.Zones = slices.Clone(want.Zones)
 		}
 	}
-	if c := s.st.Configuration; c != nil {
-		s.cfg = layout.Layout{FTT: int(c.FailuresToTolerate), GMDR: int(c.GuaranteedMinimumDataRedundancy)}
-		if err := s.cfg.Validate(); err != nil {
+	if c := rc.st.Configuration; c != nil {
+		rc.cfg = layout.Layout{FTT: int(c.FailuresToTolerate), GMDR: int(c.GuaranteedMinimumDataRedundancy)}
+		if err := rc.cfg.Validate(); err != nil {
 			// A configuration that was valid when written cannot become invalid; one
 			// written by someone else is refused rather than acted on.
 			return inputError("status.configuration." + err.Error())
 		}
-		s.hasCfg = true
+		rc.hasCfg = true
 	}
 	return nil
 }

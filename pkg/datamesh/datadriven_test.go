@@ -11,11 +11,12 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestPlans runs testdata/plans/*: each `plan` command derives one path of seed 000's
-// tables; the expected output is the seed's path, then every step with its q/qmr change
+// TestPlans runs testdata/plans/*: each `plan` command derives one path of docs/datamesh-spec.md's
+// tables; the expected output is the specification's path, then every step with its q/qmr change
 // and its confirmation group (∪ voters when the step changes q).
 func TestPlans(t *testing.T) {
 	datadriven.Walk(t, "testdata/plans", func(t *testing.T, path string) {
@@ -143,17 +144,9 @@ func (w *world) rvr(name string) *v1.ReplicatedVolumeReplica {
 func (w *world) process(t testing.TB) (Result, error) {
 	if w.eng == nil {
 		w.eng = NewEngine(w.reg, w.features)
-		w.eng.checkIndex = true
 	}
 	w.now = w.now.Add(time.Second)
-	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
-		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
-	full := *in
-	full.RV = w.rv.DeepCopy()
-	res, err := w.eng.Process(in)
-	// Every step also runs on a fresh engine with a copy of the volume: a controller
-	// restarted before this reconcile must decide exactly the same.
-	checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
+	res, err := w.processOnBoth(t)
 	for _, n := range w.force {
 		w.lost[n] = true
 	}
@@ -167,15 +160,32 @@ func (w *world) process(t testing.TB) (Result, error) {
 	return res, err
 }
 
+// processOnBoth runs one reconcile of w on w.eng, and the same input on a fresh engine
+// with a copy of the volume: a controller restarted before this reconcile must decide
+// exactly the same (checkFreshEngine).
+func (w *world) processOnBoth(t testing.TB) (Result, error) {
+	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
+		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
+	full := *in
+	full.RV = w.rv.DeepCopy()
+	res, err := w.eng.Process(in)
+	checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
+	return res, err
+}
+
 // checkFreshEngine runs in (a copy of the volume the engine under test saw) through a
 // new engine, and fails t if its status or result differ from got: the engine under
-// test reuses its scratch between calls, and nothing of an earlier call may show.
+// test has served earlier calls, and nothing of them may show.
 func checkFreshEngine(t testing.TB, reg *Registry, f Features, in *Input, gotRV *v1.ReplicatedVolume, got Result, gotErr error) {
 	t.Helper()
 	e := NewEngine(reg, f)
+	before := in.RV.Status.DeepCopy()
 	want, err := e.Process(in)
 	if (err == nil) != (gotErr == nil) {
 		t.Fatalf("fresh engine: error %v, engine under test: %v", err, gotErr)
+	}
+	if err == nil && want.Changed == equality.Semantic.DeepEqual(*before, in.RV.Status) {
+		t.Fatalf("Result.Changed is %v, but the status before and after are semantically %s", want.Changed, map[bool]string{true: "equal", false: "different"}[!want.Changed])
 	}
 	if !reflect.DeepEqual(in.RV.Status, gotRV.Status) {
 		t.Fatalf("fresh and reused engine disagree on the status:\nfresh: %+v\ngot:   %+v", in.RV.Status, gotRV.Status)

@@ -9,7 +9,8 @@ import (
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
-// Emergency operations (seed 000 §ForceRemoveReplica, "Transition parallelism"):
+// Emergency operations (docs/datamesh-spec.md "ForceRemoveReplica", "Transition
+// parallelism"):
 //
 //   - ForceDetach clears a lost member's attachment without waiting for it; it cancels
 //     the member's Attach/Detach in flight.
@@ -21,113 +22,134 @@ import (
 //
 // Guards: NotAttached (no attachment and no Attach/Detach in flight) and
 // MemberUnreachable (no replica whose agent is ready reports a Connected connection to it,
-// and every other configured replica's agent is ready: decision D2, see staleAgent).
+// and every other configured replica's agent is ready: docs/layouts.md §8.5, see
+// staleAgent).
 
-func (e *Engine) emergency() {
-	s := &e.s
-	if len(s.in.ForceDetach) == 0 && !s.anyForce {
+func (rc *reconcile) emergency(anyForce bool) {
+	if len(rc.in.ForceDetach) == 0 && !anyForce {
 		return // no lost node named: nothing below has anything to do
 	}
-	for _, name := range s.in.ForceDetach {
-		e.forceDetach(name)
+	for _, name := range rc.in.ForceDetach {
+		rc.forceDetach(name)
 	}
-	for i := range s.st.DatameshReplicaRequests {
-		if r := &s.st.DatameshReplicaRequests[i]; r.Operation == v1.ReplicaOperationForceLeave {
-			e.forceDetach(r.Name)
+	for i := range rc.st.DatameshReplicaRequests {
+		if r := &rc.st.DatameshReplicaRequests[i]; r.Operation == v1.ReplicaOperationForceLeave {
+			rc.forceDetach(r.Name)
 		}
 	}
-	var batch []int // request indexes; requests do not move during this pass
-	for i := range s.st.DatameshReplicaRequests {
-		r := &s.st.DatameshReplicaRequests[i]
-		if r.Operation != v1.ReplicaOperationForceLeave || e.forceInFlight(r.Name) {
+	ready := rc.forceRemovalsReady()
+	if len(ready) == 0 {
+		return
+	}
+	// Cancel first, then append: cancelling moves transitions, appending does not.
+	for _, name := range ready {
+		for ti := rc.transitionOf(name, false); ti >= 0; ti = rc.transitionOf(name, false) {
+			rc.cancel(ti)
+		}
+	}
+	otherDiskless, _ := rc.disklessChangeInFlight()
+	if started := rc.startForceRemovals(ready); len(started) > 0 {
+		rc.publishForceRemovals(started, otherDiskless != "")
+		// Transitions that waited for the dead members may be done now: look again.
+		rc.backward()
+	}
+}
+
+// forceRemovalsReady returns, in name order, the members with a ForceLeave request
+// whose guards pass, and writes why on the requests of the others. A request whose
+// replica already left the member list has its leftover transitions cancelled.
+func (rc *reconcile) forceRemovalsReady() (ready []string) {
+	for i := range rc.st.DatameshReplicaRequests {
+		r := &rc.st.DatameshReplicaRequests[i]
+		if r.Operation != v1.ReplicaOperationForceLeave || rc.forceInFlight(r.Name) {
 			continue
 		}
-		mi := e.memberIndex(r.Name)
+		mi := rc.memberIndex(r.Name)
 		if mi < 0 {
 			// Already out of the datamesh, but a transition (a RemoveReplica waiting for
 			// the dead replica to confirm) still refers to it: cancel it, the member is gone.
 			cancelled := false
-			for ti := e.transitionOf(r.Name, false); ti >= 0; ti = e.transitionOf(r.Name, false) {
-				e.cancel(ti)
+			for ti := rc.transitionOf(r.Name, false); ti >= 0; ti = rc.transitionOf(r.Name, false) {
+				rc.cancel(ti)
 				cancelled = true
 			}
 			if cancelled {
-				e.setRequestMessageString(r.Name, "Force-removed from datamesh")
-				e.event(EventWarning, "ReplicaForceRemoved", "Replica "+r.Name+" was force-removed: its transition was cancelled")
+				rc.setRequestMessage(r.Name, "Force-removed from datamesh")
+				rc.event(EventWarning, "ReplicaForceRemoved", "Replica "+r.Name+" was force-removed: its transition was cancelled")
 			}
 			continue
 		}
-		s.waiting = true
-		if s.st.Datamesh.Members[mi].Attached || e.attachmentInFlight(r.Name) {
-			e.setRequestMessageString(r.Name, "Cannot force-remove attached member; ForceDetach first")
+		rc.waiting = true
+		if msg := rc.forceRemovalBlocked(mi); msg != "" {
+			rc.setRequestMessage(r.Name, msg)
 			continue
 		}
-		if n := e.connectedFrom(r.Name); n > 0 {
-			e.setRequestMessageString(r.Name, "Force-removal blocked: member is reachable (connected from "+strconv.Itoa(n)+" replica(s))")
-			continue
-		}
-		if stale := e.staleAgent(r.Name); stale != "" {
-			e.setRequestMessageString(r.Name, "Force-removal blocked: cannot confirm the member is unreachable: the agent of "+stale+" is not reporting")
-			continue
-		}
-		if msg := e.awaitReplacement(mi); msg != "" {
-			e.setRequestMessageString(r.Name, msg)
-			continue
-		}
-		batch = append(batch, i)
+		ready = append(ready, r.Name)
 	}
-	if len(batch) == 0 {
-		return
+	return ready
+}
+
+// forceRemovalBlocked returns why member mi may not be force-removed now, or "".
+func (rc *reconcile) forceRemovalBlocked(mi int) string {
+	name := rc.st.Datamesh.Members[mi].Name
+	if rc.st.Datamesh.Members[mi].Attached || rc.attachmentInFlight(name) {
+		return "Cannot force-remove attached member; ForceDetach first"
 	}
-	// Cancel first, then append: cancelling moves transitions, appending does not.
-	for _, ri := range batch {
-		name := s.st.DatameshReplicaRequests[ri].Name
-		for ti := e.transitionOf(name, false); ti >= 0; ti = e.transitionOf(name, false) {
-			e.cancel(ti)
-		}
+	if n := rc.connectedFrom(name); n > 0 {
+		return "Force-removal blocked: member is reachable (connected from " + strconv.Itoa(n) + " replica(s))"
 	}
-	// The tiebreaker hold (model checker, "returns behind a partition"): a force
-	// removal that leaves an even number of DRBD voters (members with a disk; D∅ is
-	// rendered `disk none`) next to a diskless member — or while another member's
-	// change of the diskless set is unconfirmed — publishes q one higher until it is
-	// confirmed. Until then a replica that has not applied the removal still connects
-	// to the removed member, which, if alive behind a partition, is quorate with it in
-	// the old configuration (2 of 3 in 3D), while a survivor that applied it is one
-	// vote short of the new, even voter set and keeps quorum through DRBD's tiebreaker
-	// with the diskless member: two writers (3D with an Access replica; a TieBreaker
-	// removed next to an Access join, R3; F6). With q one higher, a side one vote short
-	// is two short: only all the new voters together (the tiebreaker covers the one
-	// vote) stay quorate. A ChangeQuorum brings q back once everything is confirmed
-	// (settleLayout).
-	otherDiskless, _ := e.disklessChangeInFlight()
-	var started []int
-	for _, ri := range batch {
-		name := s.st.DatameshReplicaRequests[ri].Name
-		mi := e.memberIndex(name)
-		from := StateOfMember(s.st.Datamesh.Members[mi].Type)
-		c := e.counts()
-		id, err := DerivedPlanID(from, StateGone, PathParams{Force: true, VotersOdd: c.voters%2 == 1, Shadow: e.features.ShadowDiskful || from.IsShadow()})
+	if stale := rc.staleAgent(name); stale != "" {
+		return "Force-removal blocked: cannot confirm the member is unreachable: the agent of " + stale + " is not reporting"
+	}
+	return rc.awaitReplacement(mi)
+}
+
+// startForceRemovals appends a ForceRemoveReplica for each member named and takes the
+// member out of the datamesh; it returns the new transitions' indexes. Their one step
+// is published together by publishForceRemovals.
+func (rc *reconcile) startForceRemovals(names []string) (started []int) {
+	for _, name := range names {
+		mi := rc.memberIndex(name)
+		from := StateOfMember(rc.st.Datamesh.Members[mi].Type)
+		c := rc.counts()
+		id, err := DerivedPlanID(from, StateGone, PathParams{Force: true, VotersOdd: c.voters%2 == 1, Shadow: rc.features.ShadowDiskful || from.IsShadow()})
 		if err != nil {
-			e.setRequestMessageString(name, "Cannot force-remove: "+err.Error())
+			rc.setRequestMessage(name, "Cannot force-remove: "+err.Error())
 			continue
 		}
-		p, ok := e.reg.Latest(id)
+		p, ok := rc.reg.Latest(id)
 		if !ok {
-			e.setRequestMessageString(name, "Cannot force-remove: plan "+id+" is not registered")
+			rc.setRequestMessage(name, "Cannot force-remove: plan "+id+" is not registered")
 			continue
 		}
-		ti := e.appendTransition(p, name)
-		e.recordNodeID(ti)
-		st := s.st
+		ti := rc.appendTransition(p, name)
+		rc.recordNodeID(ti)
+		st := rc.st
 		st.Datamesh.Members = append(st.Datamesh.Members[:mi], st.Datamesh.Members[mi+1:]...)
-		e.index()
+		rc.index()
 		started = append(started, ti)
 	}
-	if len(started) == 0 {
-		return
-	}
-	qBefore := s.st.Datamesh.Quorum
-	e.afterMembershipChange()
+	return started
+}
+
+// publishForceRemovals publishes the started force removals as one change: one
+// revision, q computed once for the voters that are left.
+//
+// The tiebreaker hold (model checker, "returns behind a partition"): a force removal
+// that leaves an even number of DRBD voters (members with a disk; D∅ is rendered `disk
+// none`) next to a diskless member — or while another member's change of the diskless
+// set is unconfirmed (otherDiskless) — publishes q one higher until it is confirmed.
+// Until then a replica that has not applied the removal still connects to the removed
+// member, which, if alive behind a partition, is quorate with it in the old
+// configuration (2 of 3 in 3D), while a survivor that applied it is one vote short of
+// the new, even voter set and keeps quorum through DRBD's tiebreaker with the diskless
+// member: two writers (3D with an Access replica; a TieBreaker removed next to an
+// Access join, R3; F6). With q one higher, a side one vote short is two short: only
+// all the new voters together (the tiebreaker covers the one vote) stay quorate. A
+// ChangeQuorum brings q back once everything is confirmed (settleLayout).
+func (rc *reconcile) publishForceRemovals(started []int, otherDiskless bool) {
+	qBefore := rc.st.Datamesh.Quorum
+	rc.afterMembershipChange()
 	// A force removal never lowers q. Its step is not confirmed by the removed member,
 	// and until every other replica has confirmed it, some of them (the TieBreaker, say)
 	// still connect to that member. If it is in fact alive behind a partition, it keeps
@@ -137,26 +159,24 @@ func (e *Engine) emergency() {
 	// (2D+1TB → 1D: q would drop to 1 at once). A lower q follows as a ChangeQuorum once
 	// the removal is confirmed (settleLayout). The same keeps a voter transition's hold
 	// in force (finding F6).
-	s.st.Datamesh.Quorum = max(s.st.Datamesh.Quorum, qBefore)
-	if disks, diskless := e.drbdVoters(); disks > 0 && disks%2 == 0 && (diskless > 0 || otherDiskless != "") {
-		s.st.Datamesh.Quorum = min(max(s.st.Datamesh.Quorum, int32(disks/2+2)), 32)
+	rc.st.Datamesh.Quorum = max(rc.st.Datamesh.Quorum, qBefore)
+	if disks, diskless := rc.drbdVoters(); disks > 0 && disks%2 == 0 && (diskless > 0 || otherDiskless) {
+		rc.st.Datamesh.Quorum = min(max(rc.st.Datamesh.Quorum, int32(disks/2+2)), 32)
 	}
-	e.pin()
-	rev := e.bump()
+	rc.pin()
+	rev := rc.bump()
 	for _, ti := range started {
-		ts := &s.st.DatameshTransitions[ti].Steps[0]
-		ts.Status, ts.DatameshRevision, ts.StartedAt = v1.StepActive, rev, e.now()
-		e.event(EventWarning, "ForceRemoveStarted", "Force-removing replica "+s.st.DatameshTransitions[ti].ReplicaName+" from the datamesh at revision "+strconv.FormatInt(rev, 10))
+		ts := &rc.st.DatameshTransitions[ti].Steps[0]
+		ts.Status, ts.DatameshRevision, ts.StartedAt = v1.StepActive, rev, rc.now()
+		rc.event(EventWarning, "ForceRemoveStarted", "Force-removing replica "+rc.st.DatameshTransitions[ti].ReplicaName+" from the datamesh at revision "+strconv.FormatInt(rev, 10))
 	}
-	// Transitions that waited for the dead members may be done now: look again.
-	e.backward()
 }
 
 // drbdVoters counts the members DRBD counts as voters (a disk attached: D) and the
 // diskless ones (A, TB, D∅, sD∅), whose majority DRBD's tiebreaker asks for.
-func (e *Engine) drbdVoters() (disks, diskless int) {
-	for mi := range e.s.st.Datamesh.Members {
-		switch st := e.mstate(mi); {
+func (rc *reconcile) drbdVoters() (disks, diskless int) {
+	for mi := range rc.st.Datamesh.Members {
+		switch st := rc.mstate(mi); {
 		case st == StateD:
 			disks++
 		case isDiskless(st):
@@ -166,7 +186,8 @@ func (e *Engine) drbdVoters() (disks, diskless int) {
 	return disks, diskless
 }
 
-// awaitReplacement decides the order of replacing a lost voter (issue 8, item 7): it
+// awaitReplacement decides the order of replacing a lost voter (docs/datamesh.md
+// "Replacing a lost node"): it
 // returns why the force removal of member mi waits, or "".
 //
 // In an even voter set with a TieBreaker (2D+1TB losing a D) the survivors keep quorum
@@ -190,23 +211,22 @@ func (e *Engine) drbdVoters() (disks, diskless int) {
 // new voter set: two writers (the model checker's "return behind a partition" finds
 // it). Holding q raised instead (TBHold) stops IO for the whole sync, which is worse
 // than the order above.
-func (e *Engine) awaitReplacement(mi int) string {
-	s := &e.s
-	m := &s.st.Datamesh.Members[mi]
-	if !e.mstate(mi).IsVoter() {
+func (rc *reconcile) awaitReplacement(mi int) string {
+	m := &rc.st.Datamesh.Members[mi]
+	if !rc.mstate(mi).IsVoter() {
 		return ""
 	}
-	c := e.counts()
+	c := rc.counts()
 	reporting := 0 // voters other than m whose agent reports and that are not being force-removed
-	for k := range s.st.Datamesh.Members {
-		if k == mi || !e.mstate(k).IsVoter() || e.forceLeaving(s.st.Datamesh.Members[k].Name) {
+	for k := range rc.st.Datamesh.Members {
+		if k == mi || !rc.mstate(k).IsVoter() || rc.forceLeaving(rc.st.Datamesh.Members[k].Name) {
 			continue
 		}
-		if r := e.rvrOfMember(k); r != nil && !agentNotReady(r) {
+		if r := rc.rvrOfMember(k); r != nil && !agentNotReady(r) {
 			reporting++
 		}
 	}
-	if !e.servingIO(m.Name) {
+	if !rc.servingIO(m.Name) {
 		// No survivor is attached or attaching: the removal stops no IO, and waiting
 		// for a replacement that may never come (2D+1TB on three nodes) would keep the
 		// volume from attaching anywhere. The survivors are one voter under q for the
@@ -214,10 +234,10 @@ func (e *Engine) awaitReplacement(mi int) string {
 		// removal's q↓ follows (quorumAfterForceRemoval) and a new attachment promotes.
 		return ""
 	}
-	qNow := int(s.st.Datamesh.Quorum)
+	qNow := int(rc.st.Datamesh.Quorum)
 	quorateNow := reporting >= qNow || (c.voters%2 == 0 && c.tb > 0 && reporting == qNow-1)
 	after := c.voters - 1
-	qAfter := layout.Quorum(after, e.effective().AfterMembershipChange(s.cfg, after, c.tb))
+	qAfter := layout.Quorum(after, rc.effective().AfterMembershipChange(rc.cfg, after, c.tb))
 	quorateAfter := reporting >= qAfter || (after%2 == 0 && c.tb > 0 && reporting == qAfter-1)
 	if !quorateNow || quorateAfter {
 		return ""
@@ -226,17 +246,17 @@ func (e *Engine) awaitReplacement(mi int) string {
 	// When the D members that stay already make the configured layout (it was lowered),
 	// no replacement is coming: nothing to wait for.
 	stay := 0
-	for j, r := range s.in.RVRs {
-		if r.DeletionTimestamp != nil || e.forceLeaving(r.Name) || r.Spec.Type != v1.ReplicaTypeDiskful {
+	for j, r := range rc.in.RVRs {
+		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) || r.Spec.Type != v1.ReplicaTypeDiskful {
 			continue
 		}
-		if s.rvrMember[j] >= 0 {
+		if rc.rvrMember[j] >= 0 {
 			stay++
-		} else if e.joinReady(r, nil) == "" {
+		} else if rc.joinReady(r, nil) == "" {
 			return ""
 		}
 	}
-	if stay >= s.cfg.DiskfulCount() {
+	if stay >= rc.cfg.DiskfulCount() {
 		return ""
 	}
 	return "Force-removal waits for a replacement Diskful replica ready to join: removing " + m.Name +
@@ -246,9 +266,9 @@ func (e *Engine) awaitReplacement(mi int) string {
 
 // servingIO: a member other than the lost one is attached, or an Attach or Detach of
 // one is in flight.
-func (e *Engine) servingIO(lost string) bool {
-	for _, m := range e.s.st.Datamesh.Members {
-		if m.Name != lost && (m.Attached || e.attachmentInFlight(m.Name)) {
+func (rc *reconcile) servingIO(lost string) bool {
+	for _, m := range rc.st.Datamesh.Members {
+		if m.Name != lost && (m.Attached || rc.attachmentInFlight(m.Name)) {
 			return true
 		}
 	}
@@ -263,19 +283,15 @@ func (e *Engine) servingIO(lost string) bool {
 // the lost member, if alive behind a partition, keeps the old quorum with that replica
 // while the survivors and the newcomer form a quorum of the new one (the model
 // checker's "returns behind a partition", 3D and 2D+1TB).
-func (e *Engine) voterForceLeaving() string {
-	s := &e.s
-	ts := s.st.DatameshTransitions
+func (rc *reconcile) voterForceLeaving() string {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if t := &ts[i]; t.Type == v1.TransitionForceRemoveReplica && StateOfMember(t.FromType).IsVoter() {
 			return t.ReplicaName
 		}
 	}
-	if !s.anyForce {
-		return ""
-	}
-	for mi := range s.st.Datamesh.Members {
-		if name := s.st.Datamesh.Members[mi].Name; e.mstate(mi).IsVoter() && e.forceLeaving(name) {
+	for mi := range rc.st.Datamesh.Members {
+		if name := rc.st.Datamesh.Members[mi].Name; rc.mstate(mi).IsVoter() && rc.forceLeaving(name) {
 			return name
 		}
 	}
@@ -284,8 +300,8 @@ func (e *Engine) voterForceLeaving() string {
 
 // forceRemovalUnconfirmed: a ForceRemoveReplica is published and not yet confirmed by
 // every other replica. While it is, no step lowers q (see emergency).
-func (e *Engine) forceRemovalUnconfirmed() bool {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) forceRemovalUnconfirmed() bool {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if ts[i].Type == v1.TransitionForceRemoveReplica {
 			return true
@@ -295,31 +311,30 @@ func (e *Engine) forceRemovalUnconfirmed() bool {
 }
 
 // appendTransition adds a transition for plan p without publishing it.
-func (e *Engine) appendTransition(p *Plan, replica string) int {
+func (rc *reconcile) appendTransition(p *Plan, replica string) int {
 	steps := make([]v1.DatameshTransitionStep, len(p.Steps))
 	for i := range p.Steps {
 		steps[i] = v1.DatameshTransitionStep{Name: p.Steps[i].Name, Status: v1.StepPending}
 	}
-	st := e.s.st
+	st := rc.st
 	st.DatameshTransitions = append(st.DatameshTransitions, v1.DatameshTransition{
 		Type: p.Type, Group: p.Group, ReplicaName: replica,
 		FromType: p.From.MemberType(), ToType: p.To.MemberType(),
 		PlanID: p.ID, PlanVersion: p.Version, Steps: steps,
 	})
-	e.markChanged()
 	return len(st.DatameshTransitions) - 1
 }
 
-func (e *Engine) attachmentInFlight(name string) bool {
-	return e.attachTransition(name) >= 0
+func (rc *reconcile) attachmentInFlight(name string) bool {
+	return rc.attachTransition(name) >= 0
 }
 
 // connectedFrom counts replicas with a ready agent that report a Connected DRBD
 // connection to name. A replica whose agent is not ready (AgentReady=False) is not
 // counted here (its peers list may be stale): staleAgent blocks on it instead.
-func (e *Engine) connectedFrom(name string) int {
+func (rc *reconcile) connectedFrom(name string) int {
 	n := 0
-	for _, r := range e.s.in.RVRs {
+	for _, r := range rc.in.RVRs {
 		if r.Name == name || agentNotReady(r) {
 			continue
 		}
@@ -336,7 +351,7 @@ func (e *Engine) connectedFrom(name string) int {
 // staleAgent returns the first replica (in name order) that could still hold a DRBD
 // connection to the member called name without saying so: one whose agent is not
 // reporting (AgentReady=False: its peers list is stale), or a member
-// whose replica object is gone (no status at all). Decision D2: such a replica may be the
+// whose replica object is gone (no status at all). docs/layouts.md §8.5: such a replica may be the
 // one still connected to name and running the old configuration with it; together they
 // can hold the old quorum while the rest, with name removed, keeps quorum through a
 // TieBreaker (layout finding 2, docs/layouts.md §8.5). So MemberUnreachable blocks on
@@ -347,24 +362,23 @@ func (e *Engine) connectedFrom(name string) int {
 // ForceLeave request — their node is declared lost like name's, and when both go in
 // the same pass (two failed nodes) they are removed together; waiting for one of them
 // to report would block both for ever.
-func (e *Engine) staleAgent(name string) string {
-	s := &e.s
-	for _, j := range s.rvrOrd {
-		r := s.in.RVRs[j]
+func (rc *reconcile) staleAgent(name string) string {
+	for _, j := range rc.rvrOrd {
+		r := rc.in.RVRs[j]
 		if r.Name == name || !agentNotReady(r) {
 			continue
 		}
-		if s.rvrMember[j] < 0 && e.transitionOf(r.Name, true) < 0 {
+		if rc.rvrMember[j] < 0 && rc.transitionOf(r.Name, true) < 0 {
 			continue
 		}
-		if e.forceLeaving(r.Name) {
+		if rc.forceLeaving(r.Name) {
 			continue
 		}
 		return r.Name
 	}
-	for mi := range s.st.Datamesh.Members {
-		m := &s.st.Datamesh.Members[mi]
-		if s.memberRVR[mi] >= 0 || m.Name == name || e.forceLeaving(m.Name) {
+	for mi := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[mi]
+		if rc.memberRVR[mi] >= 0 || m.Name == name || rc.forceLeaving(m.Name) {
 			continue
 		}
 		return m.Name
@@ -387,7 +401,8 @@ func upToDate(r *v1.ReplicatedVolumeReplica) bool {
 // status and cannot report its own silence. A replica without the condition is taken as
 // reporting: the controller writes it for every replica it sees, and a missing one means
 // it has not looked yet, not that the agent is silent. Unknown counts as not ready: the
-// guards that read this (F1, D2) must not trust a report nobody vouches for.
+// guards that read this (docs/modelcheck-findings.md F1, docs/layouts.md §8.5) must
+// not trust a report nobody vouches for.
 func agentNotReady(r *v1.ReplicatedVolumeReplica) bool {
 	c := agentReadyCondition(r)
 	return c != nil && c.Status != metav1.ConditionTrue
@@ -403,24 +418,23 @@ func agentReadyCondition(r *v1.ReplicatedVolumeReplica) *metav1.Condition {
 }
 
 // forceDetach clears name's attachment without waiting for it.
-func (e *Engine) forceDetach(name string) {
-	s := &e.s
-	mi := e.memberIndex(name)
+func (rc *reconcile) forceDetach(name string) {
+	mi := rc.memberIndex(name)
 	if mi < 0 {
 		return
 	}
-	for i := range s.st.DatameshTransitions {
-		if t := &s.st.DatameshTransitions[i]; t.Type == v1.TransitionForceDetach && t.ReplicaName == name {
+	for i := range rc.st.DatameshTransitions {
+		if t := &rc.st.DatameshTransitions[i]; t.Type == v1.TransitionForceDetach && t.ReplicaName == name {
 			return
 		}
 	}
-	attached := s.st.Datamesh.Members[mi].Attached
+	attached := rc.st.Datamesh.Members[mi].Attached
 	inFlight := false
-	for ti := 0; ti < len(s.st.DatameshTransitions); {
-		t := &s.st.DatameshTransitions[ti]
+	for ti := 0; ti < len(rc.st.DatameshTransitions); {
+		t := &rc.st.DatameshTransitions[ti]
 		if (t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach) && t.ReplicaName == name {
 			inFlight = true
-			e.cancel(ti)
+			rc.cancel(ti)
 			continue
 		}
 		ti++
@@ -428,11 +442,11 @@ func (e *Engine) forceDetach(name string) {
 	if !attached && !inFlight {
 		return
 	}
-	p, ok := e.reg.Latest(PlanForceDetach)
+	p, ok := rc.reg.Latest(PlanForceDetach)
 	if !ok {
 		return
 	}
-	ti := e.start(p, name)
-	e.confirm(ti, p, 0)
-	e.event(EventWarning, "ForceDetached", "Member "+name+" was force-detached")
+	ti := rc.start(p, name)
+	rc.confirm(ti, p, 0)
+	rc.event(EventWarning, "ForceDetached", "Member "+name+" was force-detached")
 }

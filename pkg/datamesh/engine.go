@@ -9,10 +9,10 @@ import (
 // Features are the capabilities of the DRBD the cluster runs. They change which plans the
 // planner may derive.
 type Features struct {
-	// ShadowDiskful: DRBD has the `non-voting` disk option (seed 000 calls it
-	// "flant-drbd"). With it a diskful replica can sync as a non-voter (sD) before it
+	// ShadowDiskful: DRBD has the `non-voting` disk option (docs/datamesh-spec.md
+	// calls it "flant-drbd"). With it a diskful replica can sync as a non-voter (sD) before it
 	// becomes a voter, and a Diskful replica can step down to sD instead of A. Upstream
-	// DRBD 9.2 has no such option (DRBD-QUORUM.md).
+	// DRBD 9.2 has no such option (docs/drbd-quorum.md).
 	ShadowDiskful bool
 }
 
@@ -39,7 +39,7 @@ func (p *Pool) FindNode(name string) *v1.EligibleNode {
 	return nil
 }
 
-// QuorumChange asks for a standalone ChangeQuorum (seed 000 §ChangeQuorum): an explicit
+// QuorumChange asks for a standalone ChangeQuorum (docs/datamesh-spec.md "ChangeQuorum"): an explicit
 // or emergency adjustment of q and/or qmr from outside the engine. Zero fields keep the
 // current value.
 type QuorumChange struct {
@@ -125,8 +125,8 @@ type Event struct {
 	Message string
 }
 
-// Result is what Process returns besides the mutated status. Its slices belong to the
-// Engine and are valid until the next Process call; copy them to keep them.
+// Result is what Process returns besides the mutated status. Its slices are the
+// caller's: nothing of them is kept or reused by the Engine.
 type Result struct {
 	// Changed: RV.Status was modified and must be written.
 	Changed bool
@@ -144,14 +144,12 @@ type Result struct {
 	Events []Event
 }
 
-// Engine runs the datamesh transitions of one volume per Process call. It holds scratch
-// buffers so a steady reconcile allocates nothing; it is not safe for concurrent use:
-// give each worker its own Engine (they may share one Registry).
+// Engine runs the datamesh transitions of one volume per Process call. It holds only
+// its plan registry and features, both read-only, and keeps nothing between calls: it
+// is safe for concurrent use.
 type Engine struct {
-	reg        *Registry
-	features   Features
-	s          scratch
-	checkIndex bool // tests: verify incremental index updates against a full rebuild
+	reg      *Registry
+	features Features
 }
 
 // NewEngine returns an engine that runs the plans of reg. A nil reg means DefaultRegistry().

@@ -202,7 +202,7 @@ func TestRevisionPerPublishedChange(t *testing.T) {
 }
 
 // TestHeldQuorum checks heldQuorum against the cases worked out in its comment, and that
-// without a TieBreaker it never asks more than the seed's q.
+// without a TieBreaker it never asks more than the specification's q.
 func TestHeldQuorum(t *testing.T) {
 	for _, c := range []struct {
 		nOld, nNew, qOld int
@@ -225,7 +225,8 @@ func TestHeldQuorum(t *testing.T) {
 	}
 }
 
-// TestLeavingReplicaLabel: a leaving replica is "#id" in progress messages (D3), and a
+// TestLeavingReplicaLabel: a leaving replica is "#id" in progress messages (docs/datamesh.md
+// "Node-ids"), and a
 // transition persisted before replicaNodeID existed (nil) falls back to the name.
 func TestLeavingReplicaLabel(t *testing.T) {
 	w := newWorld()
@@ -253,7 +254,7 @@ func TestLeavingReplicaLabel(t *testing.T) {
 	if msg := ts[0].Steps[0].Message; !strings.Contains(msg, "Waiting: [#0, #1, #2, #3].") {
 		t.Fatalf("leaving replica not named #3: %q", msg)
 	}
-	ts[0].ReplicaNodeID = nil // as written by a controller before D3
+	ts[0].ReplicaNodeID = nil // as written by a controller before replicaNodeID existed
 	if _, err := w.process(t); err != nil {
 		t.Fatal(err)
 	}

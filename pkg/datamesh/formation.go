@@ -26,8 +26,8 @@ import (
 //
 // Formation is exclusive: no other transition starts, emergency ones included.
 
-func (e *Engine) formationIndex() int {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) formationIndex() int {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if ts[i].Type == v1.TransitionFormation {
 			return i
@@ -36,48 +36,32 @@ func (e *Engine) formationIndex() int {
 	return -1
 }
 
-func (e *Engine) formationActive() bool { return e.formationIndex() >= 0 }
+func (rc *reconcile) formationActive() bool { return rc.formationIndex() >= 0 }
 
-func (e *Engine) maybeStartFormation() bool {
-	st := e.s.st
-	if !e.s.hasCfg || st.DatameshRevision != 0 || len(st.Datamesh.Members) != 0 || len(st.DatameshTransitions) != 0 {
+func (rc *reconcile) maybeStartFormation() bool {
+	st := rc.st
+	if !rc.hasCfg || st.DatameshRevision != 0 || len(st.Datamesh.Members) != 0 || len(st.DatameshTransitions) != 0 {
 		return false
 	}
-	if e.s.in.RV.DeletionTimestamp != nil {
+	if rc.in.RV.DeletionTimestamp != nil {
 		return false
 	}
-	p, ok := e.reg.Latest(PlanFormation)
+	p, ok := rc.reg.Latest(PlanFormation)
 	if !ok {
 		return false
 	}
-	e.start(p, "")
+	rc.start(p, "")
 	return true
 }
 
 // formationCandidates picks, in name order, the first ready Diskful and TieBreaker RVRs
-// the layout needs into e.s.rvaOrd (reused scratch) and returns how many of each it found
-// and why the first unready one is not ready.
-func (e *Engine) formationCandidates() (d, tb int, why string) {
-	s := &e.s
-	needD := s.cfg.DiskfulCount()
-	needTB := layout.TieBreakerMin(needD, s.cfg.FTT)
-	order := s.rvaOrd[:0]
-	for j := range s.in.RVRs {
-		order = append(order, j)
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		na, nb := s.in.RVRs[a].Name, s.in.RVRs[b].Name
-		switch {
-		case na < nb:
-			return -1
-		case na > nb:
-			return 1
-		}
-		return 0
-	})
-	picked := order[:0]
-	for _, j := range order {
-		r := s.in.RVRs[j]
+// the layout needs (RVR indexes) and returns how many of each it found and why the
+// first unready one is not ready.
+func (rc *reconcile) formationCandidates() (picked []int, d, tb int, why string) {
+	needD := rc.cfg.DiskfulCount()
+	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
+	for _, j := range rc.rvrOrd {
+		r := rc.in.RVRs[j]
 		if r.DeletionTimestamp != nil {
 			continue
 		}
@@ -94,7 +78,7 @@ func (e *Engine) formationCandidates() (d, tb int, why string) {
 		if *need >= limit {
 			continue
 		}
-		if msg := e.joinReady(r, picked); msg != "" {
+		if msg := rc.joinReady(r, picked); msg != "" {
 			if why == "" {
 				why = r.Name + ": " + msg
 			}
@@ -103,35 +87,33 @@ func (e *Engine) formationCandidates() (d, tb int, why string) {
 		*need++
 		picked = append(picked, j)
 	}
-	s.rvaOrd = picked
-	return d, tb, why
+	return picked, d, tb, why
 }
 
-// joinReady is the readiness part of the join guards (seed 001): placement done, addresses
+// joinReady is the readiness part of the join guards (docs/datamesh.md "Guards"): placement done, addresses
 // known, pool available, node eligible and ready, no other member (or pick) on the node.
-func (e *Engine) joinReady(r *v1.ReplicatedVolumeReplica, picked []int) string {
-	s := &e.s
+func (rc *reconcile) joinReady(r *v1.ReplicatedVolumeReplica, picked []int) string {
 	if r.Spec.NodeName == "" {
 		return "Waiting for placement to choose a node"
 	}
 	if len(r.Status.Addresses) == 0 {
 		return "Waiting for the replica's addresses (status.addresses is empty)"
 	}
-	for i := range s.st.Datamesh.Members {
-		m := &s.st.Datamesh.Members[i]
+	for i := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[i]
 		if m.NodeName == r.Spec.NodeName && m.Name != r.Name {
 			return "Node " + r.Spec.NodeName + " already has datamesh member " + m.Name
 		}
 	}
 	for _, j := range picked {
-		if o := s.in.RVRs[j]; o.Spec.NodeName == r.Spec.NodeName {
+		if o := rc.in.RVRs[j]; o.Spec.NodeName == r.Spec.NodeName {
 			return "Node " + r.Spec.NodeName + " already has replica " + o.Name
 		}
 	}
-	pool := s.in.Pool
+	pool := rc.in.Pool
 	poolName := ""
-	if s.st.Configuration != nil {
-		poolName = s.st.Configuration.StoragePool
+	if rc.st.Configuration != nil {
+		poolName = rc.st.Configuration.StoragePool
 	}
 	if pool == nil || !pool.Available || (poolName != "" && pool.Name != poolName) {
 		return "Storage pool " + strconv.Quote(poolName) + " is not available"
@@ -146,36 +128,34 @@ func (e *Engine) joinReady(r *v1.ReplicatedVolumeReplica, picked []int) string {
 	return ""
 }
 
-func (e *Engine) formation() {
-	s := &e.s
-	ti := e.formationIndex()
+func (rc *reconcile) formation() (wanted []WantedReplica) {
+	ti := rc.formationIndex()
 	if ti < 0 {
-		return
+		return nil
 	}
-	t := &s.st.DatameshTransitions[ti]
-	p, ok := e.planOf(t)
+	t := &rc.st.DatameshTransitions[ti]
+	p, ok := rc.planOf(t)
 	if !ok {
-		return
+		return nil
 	}
-	s.waiting = true
+	rc.waiting = true
 	si := activeStep(t)
 	if si > 0 || (si == 0 && t.Steps[0].Status == v1.StepActive) {
 		// Published: a member whose replica is going away restarts formation.
-		for mi := range s.st.Datamesh.Members {
-			r := e.rvrOfMember(mi)
+		for mi := range rc.st.Datamesh.Members {
+			r := rc.rvrOfMember(mi)
 			if r == nil || r.DeletionTimestamp != nil {
-				e.restartFormation(ti, s.st.Datamesh.Members[mi].Name)
-				e.formation() // and look for replacements at once
-				return
+				rc.restartFormation(ti, rc.st.Datamesh.Members[mi].Name)
+				return rc.formation() // and look for replacements at once
 			}
 		}
-		e.formationRequestMessages(ti)
-		return
+		rc.formationRequestMessages(ti)
+		return nil
 	}
-	needD := s.cfg.DiskfulCount()
-	needTB := layout.TieBreakerMin(needD, s.cfg.FTT)
-	d, tb, why := e.formationCandidates()
-	e.wantFormationReplicas(needD, needTB)
+	needD := rc.cfg.DiskfulCount()
+	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
+	_, d, tb, why := rc.formationCandidates()
+	wanted = rc.wantFormationReplicas(needD, needTB)
 	if d < needD || tb < needTB {
 		msg := "Waiting for replicas: " + strconv.Itoa(d) + "/" + strconv.Itoa(needD) + " Diskful"
 		if needTB > 0 {
@@ -185,64 +165,64 @@ func (e *Engine) formation() {
 		if why != "" {
 			msg += "; " + why
 		}
-		e.setStepMessage(ti, 0, msg)
-		e.formationRequestMessages(ti)
-		return
+		rc.setStepMessage(ti, 0, msg)
+		rc.formationRequestMessages(ti)
+		return wanted
 	}
-	e.publish(ti, p, 0)
-	e.confirm(ti, p, 0)
-	e.formationRequestMessages(ti)
+	rc.publish(ti, p, 0)
+	rc.confirm(ti, p, 0)
+	rc.formationRequestMessages(ti)
+	return wanted
 }
 
-// formationPublish adds the picked replicas (formationCandidates) as members.
-func (e *Engine) formationPublish() {
-	s := &e.s
-	for _, j := range s.rvaOrd {
-		r := s.in.RVRs[j]
+// formationPublish adds the replicas formationCandidates picks as members (formation
+// publishes right after it found enough of them, from the same input).
+func (rc *reconcile) formationPublish() {
+	picked, _, _, _ := rc.formationCandidates()
+	for _, j := range picked {
+		r := rc.in.RVRs[j]
 		st, _ := StateOfReplicaType(r.Spec.Type)
 		m := v1.DatameshMember{Name: r.Name, Type: st.MemberType(), NodeName: r.Spec.NodeName,
-			Addresses: slices.Clone(r.Status.Addresses), NodeID: int32(e.freeNodeID())}
-		if n := s.in.Pool.FindNode(r.Spec.NodeName); n != nil {
+			Addresses: slices.Clone(r.Status.Addresses), NodeID: int32(rc.freeNodeID())}
+		if n := rc.in.Pool.FindNode(r.Spec.NodeName); n != nil {
 			m.Zone = n.Zone
 		}
-		s.st.Datamesh.Members = slices.Insert(s.st.Datamesh.Members, e.memberInsertAt(m.Name), m)
+		rc.st.Datamesh.Members = slices.Insert(rc.st.Datamesh.Members, rc.memberInsertAt(m.Name), m)
 	}
-	e.index()
-	eff := layout.Formed(s.cfg)
-	e.setEffective(eff)
-	c := e.counts()
-	s.st.Datamesh.Quorum = int32(layout.Quorum(c.voters, eff))
-	s.st.Datamesh.QuorumMinimumRedundancy = int32(layout.QMR(eff))
+	rc.index()
+	eff := layout.Formed(rc.cfg)
+	rc.setEffective(eff)
+	c := rc.counts()
+	rc.st.Datamesh.Quorum = int32(layout.Quorum(c.voters, eff))
+	rc.st.Datamesh.QuorumMinimumRedundancy = int32(layout.QMR(eff))
 }
 
-func (e *Engine) restartFormation(ti int, lost string) {
-	s := &e.s
-	s.st.Datamesh.Members = nil
-	s.st.Datamesh.Quorum = 0
-	s.st.Datamesh.QuorumMinimumRedundancy = 0
-	s.st.Datamesh.Multiattach = false
-	e.index()
-	e.setEffective(layout.Reset())
-	e.bump()
-	t := &s.st.DatameshTransitions[ti]
+func (rc *reconcile) restartFormation(ti int, lost string) {
+	rc.st.Datamesh.Members = nil
+	rc.st.Datamesh.Quorum = 0
+	rc.st.Datamesh.QuorumMinimumRedundancy = 0
+	rc.st.Datamesh.Multiattach = false
+	rc.index()
+	rc.setEffective(layout.Reset())
+	rc.bump()
+	t := &rc.st.DatameshTransitions[ti]
 	for i := range t.Steps {
 		t.Steps[i] = v1.DatameshTransitionStep{Name: t.Steps[i].Name, Status: v1.StepPending}
 	}
 	t.Steps[0].Message = "Restarted: replica " + lost + " was lost during formation"
-	e.event(EventWarning, "FormationRestarted", "Formation restarted: replica "+lost+" was lost before the datamesh was formed")
+	rc.event(EventWarning, "FormationRestarted", "Formation restarted: replica "+lost+" was lost before the datamesh was formed")
 }
 
-func (e *Engine) formationRequestMessages(ti int) {
-	s := &e.s
-	t := &s.st.DatameshTransitions[ti]
+func (rc *reconcile) formationRequestMessages(ti int) {
+	t := &rc.st.DatameshTransitions[ti]
 	si := activeStep(t)
 	if si < 0 {
 		return
 	}
-	for i := range s.st.DatameshReplicaRequests {
-		r := &s.st.DatameshReplicaRequests[i]
+	for i := range rc.st.DatameshReplicaRequests {
+		r := &rc.st.DatameshReplicaRequests[i]
 		var msg string
-		forming := e.memberIndex(r.Name) >= 0 ||
+		forming := rc.memberIndex(r.Name) >= 0 ||
 			(si == 0 && r.Operation == v1.ReplicaOperationJoin && (r.Type == v1.ReplicaTypeDiskful || r.Type == v1.ReplicaTypeTieBreaker))
 		switch {
 		case forming:
@@ -254,27 +234,25 @@ func (e *Engine) formationRequestMessages(ti int) {
 		}
 		if r.Message != msg {
 			r.Message = msg
-			e.markChanged()
 		}
 	}
 }
 
-func (e *Engine) formationComplete() {
-	s := &e.s
-	for i := range s.st.DatameshReplicaRequests {
-		r := &s.st.DatameshReplicaRequests[i]
-		if r.Operation == v1.ReplicaOperationJoin && e.memberIndex(r.Name) >= 0 {
+func (rc *reconcile) formationComplete() {
+	for i := range rc.st.DatameshReplicaRequests {
+		r := &rc.st.DatameshReplicaRequests[i]
+		if r.Operation == v1.ReplicaOperationJoin && rc.memberIndex(r.Name) >= 0 {
 			r.Message = "Joined datamesh during formation"
 		}
 	}
-	e.event(EventNormal, "FormationComplete", "Datamesh formed: "+s.cfg.String()+", q="+
-		strconv.Itoa(int(s.st.Datamesh.Quorum))+", qmr="+strconv.Itoa(int(s.st.Datamesh.QuorumMinimumRedundancy)))
+	rc.event(EventNormal, "FormationComplete", "Datamesh formed: "+rc.cfg.String()+", q="+
+		strconv.Itoa(int(rc.st.Datamesh.Quorum))+", qmr="+strconv.Itoa(int(rc.st.Datamesh.QuorumMinimumRedundancy)))
 }
 
 // wantFormationReplicas asks placement for the replicas formation still lacks.
-func (e *Engine) wantFormationReplicas(needD, needTB int) {
+func (rc *reconcile) wantFormationReplicas(needD, needTB int) (wanted []WantedReplica) {
 	var d, tb int
-	for _, r := range e.s.in.RVRs {
+	for _, r := range rc.in.RVRs {
 		if r.DeletionTimestamp != nil {
 			continue
 		}
@@ -286,11 +264,12 @@ func (e *Engine) wantFormationReplicas(needD, needTB int) {
 		}
 	}
 	for ; d < needD; d++ {
-		e.s.wanted = append(e.s.wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
-			Reason: "formation of " + e.s.cfg.String() + " needs " + strconv.Itoa(needD) + " Diskful"})
+		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
+			Reason: "formation of " + rc.cfg.String() + " needs " + strconv.Itoa(needD) + " Diskful"})
 	}
 	for ; tb < needTB; tb++ {
-		e.s.wanted = append(e.s.wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,
-			Reason: "formation of " + e.s.cfg.String() + " needs " + strconv.Itoa(needTB) + " TieBreaker"})
+		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,
+			Reason: "formation of " + rc.cfg.String() + " needs " + strconv.Itoa(needTB) + " TieBreaker"})
 	}
+	return wanted
 }

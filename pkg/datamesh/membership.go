@@ -9,40 +9,40 @@ import (
 
 // The membership forward pass turns open replica requests into transitions. For each
 // request the planner first decides whether there is anything to do (a skip leaves the
-// message alone, so a completion message survives: seed 001 §2, §6) and derives the plan;
+// message alone, so a completion message survives: docs/datamesh.md
+// "One Process call") and derives the plan;
 // then the parallelism rules and the plan's guards decide whether it may start now (a
 // block sets the request's message).
 
-func (e *Engine) membership() {
-	s := &e.s
-	if !s.openRequests {
+func (rc *reconcile) membership(open, quorumBusy bool) {
+	if !open {
 		return // every request is done: nothing to plan (the steady state)
 	}
-	if s.quorumBusy || e.groupInFlight(v1.GroupQuorum) {
-		e.blockOpenRequests("Waiting for ChangeQuorum to complete")
+	if quorumBusy || rc.groupInFlight(v1.GroupQuorum) {
+		rc.blockOpenRequests("Waiting for ChangeQuorum to complete")
 		return
 	}
-	voting := e.votingInFlight()
-	for i := 0; i < len(s.st.DatameshReplicaRequests); i++ {
-		req := s.st.DatameshReplicaRequests[i]
-		if req.Operation == v1.ReplicaOperationForceLeave || e.transitionOf(req.Name, true) >= 0 {
+	voting := rc.votingInFlight()
+	for i := 0; i < len(rc.st.DatameshReplicaRequests); i++ {
+		req := rc.st.DatameshReplicaRequests[i]
+		if req.Operation == v1.ReplicaOperationForceLeave || rc.transitionOf(req.Name, true) >= 0 {
 			continue
 		}
-		p, blocked := e.planFor(&req, i)
+		p, blocked := rc.planFor(&req)
 		if p == nil {
 			if blocked != "" {
-				s.waiting = true
-				e.setRequestMessageString(req.Name, blocked)
+				rc.waiting = true
+				rc.setRequestMessage(req.Name, blocked)
 			}
 			continue
 		}
-		s.waiting = true
+		rc.waiting = true
 		if p.Group == v1.GroupVotingMembership && voting != "" {
-			e.setRequestMessageString(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (one voter transition at a time)")
+			rc.setRequestMessage(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (one voter transition at a time)")
 			continue
 		}
 		if (p.Group == v1.GroupVotingMembership && p.From == StateNew) || changesDiskless(p) {
-			if lost := e.voterForceLeaving(); lost != "" {
+			if lost := rc.voterForceLeaving(); lost != "" {
 				// A lost voter leaves before its replacement joins (awaitReplacement):
 				// a voter step the lost member never confirms would either wait for it
 				// for ever or, with a q held raised, stop IO for the whole sync. Nor
@@ -51,52 +51,52 @@ func (e *Engine) membership() {
 				// one vote short through DRBD's tiebreaker with a diskless member the
 				// replicas still connected to the lost one do not know (the model
 				// checker's "returns behind a partition", 3D with an Access join).
-				e.setRequestMessageString(req.Name, "Waiting for the force removal of "+lost+" (a lost voter leaves before the member set changes)")
+				rc.setRequestMessage(req.Name, "Waiting for the force removal of "+lost+" (a lost voter leaves before the member set changes)")
 				continue
 			}
 		}
 		if (p.From == StateTB || p.To == StateTB) && voting != "" {
 			// A TieBreaker appearing or leaving while the voter set is half changed would
 			// change what DRBD's tiebreaker allows under a q chosen without it.
-			e.setRequestMessageString(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (a TieBreaker change waits for voter changes)")
+			rc.setRequestMessage(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (a TieBreaker change waits for voter changes)")
 			continue
 		}
 		if changesDiskless(p) {
-			if other, g := e.disklessChangeInFlight(); other != "" {
+			if other, g := rc.disklessChangeInFlight(); other != "" {
 				// Changes of the diskless member set run one at a time (model checker
 				// finding F6): DRBD's tiebreaker asks for a majority of the diskless
 				// members a node knows, so while two such changes are half applied, the
 				// nodes that know only the old member and those that know only the new
 				// one could each hold "their" majority on either side of a cut.
-				e.setRequestMessageString(req.Name, "Waiting for the "+string(g)+" transition of replica "+other+" to complete (changes of the diskless member set run one at a time)")
+				rc.setRequestMessage(req.Name, "Waiting for the "+string(g)+" transition of replica "+other+" to complete (changes of the diskless member set run one at a time)")
 				continue
 			}
 		}
 		if p.From == StateTB || p.To == StateTB {
-			if other := e.tieBreakerTransition(); other != "" {
+			if other := rc.tieBreakerTransition(); other != "" {
 				// TieBreaker changes run one at a time (model checker finding F5): DRBD's
 				// tiebreaker needs a majority of the diskless members a node knows, so
 				// while one TB change is half applied, members disagree on which TB
 				// counts. A replacement TB counts for TBRequired only once every member
 				// runs it: its AddReplica must complete before the old TB may leave.
-				e.setRequestMessageString(req.Name, "Waiting for the "+string(v1.GroupNonVotingMembership)+" transition of TieBreaker "+other+" to complete (TieBreaker changes run one at a time)")
+				rc.setRequestMessage(req.Name, "Waiting for the "+string(v1.GroupNonVotingMembership)+" transition of TieBreaker "+other+" to complete (TieBreaker changes run one at a time)")
 				continue
 			}
 		}
-		if msg := e.guards(p, &req); msg != "" {
-			e.setRequestMessageString(req.Name, msg)
+		if msg := rc.guards(p, &req); msg != "" {
+			rc.setRequestMessage(req.Name, msg)
 			continue
 		}
-		ti := e.start(p, req.Name)
-		e.confirm(ti, p, 0)
+		ti := rc.start(p, req.Name)
+		rc.confirm(ti, p, 0)
 		if p.Group == v1.GroupVotingMembership {
 			voting = req.Name
 		}
 	}
 }
 
-func (e *Engine) groupInFlight(g v1.TransitionGroup) bool {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) groupInFlight(g v1.TransitionGroup) bool {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if ts[i].Group == g {
 			return true
@@ -105,8 +105,8 @@ func (e *Engine) groupInFlight(g v1.TransitionGroup) bool {
 	return false
 }
 
-func (e *Engine) votingInFlight() string {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) votingInFlight() string {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if ts[i].Group == v1.GroupVotingMembership {
 			return ts[i].ReplicaName
@@ -116,29 +116,27 @@ func (e *Engine) votingInFlight() string {
 }
 
 // blockOpenRequests sets msg on every request that is not done and has no transition.
-func (e *Engine) blockOpenRequests(msg string) {
-	s := &e.s
-	for i := range s.st.DatameshReplicaRequests {
-		req := s.st.DatameshReplicaRequests[i]
-		if req.Operation == v1.ReplicaOperationForceLeave || e.transitionOf(req.Name, true) >= 0 {
+func (rc *reconcile) blockOpenRequests(msg string) {
+	for i := range rc.st.DatameshReplicaRequests {
+		req := rc.st.DatameshReplicaRequests[i]
+		if req.Operation == v1.ReplicaOperationForceLeave || rc.transitionOf(req.Name, true) >= 0 {
 			continue
 		}
-		if p, _ := e.planFor(&req, i); p != nil {
-			s.waiting = true
-			e.setRequestMessageString(req.Name, msg)
+		if p, _ := rc.planFor(&req); p != nil {
+			rc.waiting = true
+			rc.setRequestMessage(req.Name, msg)
 		}
 	}
 }
 
 // planFor is the planner: it returns the plan for a request, or nil and a blocked message,
 // or nil and "" when there is nothing to do (skip).
-func (e *Engine) planFor(req *v1.DatameshReplicaRequest, guess int) (*Plan, string) {
-	s := &e.s
-	mi := e.memberIndexGuess(req.Name, guess)
+func (rc *reconcile) planFor(req *v1.DatameshReplicaRequest) (*Plan, string) {
+	mi := rc.memberIndex(req.Name)
 	var from, to State
 	switch req.Operation {
 	case v1.ReplicaOperationJoin:
-		if mi >= 0 || e.findRVR(req.Name, -1) < 0 {
+		if mi >= 0 || rc.rvrIndex(req.Name) < 0 {
 			return nil, ""
 		}
 		st, ok := StateOfReplicaType(req.Type)
@@ -150,7 +148,7 @@ func (e *Engine) planFor(req *v1.DatameshReplicaRequest, guess int) (*Plan, stri
 		if mi < 0 {
 			return nil, ""
 		}
-		from, to = e.mstate(mi), StateGone
+		from, to = rc.mstate(mi), StateGone
 	case v1.ReplicaOperationChangeType:
 		if mi < 0 {
 			return nil, ""
@@ -159,7 +157,7 @@ func (e *Engine) planFor(req *v1.DatameshReplicaRequest, guess int) (*Plan, stri
 		if !ok {
 			return nil, "spec.type: unknown replica type " + strconv.Quote(string(req.Type))
 		}
-		from, to = e.mstate(mi), st
+		from, to = rc.mstate(mi), st
 		if from == to {
 			return nil, ""
 		}
@@ -169,45 +167,44 @@ func (e *Engine) planFor(req *v1.DatameshReplicaRequest, guess int) (*Plan, stri
 	if from.IsLiminal() {
 		return nil, "Member is " + string(from.MemberType()) + ", a transitional state with no transition in flight; it can only be force-removed"
 	}
-	if (to.IsShadow() || from.IsShadow()) && !e.features.ShadowDiskful {
+	if (to.IsShadow() || from.IsShadow()) && !rc.features.ShadowDiskful {
 		return nil, "ShadowDiskful needs a DRBD with the non-voting disk option (feature ShadowDiskful is off)"
 	}
-	c := e.counts()
-	eff := e.effective()
+	c := rc.counts()
+	eff := rc.effective()
 	pp := PathParams{
 		VotersOdd: c.voters%2 == 1,
-		Shadow:    e.features.ShadowDiskful,
-		QMRUp:     from == StateNew && to == StateD && eff.GMDR < s.cfg.GMDR,
-		QMRDown:   from == StateD && to == StateGone && (eff.GMDR > s.cfg.GMDR || int(s.st.Datamesh.QuorumMinimumRedundancy) > s.cfg.GMDR+1),
-		TBHold:    c.tb > 0 || e.tieBreakerChanging(),
+		Shadow:    rc.features.ShadowDiskful,
+		QMRUp:     from == StateNew && to == StateD && eff.GMDR < rc.cfg.GMDR,
+		QMRDown:   from == StateD && to == StateGone && (eff.GMDR > rc.cfg.GMDR || int(rc.st.Datamesh.QuorumMinimumRedundancy) > rc.cfg.GMDR+1),
+		TBHold:    c.tb > 0 || rc.tieBreakerChanging(),
 	}
 	id, err := DerivedPlanID(from, to, pp)
 	if err != nil {
 		return nil, "No plan: " + err.Error()
 	}
-	p, ok := e.reg.Latest(id)
+	p, ok := rc.reg.Latest(id)
 	if !ok {
 		return nil, "Plan " + id + " is not registered in this controller"
 	}
 	return p, ""
 }
 
-// guards runs the plan's preconditions in the seed's order and returns the first blocked
+// guards runs the plan's preconditions in the specification's order and returns the first blocked
 // message, or "".
-func (e *Engine) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
-	s := &e.s
-	if e.formationActive() {
+func (rc *reconcile) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
+	if rc.formationActive() {
 		return "Waiting for formation to complete"
 	}
-	mi := e.memberIndex(req.Name)
+	mi := rc.memberIndex(req.Name)
 	if p.From == StateNew {
-		return e.joinGuards(p, req)
+		return rc.joinGuards(p, req)
 	}
-	m := &s.st.Datamesh.Members[mi]
+	m := &rc.st.Datamesh.Members[mi]
 	if p.To == StateGone {
 		// NotAttached: an attached member is converted, never removed (attached-member
 		// strategy: the layout asks placement to retype it instead).
-		if m.Attached || e.detachInFlight(m.Name) {
+		if m.Attached || rc.detachInFlight(m.Name) {
 			return "Cannot remove attached member"
 		}
 	}
@@ -215,20 +212,20 @@ func (e *Engine) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
 		return "Cannot change attached member to TieBreaker"
 	}
 	if p.From == StateD {
-		if msg := e.leavingDGuards(p, mi); msg != "" {
+		if msg := rc.leavingDGuards(p, mi); msg != "" {
 			return msg
 		}
 	}
 	if p.From == StateTB {
-		if msg := e.leavingTBGuards(mi); msg != "" {
+		if msg := rc.leavingTBGuards(mi); msg != "" {
 			return msg
 		}
 	}
 	return ""
 }
 
-func (e *Engine) detachInFlight(name string) bool {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) detachInFlight(name string) bool {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if (ts[i].Type == v1.TransitionDetach || ts[i].Type == v1.TransitionForceDetach) && ts[i].ReplicaName == name {
 			return true
@@ -237,73 +234,70 @@ func (e *Engine) detachInFlight(name string) bool {
 	return false
 }
 
-// joinGuards are seed 001's AddReplica guards.
-func (e *Engine) joinGuards(p *Plan, req *v1.DatameshReplicaRequest) string {
-	s := &e.s
-	if s.in.RV.DeletionTimestamp != nil {
+// joinGuards are the AddReplica guards (docs/datamesh.md "Guards").
+func (rc *reconcile) joinGuards(p *Plan, req *v1.DatameshReplicaRequest) string {
+	if rc.in.RV.DeletionTimestamp != nil {
 		return "Volume is being deleted"
 	}
-	if p.To == StateA && s.st.Configuration != nil && s.st.Configuration.VolumeAccess == v1.VolumeAccessLocal {
+	if p.To == StateA && rc.st.Configuration != nil && rc.st.Configuration.VolumeAccess == v1.VolumeAccessLocal {
 		return "volumeAccess=Local: Access replicas cannot join (the volume is used only where a Diskful replica is)"
 	}
-	r := e.rvrByName(req.Name)
-	if msg := e.joinReady(r, nil); msg != "" {
+	r := rc.rvrNamed(req.Name)
+	if msg := rc.joinReady(r, nil); msg != "" {
 		return msg
 	}
-	if e.freeNodeID() < 0 {
+	if rc.freeNodeID() < 0 {
 		return "No free DRBD node-id (0..31)"
 	}
 	return ""
 }
 
-// leavingDGuards are seed 000 "Preconditions for leaving D".
-func (e *Engine) leavingDGuards(p *Plan, mi int) string {
-	s := &e.s
-	m := &s.st.Datamesh.Members[mi]
-	cfg := s.st.Configuration
+// leavingDGuards are docs/datamesh-spec.md "Preconditions for leaving D".
+func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
+	m := &rc.st.Datamesh.Members[mi]
+	cfg := rc.st.Configuration
 	if m.Attached && cfg != nil && cfg.VolumeAccess == v1.VolumeAccessLocal && p.To != StateSD {
 		return "Cannot demote Diskful: volumeAccess=Local requires D on attached node"
 	}
 	// QMRReady looks at the qmr the removal will run under: a plan that starts with
 	// qmr↓ lowers it itself.
-	qmr := int(s.st.Datamesh.QuorumMinimumRedundancy)
+	qmr := int(rc.st.Datamesh.QuorumMinimumRedundancy)
 	if len(p.Steps) > 0 && p.Steps[0].Kind == StepQMR && p.Steps[0].QMR == Down {
-		qmr = s.cfg.GMDR + 1
+		qmr = rc.cfg.GMDR + 1
 	}
-	if ok, msg := layout.GuardQMRReady(qmr, s.cfg.GMDR); !ok {
+	if ok, msg := layout.GuardQMRReady(qmr, rc.cfg.GMDR); !ok {
 		return msg
 	}
-	c := e.counts()
-	r := e.rvrOfMember(mi)
+	c := rc.counts()
+	r := rc.rvrOfMember(mi)
 	leavingUpToDate := upToDate(r)
-	if ok, msg := layout.GuardGMDR(c.upToDateD, leavingUpToDate, s.cfg.GMDR); !ok {
+	if ok, msg := layout.GuardGMDR(c.upToDateD, leavingUpToDate, rc.cfg.GMDR); !ok {
 		return msg
 	}
-	if ok, msg := layout.GuardFTT(c.voters, s.cfg); !ok {
+	if ok, msg := layout.GuardFTT(c.voters, rc.cfg); !ok {
 		return msg
 	}
 	if cfg != nil && cfg.Topology == v1.TopologyTransZonal {
-		zones := e.zoneCounts()
+		zones := rc.zoneCounts()
 		l := layout.Leaving{Zone: m.Zone, UpToDate: leavingUpToDate}
-		if ok, msg := layout.GuardZoneGMDR(zones, l, s.cfg.GMDR); !ok {
+		if ok, msg := layout.GuardZoneGMDR(zones, l, rc.cfg.GMDR); !ok {
 			return msg
 		}
-		if ok, msg := layout.GuardZoneFTT(zones, l, e.effective()); !ok {
+		if ok, msg := layout.GuardZoneFTT(zones, l, rc.effective()); !ok {
 			return msg
 		}
 	}
 	return ""
 }
 
-// leavingTBGuards are seed 000 "Preconditions for leaving TB".
-func (e *Engine) leavingTBGuards(mi int) string {
-	s := &e.s
-	c := e.counts()
-	if ok, msg := layout.GuardTBRequired(c.tb, c.voters, s.cfg.FTT); !ok {
+// leavingTBGuards are docs/datamesh-spec.md "Preconditions for leaving TB".
+func (rc *reconcile) leavingTBGuards(mi int) string {
+	c := rc.counts()
+	if ok, msg := layout.GuardTBRequired(c.tb, c.voters, rc.cfg.FTT); !ok {
 		return msg
 	}
-	if cfg := s.st.Configuration; cfg != nil && cfg.Topology == v1.TopologyTransZonal {
-		if ok, msg := layout.GuardZoneTBRequired(e.zoneCounts(), s.st.Datamesh.Members[mi].Zone, e.effective()); !ok {
+	if cfg := rc.st.Configuration; cfg != nil && cfg.Topology == v1.TopologyTransZonal {
+		if ok, msg := layout.GuardZoneTBRequired(rc.zoneCounts(), rc.st.Datamesh.Members[mi].Zone, rc.effective()); !ok {
 			return msg
 		}
 	}
@@ -311,11 +305,10 @@ func (e *Engine) leavingTBGuards(mi int) string {
 }
 
 // zoneCounts counts the members per zone for the zone guards.
-func (e *Engine) zoneCounts() []layout.ZoneCount {
-	s := &e.s
-	z := s.zones[:0]
-	for i := range s.st.Datamesh.Members {
-		m := &s.st.Datamesh.Members[i]
+func (rc *reconcile) zoneCounts() []layout.ZoneCount {
+	var z []layout.ZoneCount
+	for i := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[i]
 		k := -1
 		for j := range z {
 			if z[j].Zone == m.Zone {
@@ -327,10 +320,10 @@ func (e *Engine) zoneCounts() []layout.ZoneCount {
 			z = append(z, layout.ZoneCount{Zone: m.Zone})
 			k = len(z) - 1
 		}
-		switch e.mstate(i) {
+		switch rc.mstate(i) {
 		case StateD:
 			z[k].D++
-			if upToDate(e.rvrOfMember(i)) {
+			if upToDate(rc.rvrOfMember(i)) {
 				z[k].UpToDateD++
 			}
 		case StateDL:
@@ -341,12 +334,12 @@ func (e *Engine) zoneCounts() []layout.ZoneCount {
 			z[k].Diskless++
 		}
 	}
-	s.zones = z
 	return z
 }
 
 // isDiskless: the member is configured without a disk, so DRBD counts it among the
-// diskless nodes whose majority its tiebreaker needs: A, TB, and (decision D1) D∅, sD∅.
+// diskless nodes whose majority its tiebreaker needs: A, TB, and D∅, sD∅
+// (docs/layouts.md §8.4).
 func isDiskless(s State) bool {
 	return s == StateA || s == StateTB || s == StateDL || s == StateSDL
 }
@@ -365,14 +358,14 @@ func changesDiskless(p *Plan) bool {
 // disklessChangeInFlight names the replica (and group) of a membership transition in
 // flight that changes the diskless set, or "". A transition whose plan this controller
 // does not know counts as one.
-func (e *Engine) disklessChangeInFlight() (string, v1.TransitionGroup) {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) disklessChangeInFlight() (string, v1.TransitionGroup) {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		t := &ts[i]
 		if !isMembership(t.Type) {
 			continue
 		}
-		if p, ok := e.planOf(t); !ok || changesDiskless(p) {
+		if p, ok := rc.planOf(t); !ok || changesDiskless(p) {
 			return t.ReplicaName, t.Group
 		}
 	}
@@ -381,8 +374,8 @@ func (e *Engine) disklessChangeInFlight() (string, v1.TransitionGroup) {
 
 // tieBreakerTransition names the replica of a membership transition in flight that adds,
 // removes or retypes a TieBreaker, or "".
-func (e *Engine) tieBreakerTransition() string {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) tieBreakerTransition() string {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if isMembership(ts[i].Type) && (ts[i].FromType == v1.MemberTypeTieBreaker || ts[i].ToType == v1.MemberTypeTieBreaker) {
 			return ts[i].ReplicaName
@@ -393,4 +386,4 @@ func (e *Engine) tieBreakerTransition() string {
 
 // tieBreakerChanging: a TieBreaker is joining, leaving or changing type, so some members
 // may still count it: a voter change must hold q as if it were there.
-func (e *Engine) tieBreakerChanging() bool { return e.tieBreakerTransition() != "" }
+func (rc *reconcile) tieBreakerChanging() bool { return rc.tieBreakerTransition() != "" }

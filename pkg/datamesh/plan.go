@@ -44,7 +44,7 @@ const (
 	StepFormationSync
 )
 
-// ConfirmGroup is who must confirm a step (seed 000 "Step confirmation rules").
+// ConfirmGroup is who must confirm a step (docs/datamesh-spec.md "Step confirmation rules").
 type ConfirmGroup uint8
 
 const (
@@ -71,7 +71,7 @@ func (g ConfirmGroup) String() string {
 
 // Step is one published change of a plan: the unit a DatameshRevision confirms.
 type Step struct {
-	// Name is the seed's notation, e.g. "A → D∅ + q↑".
+	// Name is the specification's notation, e.g. "A → D∅ + q↑".
 	Name string
 	Kind StepKind
 	// From, To: the affected member's state before and after (StepMember).
@@ -98,11 +98,11 @@ type Plan struct {
 	Steps    []Step
 }
 
-// Path is the plan's steps joined the way seed 000 writes them, with ✦/✕ endpoints:
+// Path is the plan's steps joined the way docs/datamesh-spec.md writes them, with ✦/✕ endpoints:
 // "✦ → A → D∅ + q↑ → D → qmr↑".
 func (p *Plan) Path() string { return PathString(p.Steps) }
 
-// PathString renders steps in the seed's notation.
+// PathString renders steps in the specification's notation.
 func PathString(steps []Step) string {
 	var b strings.Builder
 	prevMember := false
@@ -148,19 +148,20 @@ type PathParams struct {
 	// Force: ForceRemoveReplica (one step, the dead member excluded).
 	Force bool
 	// TBHold: the datamesh has a TieBreaker. DRBD's tiebreaker lets half of an even
-	// voter set plus the TB keep quorum (DRBD-QUORUM.md), so while a step that changes
+	// voter set plus the TB keep quorum (docs/drbd-quorum.md), so while a step that changes
 	// the voter count is half applied, a quorum of the new configuration and a quorum of
 	// the old one (tiebreaker quorums included) could be disjoint — the split the model
-	// checker found for 2D+1TB → 3D (notes/modelcheck-findings.md F4). The voter-changing
+	// checker found for 2D+1TB → 3D (docs/modelcheck-findings.md F4). The voter-changing
 	// step therefore publishes a q one above both configurations' q, and a final "q↓"
 	// step, once every member runs the new voter set, brings q back to the formula. The
-	// seed's paths are those with TBHold false.
+	// specification's paths are those with TBHold false.
 	//
-	// F4's split needs DRBD to count a D∅ as a present voter. Under decision D1 (D∅ and
-	// sD∅ rendered `disk none`) it does not, and a member starts voting only at its own
-	// D∅ → D step; the hold is kept because it is never less safe (a higher q over the
-	// same voters grants no quorum the formula's q would not), until the model checker,
-	// modelling D1, shows it can go (docs/datamesh.md "TieBreaker hold").
+	// F4's split needs DRBD to count a D∅ as a present voter. With D∅ and sD∅ rendered
+	// `disk none` (docs/layouts.md §8.4) it does not, and a member starts voting only at
+	// its own D∅ → D step; the hold is kept because it is never less safe (a higher q
+	// over the same voters grants no quorum the formula's q would not), until the model
+	// checker, modelling that rendering, shows it can go (docs/datamesh.md "TieBreaker
+	// hold").
 	TBHold bool
 }
 
@@ -211,7 +212,7 @@ func DerivedPlanID(from, to State, p PathParams) (string, error) {
 }
 
 // DerivePlan derives the membership plan for from → to from a few rules instead of a
-// table (seed 000's tables are its test vectors):
+// table (docs/datamesh-spec.md's tables are its test vectors):
 //
 //   - A voter joins or leaves at D∅ (full mesh, no disk): the disk is attached or
 //     detached in a step of its own, confirmed by the member alone.
@@ -235,21 +236,7 @@ func DerivePlan(from, to State, p PathParams) (Plan, error) {
 		return Plan{}, fmt.Errorf("%s → %s is not a transition", from, to)
 	}
 	if p.Force {
-		if !from.IsMember() || to != StateGone {
-			return Plan{}, fmt.Errorf("ForceRemoveReplica needs a member and ✕, got %s → %s", from, to)
-		}
-		if from.IsShadow() && !p.Shadow {
-			return Plan{}, fmt.Errorf("%s needs ShadowDiskful support", from)
-		}
-		q := NoChange
-		if from.IsVoter() && !p.VotersOdd {
-			q = Down
-		}
-		st := memberStep(from, StateGone, q)
-		st.Force = true
-		pl := Plan{Type: v1.TransitionForceRemoveReplica, Group: v1.GroupEmergency, From: from, To: to, Steps: []Step{st}}
-		pl.ID = planID(pl)
-		return pl, nil
+		return forceRemovePlan(from, to, p)
 	}
 	if from.IsLiminal() || to.IsLiminal() {
 		return Plan{}, fmt.Errorf("%s → %s: liminal states are only passed through", from, to)
@@ -259,44 +246,85 @@ func DerivePlan(from, to State, p PathParams) (Plan, error) {
 	}
 	addsVoter := !from.IsVoter() && to.IsVoter()
 	removesVoter := from.IsVoter() && !to.IsVoter()
-	qUp := addsVoter && p.VotersOdd
-	qDown := removesVoter && !p.VotersOdd
-
 	var steps []Step
-	add := func(f, t State, q Change) { steps = append(steps, memberStep(f, t, q)) }
 	if removesVoter && to == StateGone && p.QMRDown {
 		steps = append(steps, qmrStep(Down))
 	}
+	steps = append(steps, memberSteps(from, to, p.Shadow, addsVoter && p.VotersOdd, removesVoter && !p.VotersOdd)...)
+	if to == StateD && from == StateNew && p.QMRUp {
+		steps = append(steps, qmrStep(Up))
+	}
+	if p.TBHold && (addsVoter || removesVoter) {
+		steps = holdQ(steps)
+	}
+	pl := Plan{From: from, To: to, Steps: steps}
 	switch {
-	case to == StateD:
-		cur := from
-		if p.Shadow {
-			if cur != StateSD {
-				add(cur, StateSDL, NoChange)
-				add(StateSDL, StateSD, NoChange)
-			}
-			if !qUp {
-				add(StateSD, StateD, NoChange)
-			} else {
-				add(StateSD, StateSDL, NoChange)
-				add(StateSDL, StateDL, Up)
-				add(StateDL, StateD, NoChange)
-			}
+	case from == StateNew:
+		pl.Type = v1.TransitionAddReplica
+	case to == StateGone:
+		pl.Type = v1.TransitionRemoveReplica
+	default:
+		pl.Type = v1.TransitionChangeReplicaType
+	}
+	pl.Group = v1.GroupNonVotingMembership
+	if from.IsVoter() || to.IsVoter() {
+		pl.Group = v1.GroupVotingMembership
+	}
+	pl.ID = planID(pl)
+	return pl, nil
+}
+
+// forceRemovePlan is ForceRemoveReplica: one step from whatever state the member is in
+// to ✕, with q↓ when it leaves an odd number of voters, the dead member excluded.
+func forceRemovePlan(from, to State, p PathParams) (Plan, error) {
+	if !from.IsMember() || to != StateGone {
+		return Plan{}, fmt.Errorf("ForceRemoveReplica needs a member and ✕, got %s → %s", from, to)
+	}
+	if from.IsShadow() && !p.Shadow {
+		return Plan{}, fmt.Errorf("%s needs ShadowDiskful support", from)
+	}
+	q := NoChange
+	if from.IsVoter() && !p.VotersOdd {
+		q = Down
+	}
+	st := memberStep(from, StateGone, q)
+	st.Force = true
+	pl := Plan{Type: v1.TransitionForceRemoveReplica, Group: v1.GroupEmergency, From: from, To: to, Steps: []Step{st}}
+	pl.ID = planID(pl)
+	return pl, nil
+}
+
+// memberSteps are the member steps from → to (DerivePlan's rules): a voter joins or
+// leaves at D∅, its disk in a step of its own; q changes (qUp, qDown) with the step that
+// adds or removes the voter; with shadow support a diskful replica syncs as sD first.
+func memberSteps(from, to State, shadow, qUp, qDown bool) []Step {
+	var steps []Step
+	add := func(f, t State, q Change) { steps = append(steps, memberStep(f, t, q)) }
+	switch {
+	case to == StateD && shadow:
+		if from != StateSD {
+			add(from, StateSDL, NoChange)
+			add(StateSDL, StateSD, NoChange)
+		}
+		if !qUp {
+			add(StateSD, StateD, NoChange)
 		} else {
-			if !qUp {
-				add(cur, StateDL, NoChange)
-			} else {
-				if cur == StateNew {
-					add(StateNew, StateA, NoChange)
-					cur = StateA
-				}
-				add(cur, StateDL, Up)
-			}
+			add(StateSD, StateSDL, NoChange)
+			add(StateSDL, StateDL, Up)
 			add(StateDL, StateD, NoChange)
 		}
-		if from == StateNew && p.QMRUp {
-			steps = append(steps, qmrStep(Up))
+	case to == StateD:
+		cur := from
+		if !qUp {
+			add(cur, StateDL, NoChange)
+		} else {
+			if cur == StateNew {
+				add(StateNew, StateA, NoChange)
+				cur = StateA
+			}
+			add(cur, StateDL, Up)
 		}
+		add(StateDL, StateD, NoChange)
 	case from == StateD && to == StateSD:
 		if !qDown {
 			add(StateD, StateSD, NoChange)
@@ -325,24 +353,7 @@ func DerivePlan(from, to State, p PathParams) (Plan, error) {
 	default:
 		add(from, to, NoChange)
 	}
-	if p.TBHold && (addsVoter || removesVoter) {
-		steps = holdQ(steps)
-	}
-	pl := Plan{From: from, To: to, Steps: steps}
-	switch {
-	case from == StateNew:
-		pl.Type = v1.TransitionAddReplica
-	case to == StateGone:
-		pl.Type = v1.TransitionRemoveReplica
-	default:
-		pl.Type = v1.TransitionChangeReplicaType
-	}
-	pl.Group = v1.GroupNonVotingMembership
-	if from.IsVoter() || to.IsVoter() {
-		pl.Group = v1.GroupVotingMembership
-	}
-	pl.ID = planID(pl)
-	return pl, nil
+	return steps
 }
 
 // holdQ marks the step that changes the voter count as HoldQ and adds the "q↓" that ends
@@ -376,7 +387,7 @@ func boolChange(b bool, c Change) Change {
 	return NoChange
 }
 
-// memberStep builds a member step with the seed's confirmation group for (from, to).
+// memberStep builds a member step with the specification's confirmation group for (from, to).
 func memberStep(from, to State, q Change) Step {
 	s := Step{Kind: StepMember, From: from, To: to, Q: q, Confirm: ConfirmGroupOf(from, to)}
 	s.Name = from.String() + " → " + to.String()
@@ -396,7 +407,7 @@ func qmrStep(c Change) Step {
 	return Step{Name: name, Kind: StepQMR, QMR: c, Confirm: ConfirmAll}
 }
 
-// ConfirmGroupOf is seed 000's confirmation group of a member step:
+// ConfirmGroupOf is docs/datamesh-spec.md's confirmation group of a member step:
 //   - a disk attach/detach (D∅ ↔ D, sD∅ ↔ sD) changes nothing on peers: the member alone;
 //   - a star member joining, leaving or changing role (✦/A/TB → A/TB/✕) changes only the
 //     full-mesh members' connections to it: full mesh + the member;

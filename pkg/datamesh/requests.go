@@ -19,7 +19,7 @@ import (
 //
 // A request whose replica has nothing more to ask stays, with its completion message
 // ("Joined datamesh successfully"), until the replica asks something else or its RVR is
-// gone: that is how completion messages survive (seed 001 §6). Requests are kept sorted
+// gone: that is how completion messages survive (docs/datamesh.md "One Process call"). Requests are kept sorted
 // by name so the status does not depend on the order of Input.RVRs.
 
 func isMembership(t v1.TransitionType) bool {
@@ -32,8 +32,8 @@ func isMembership(t v1.TransitionType) bool {
 
 // transitionOf returns the index of a transition about replica name (membership ones only
 // when membershipOnly), or -1.
-func (e *Engine) transitionOf(name string, membershipOnly bool) int {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) transitionOf(name string, membershipOnly bool) int {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if (!membershipOnly || isMembership(ts[i].Type)) && ts[i].ReplicaName == name {
 			return i
@@ -42,189 +42,121 @@ func (e *Engine) transitionOf(name string, membershipOnly bool) int {
 	return -1
 }
 
-func (e *Engine) findRequest(name string, guess int) int {
-	rs := e.s.st.DatameshReplicaRequests
-	if guess >= 0 && guess < len(rs) && rs[guess].Name == name {
-		return guess
-	}
-	// Kept sorted by name (setRequest inserts in place; syncRequests sorts a list
-	// written by someone else once).
-	lo, hi := 0, len(rs)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if rs[m].Name < name {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	if lo < len(rs) && rs[lo].Name == name {
-		return lo
+// findRequest returns the index of name's request, or -1. Requests are kept in name
+// order (setRequest inserts in place; syncRequests sorts a list written by someone
+// else first).
+func (rc *reconcile) findRequest(name string) int {
+	if i, ok := rc.requestAt(name); ok {
+		return i
 	}
 	return -1
 }
 
+// requestAt is where name's request is, or goes to keep the requests in name order.
+func (rc *reconcile) requestAt(name string) (int, bool) {
+	return slices.BinarySearchFunc(rc.st.DatameshReplicaRequests, name, func(r v1.DatameshReplicaRequest, n string) int { return strings.Compare(r.Name, n) })
+}
+
 // setRequest records op for name; an unchanged request keeps its message.
-func (e *Engine) setRequest(name string, op v1.ReplicaOperation, t v1.ReplicaType, guess int) int {
-	st := e.s.st
-	if i := e.findRequest(name, guess); i >= 0 {
-		r := &st.DatameshReplicaRequests[i]
-		if r.Operation != op || r.Type != t {
-			r.Operation, r.Type, r.Message = op, t, ""
-			e.markChanged()
-		}
-		return i
-	}
-	rs := st.DatameshReplicaRequests
-	i, hi := 0, len(rs) // the first request named after name: the list stays sorted
-	for i < hi {
-		m := int(uint(i+hi) >> 1)
-		if rs[m].Name < name {
-			i = m + 1
-		} else {
-			hi = m
-		}
-	}
-	st.DatameshReplicaRequests = slices.Insert(st.DatameshReplicaRequests, i, v1.DatameshReplicaRequest{Name: name, Operation: op, Type: t})
-	e.markChanged()
-	return i
-}
-
-func (e *Engine) removeRequest(i int) {
-	st := e.s.st
-	st.DatameshReplicaRequests = slices.Delete(st.DatameshReplicaRequests, i, i+1)
-	e.markChanged()
-}
-
-// setRequestMessage sets the message of name's request from msg, allocating only when it
-// changed, and returns the request's message ("" when there is no request).
-func (e *Engine) setRequestMessage(name string, msg []byte) string {
-	i := e.findRequest(name, -1)
-	if i < 0 {
-		return ""
-	}
-	r := &e.s.st.DatameshReplicaRequests[i]
-	if r.Message != string(msg) {
-		r.Message = string(msg)
-		e.markChanged()
-	}
-	return r.Message
-}
-
-func (e *Engine) setRequestMessageString(name, msg string) {
-	if i := e.findRequest(name, -1); i >= 0 {
-		r := &e.s.st.DatameshReplicaRequests[i]
-		if r.Message != msg {
-			r.Message = msg
-			e.markChanged()
-		}
-	}
-}
-
-// syncRequests derives the replica requests from the RVRs (see above).
-func (e *Engine) syncRequests() {
-	s := &e.s
-	rs := s.st.DatameshReplicaRequests
-	for i := 1; i < len(rs); i++ {
-		if rs[i-1].Name > rs[i].Name {
-			slices.SortStableFunc(rs, func(a, b v1.DatameshReplicaRequest) int { return strings.Compare(a.Name, b.Name) })
-			e.markChanged()
-			break
-		}
-	}
-	for _, name := range s.in.ForceLeave {
-		if (e.memberIndex(name) >= 0 || e.transitionOf(name, true) >= 0) && !e.forceInFlight(name) {
-			if i := e.findRequest(name, -1); i < 0 || s.st.DatameshReplicaRequests[i].Operation != v1.ReplicaOperationForceLeave {
-				e.setRequest(name, v1.ReplicaOperationForceLeave, "", -1)
-			}
-		}
-	}
-	// In name order: requests are sorted by name too, so in the steady state (one
-	// request per replica) the k-th request is the k-th replica's.
-	nReq, matched := len(s.st.DatameshReplicaRequests), 0
-	for k, j := range s.rvrOrd {
-		r := s.in.RVRs[j]
-		mi := s.rvrMember[j]
-		ri := e.findRequest(r.Name, k)
-		if ri >= 0 {
-			matched++
-			if s.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationForceLeave {
-				s.openRequests = true
-				continue
-			}
-		}
-		if len(s.st.DatameshTransitions) > 0 && e.transitionOf(r.Name, true) >= 0 {
-			continue
-		}
-		deleting := r.DeletionTimestamp != nil
-		var op v1.ReplicaOperation
-		var t v1.ReplicaType
-		switch {
-		case mi < 0 && !deleting:
-			op, t = v1.ReplicaOperationJoin, r.Spec.Type
-		case mi < 0:
-			// Deleted before it joined: a Join that never happened is not history.
-			if ri >= 0 && s.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationJoin {
-				e.removeRequest(ri)
-			}
-			continue
-		case deleting:
-			op = v1.ReplicaOperationLeave
-		default:
-			want, ok := e.rstate(j)
-			if !ok || want == e.mstate(mi) {
-				continue
-			}
-			op, t = v1.ReplicaOperationChangeType, r.Spec.Type
-		}
-		s.openRequests = true
-		e.setRequest(r.Name, op, t, k)
-	}
-	// A member whose RVR is gone can only leave.
-	for mi := range s.st.Datamesh.Members {
-		if s.memberRVR[mi] >= 0 {
-			continue
-		}
-		name := s.st.Datamesh.Members[mi].Name
-		if e.transitionOf(name, true) >= 0 {
-			continue
-		}
-		if ri := e.findRequest(name, -1); ri >= 0 && s.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationForceLeave {
-			continue
-		}
-		s.openRequests = true
-		e.setRequest(name, v1.ReplicaOperationLeave, "", -1)
-	}
-	// Requests of replicas that are gone entirely are history nobody can read. When
-	// every request there was before the loop above matched an RVR, there are none: the
-	// loop only added requests of RVRs and members (and removed matched ones).
-	if matched == nReq {
-		for i := range s.st.DatameshReplicaRequests {
-			if s.st.DatameshReplicaRequests[i].Operation == v1.ReplicaOperationForceLeave {
-				s.anyForce, s.openRequests = true, true
-			}
-		}
+func (rc *reconcile) setRequest(name string, op v1.ReplicaOperation, t v1.ReplicaType) {
+	i, ok := rc.requestAt(name)
+	if !ok {
+		rc.st.DatameshReplicaRequests = slices.Insert(rc.st.DatameshReplicaRequests, i, v1.DatameshReplicaRequest{Name: name, Operation: op, Type: t})
 		return
 	}
-	for i := 0; i < len(s.st.DatameshReplicaRequests); i++ {
-		r := &s.st.DatameshReplicaRequests[i]
-		if r.Operation == v1.ReplicaOperationForceLeave {
-			s.anyForce, s.openRequests = true, true
-		}
-		g := -1
-		if i < len(s.rvrOrd) {
-			g = s.rvrOrd[i]
-		}
-		if e.findRVR(r.Name, g) >= 0 || e.memberIndexGuess(r.Name, i) >= 0 || e.transitionOf(r.Name, false) >= 0 {
-			continue
-		}
-		e.removeRequest(i)
-		i--
+	if r := &rc.st.DatameshReplicaRequests[i]; r.Operation != op || r.Type != t {
+		r.Operation, r.Type, r.Message = op, t, ""
 	}
 }
 
-func (e *Engine) forceInFlight(name string) bool {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) removeRequest(i int) {
+	rc.st.DatameshReplicaRequests = slices.Delete(rc.st.DatameshReplicaRequests, i, i+1)
+}
+
+// setRequestMessage sets the message of name's request, when there is one.
+func (rc *reconcile) setRequestMessage(name, msg string) {
+	if i := rc.findRequest(name); i >= 0 {
+		rc.st.DatameshReplicaRequests[i].Message = msg
+	}
+}
+
+// syncRequests derives the replica requests from the RVRs (see above). It reports
+// whether some replica asks for something not done yet (open) and whether some request
+// is a ForceLeave.
+func (rc *reconcile) syncRequests() (open, anyForce bool) {
+	rs := rc.st.DatameshReplicaRequests
+	if !slices.IsSortedFunc(rs, compareRequests) {
+		slices.SortStableFunc(rs, compareRequests)
+	}
+	for _, name := range rc.in.ForceLeave {
+		if (rc.memberIndex(name) >= 0 || rc.transitionOf(name, true) >= 0) && !rc.forceInFlight(name) && !rc.forceLeaving(name) {
+			rc.setRequest(name, v1.ReplicaOperationForceLeave, "")
+		}
+	}
+	for _, j := range rc.rvrOrd {
+		open = rc.syncReplicaRequest(j) || open
+	}
+	// A member whose RVR is gone can only leave.
+	for mi := range rc.st.Datamesh.Members {
+		name := rc.st.Datamesh.Members[mi].Name
+		if rc.memberRVR[mi] >= 0 || rc.transitionOf(name, true) >= 0 || rc.forceLeaving(name) {
+			continue
+		}
+		open = true
+		rc.setRequest(name, v1.ReplicaOperationLeave, "")
+	}
+	for i := range rc.st.DatameshReplicaRequests {
+		if rc.st.DatameshReplicaRequests[i].Operation == v1.ReplicaOperationForceLeave {
+			anyForce, open = true, true
+		}
+	}
+	// Requests of replicas that are gone entirely are history nobody can read.
+	rc.st.DatameshReplicaRequests = slices.DeleteFunc(rc.st.DatameshReplicaRequests, func(r v1.DatameshReplicaRequest) bool {
+		return rc.rvrIndex(r.Name) < 0 && rc.memberIndex(r.Name) < 0 && rc.transitionOf(r.Name, false) < 0
+	})
+	return open, anyForce
+}
+
+func compareRequests(a, b v1.DatameshReplicaRequest) int { return strings.Compare(a.Name, b.Name) }
+
+// syncReplicaRequest records what RVR j asks of the datamesh and reports whether that
+// is not done yet.
+func (rc *reconcile) syncReplicaRequest(j int) (open bool) {
+	r := rc.in.RVRs[j]
+	if rc.forceLeaving(r.Name) {
+		return true
+	}
+	if rc.transitionOf(r.Name, true) >= 0 {
+		return false
+	}
+	mi := rc.rvrMember[j]
+	deleting := r.DeletionTimestamp != nil
+	var op v1.ReplicaOperation
+	var t v1.ReplicaType
+	switch {
+	case mi < 0 && !deleting:
+		op, t = v1.ReplicaOperationJoin, r.Spec.Type
+	case mi < 0:
+		// Deleted before it joined: a Join that never happened is not history.
+		if ri := rc.findRequest(r.Name); ri >= 0 && rc.st.DatameshReplicaRequests[ri].Operation == v1.ReplicaOperationJoin {
+			rc.removeRequest(ri)
+		}
+		return false
+	case deleting:
+		op = v1.ReplicaOperationLeave
+	default:
+		want, ok := rc.rstate(j)
+		if !ok || want == rc.mstate(mi) {
+			return false
+		}
+		op, t = v1.ReplicaOperationChangeType, r.Spec.Type
+	}
+	rc.setRequest(r.Name, op, t)
+	return true
+}
+
+func (rc *reconcile) forceInFlight(name string) bool {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if ts[i].Type == v1.TransitionForceRemoveReplica && ts[i].ReplicaName == name {
 			return true

@@ -1,6 +1,7 @@
 package datamesh
 
 import (
+	"slices"
 	"strconv"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -22,16 +23,51 @@ import (
 // q/qmr lag the configuration (a GMDR change with the same D count, or a qmr↑ that had
 // to wait for a copy to become UpToDate), the engine starts a ChangeQuorum itself.
 
-func (e *Engine) settleLayout() {
-	s := &e.s
-	if s.in.RV.DeletionTimestamp != nil {
-		return
+func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []WantedReplica {
+	if rc.in.RV.DeletionTimestamp != nil {
+		return wanted
 	}
-	needD := s.cfg.DiskfulCount()
-	needTB := layout.TieBreakerMin(needD, s.cfg.FTT)
-	var d, tb int
-	for _, r := range s.in.RVRs {
-		if r.DeletionTimestamp != nil || e.forceLeaving(r.Name) {
+	d, tb := rc.layoutReplicas()
+	wanted = rc.wantAdds(d, tb, wanted)
+	settled := !slices.ContainsFunc(wanted, func(w WantedReplica) bool { return w.Action == WantCreate }) && rc.addsLanded()
+	if settled {
+		wanted = rc.wantRemovals(d, tb, wanted)
+	}
+	if anyForce {
+		// A force-removed replica's object stays until placement deletes it.
+		for j, r := range rc.in.RVRs {
+			if r.DeletionTimestamp == nil && rc.rvrMember[j] < 0 && rc.forceLeaving(r.Name) && !rc.forceInFlight(r.Name) {
+				wanted = append(wanted, WantedReplica{Action: WantDelete, Type: r.Spec.Type, Replica: r.Name,
+					Reason: r.Name + " was force-removed from the datamesh (its node is lost)"})
+			}
+		}
+	}
+	if len(rc.st.DatameshTransitions) > 0 || rc.in.ChangeQuorum != nil {
+		return wanted
+	}
+	c := rc.counts()
+	if rc.quorumAfterForceRemoval(c) {
+		return wanted
+	}
+	switch {
+	case rc.cfg.GMDR < rc.effective().GMDR || int(rc.st.Datamesh.QuorumMinimumRedundancy) > rc.cfg.GMDR+1:
+		// Lowering qmr is safe at any time; it rides on a RemoveReplica(D) (qmr↓ first)
+		// when the layout has a D too many (after its adds), else it goes alone (a GMDR
+		// change with the same D count, or a retype out of D that QMRReady holds back).
+		if d <= rc.cfg.DiskfulCount() && !rc.diskfulLeaving(wanted) {
+			rc.settleQuorum(c)
+		}
+	case settled && !removalWanted(wanted):
+		rc.settleQuorum(c)
+	}
+	return wanted
+}
+
+// layoutReplicas counts the Diskful and TieBreaker replica objects that stay (not
+// being deleted, not force-leaving).
+func (rc *reconcile) layoutReplicas() (d, tb int) {
+	for _, r := range rc.in.RVRs {
+		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) {
 			continue
 		}
 		switch r.Spec.Type {
@@ -41,80 +77,64 @@ func (e *Engine) settleLayout() {
 			tb++
 		}
 	}
+	return d, tb
+}
+
+// wantAdds asks for the Diskful and TieBreaker replicas the configuration lacks.
+func (rc *reconcile) wantAdds(d, tb int, wanted []WantedReplica) []WantedReplica {
+	needD := rc.cfg.DiskfulCount()
+	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
 	reason := ""
 	if d < needD || tb < needTB {
-		reason = "configuration " + s.cfg.String() + " (FTT=" + strconv.Itoa(s.cfg.FTT) + ", GMDR=" + strconv.Itoa(s.cfg.GMDR) + ")"
+		reason = "configuration " + rc.cfg.String() + " (FTT=" + strconv.Itoa(rc.cfg.FTT) + ", GMDR=" + strconv.Itoa(rc.cfg.GMDR) + ")"
 	}
 	for i := d; i < needD; i++ {
-		s.wanted = append(s.wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
+		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
 			Reason: reason + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d)})
 	}
 	for i := tb; i < needTB; i++ {
-		s.wanted = append(s.wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,
+		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,
 			Reason: reason + " needs " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(tb)})
 	}
-	creates := false
-	for _, w := range s.wanted {
-		creates = creates || w.Action == WantCreate
-	}
-	settled := !creates && e.addsLanded()
-	c := e.counts()
-	if settled && d > needD && c.upToDateD >= needD {
-		if mi := e.pickDiskfulVictim(); mi >= 0 {
-			m := &s.st.Datamesh.Members[mi]
-			why := "configuration " + s.cfg.String() + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d)
+	return wanted
+}
+
+// wantRemovals asks, once the adds have landed, for the one Diskful (retyped when it is
+// attached) and the one TieBreaker too many, if any.
+func (rc *reconcile) wantRemovals(d, tb int, wanted []WantedReplica) []WantedReplica {
+	needD := rc.cfg.DiskfulCount()
+	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
+	if d > needD && rc.counts().upToDateD >= needD {
+		if mi := rc.pickDiskfulVictim(); mi >= 0 {
+			m := &rc.st.Datamesh.Members[mi]
+			why := "configuration " + rc.cfg.String() + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d)
 			if m.Attached {
 				to := v1.ReplicaTypeAccess
-				if e.features.ShadowDiskful {
+				if rc.features.ShadowDiskful {
 					to = v1.ReplicaTypeShadowDiskful
 				}
-				s.wanted = append(s.wanted, WantedReplica{Action: WantRetype, Type: to, Replica: m.Name, Reason: why + "; " + m.Name + " is attached, so it is converted, not removed"})
+				wanted = append(wanted, WantedReplica{Action: WantRetype, Type: to, Replica: m.Name, Reason: why + "; " + m.Name + " is attached, so it is converted, not removed"})
 			} else {
-				s.wanted = append(s.wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeDiskful, Replica: m.Name, Reason: why})
+				wanted = append(wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeDiskful, Replica: m.Name, Reason: why})
 			}
 		}
 	}
-	if settled && tb > needTB {
-		if mi := e.pickTBVictim(); mi >= 0 {
-			s.wanted = append(s.wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeTieBreaker, Replica: s.st.Datamesh.Members[mi].Name,
-				Reason: "configuration " + s.cfg.String() + " needs " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(tb)})
+	if tb > needTB {
+		if mi := rc.pickTBVictim(); mi >= 0 {
+			wanted = append(wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeTieBreaker, Replica: rc.st.Datamesh.Members[mi].Name,
+				Reason: "configuration " + rc.cfg.String() + " needs " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(tb)})
 		}
 	}
-	// A force-removed replica's object stays until placement deletes it.
-	if s.anyForce {
-		for j, r := range s.in.RVRs {
-			if r.DeletionTimestamp == nil && s.rvrMember[j] < 0 && e.forceLeaving(r.Name) && !e.forceInFlight(r.Name) {
-				s.wanted = append(s.wanted, WantedReplica{Action: WantDelete, Type: r.Spec.Type, Replica: r.Name,
-					Reason: r.Name + " was force-removed from the datamesh (its node is lost)"})
-			}
-		}
-	}
-	if len(s.st.DatameshTransitions) > 0 || s.in.ChangeQuorum != nil {
-		return
-	}
-	if e.quorumAfterForceRemoval(c) {
-		return
-	}
-	switch {
-	case s.cfg.GMDR < e.effective().GMDR || int(s.st.Datamesh.QuorumMinimumRedundancy) > s.cfg.GMDR+1:
-		// Lowering qmr is safe at any time; it rides on a RemoveReplica(D) (qmr↓ first)
-		// when the layout has a D too many (after its adds), else it goes alone (a GMDR
-		// change with the same D count, or a retype out of D that QMRReady holds back).
-		if d <= needD && !e.diskfulLeaving() {
-			e.settleQuorum(c)
-		}
-	case settled && !e.removalWanted():
-		e.settleQuorum(c)
-	}
+	return wanted
 }
 
 // quorumAfterForceRemoval publishes, as soon as nothing is in flight, the q the members
 // that are left give, after a force removal:
 //
 //   - a q the removal held one higher (the tiebreaker hold, see emergency) comes back;
-//   - the removal's own q↓ (seed 000: ForceRemoveReplica(D) + q↓ for even → odd
+//   - the removal's own q↓ (docs/datamesh-spec.md: ForceRemoveReplica(D) + q↓ for even → odd
 //     voters, whose q↓ lowers the effective FTT to what the voters provide) is
-//     published now, not with the removal: issue 8's model checker run found that
+//     published now, not with the removal: the model checker found that
 //     a q lowered at once lets the removed node, alive behind a partition, keep the
 //     old quorum with a replica that has not applied the removal (R1).
 //
@@ -127,42 +147,40 @@ func (e *Engine) settleLayout() {
 //
 // Only a datamesh that lost voters is degraded this way: every other step moves the
 // effective FTT with the voters it adds or removes (AfterMembershipChange).
-func (e *Engine) quorumAfterForceRemoval(c counts) bool {
-	s := &e.s
-	if oq, _ := e.override(); oq > 0 {
+func (rc *reconcile) quorumAfterForceRemoval(c counts) bool {
+	if oq, _ := rc.override(); oq > 0 {
 		return false
 	}
-	eff := e.effective()
+	eff := rc.effective()
 	if provided := eff.FTTForVoters(c.voters, c.tb); provided < eff.FTT {
 		eff.FTT = provided
 	}
 	switch want := layout.Quorum(c.voters, eff); {
-	case want < int(s.st.Datamesh.Quorum):
-		e.startQuorum(want, int(s.st.Datamesh.QuorumMinimumRedundancy), &eff)
+	case want < int(rc.st.Datamesh.Quorum):
+		rc.startQuorum(want, int(rc.st.Datamesh.QuorumMinimumRedundancy), &eff)
 		return true
-	case eff != e.effective():
-		e.setEffective(eff) // q stays: no revision to publish
+	case eff != rc.effective():
+		rc.setEffective(eff) // q stays: no revision to publish
 	}
 	return false
 }
 
 // addsLanded: every replica that is not leaving is a member of the type it asks for and
 // no membership transition runs: the adds the layout needed are done.
-func (e *Engine) addsLanded() bool {
-	s := &e.s
-	ts := s.st.DatameshTransitions
+func (rc *reconcile) addsLanded() bool {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if isMembership(ts[i].Type) || ts[i].Type == v1.TransitionChangeQuorum {
 			return false
 		}
 	}
-	for j, r := range s.in.RVRs {
-		if r.DeletionTimestamp != nil || e.forceLeaving(r.Name) {
+	for j, r := range rc.in.RVRs {
+		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) {
 			continue
 		}
-		want, ok := e.rstate(j)
-		mi := s.rvrMember[j]
-		if !ok || mi < 0 || e.mstate(mi) != want {
+		want, ok := rc.rstate(j)
+		mi := rc.rvrMember[j]
+		if !ok || mi < 0 || rc.mstate(mi) != want {
 			return false
 		}
 	}
@@ -171,41 +189,36 @@ func (e *Engine) addsLanded() bool {
 
 // diskfulLeaving: a D is about to be removed (wanted, or its RVR is being deleted), so
 // the qmr↓ will be the first step of its RemoveReplica.
-func (e *Engine) diskfulLeaving() bool {
-	s := &e.s
-	for _, w := range s.wanted {
+func (rc *reconcile) diskfulLeaving(wanted []WantedReplica) bool {
+	for _, w := range wanted {
 		if w.Action == WantDelete && w.Type == v1.ReplicaTypeDiskful {
 			return true
 		}
 	}
-	for mi := range s.st.Datamesh.Members {
-		if e.mstate(mi) != StateD {
+	for mi := range rc.st.Datamesh.Members {
+		if rc.mstate(mi) != StateD {
 			continue
 		}
-		if r := e.rvrOfMember(mi); r != nil && r.DeletionTimestamp != nil {
+		if r := rc.rvrOfMember(mi); r != nil && r.DeletionTimestamp != nil {
 			return true
 		}
 	}
 	return false
 }
 
-func (e *Engine) forceLeaving(name string) bool {
-	rs := e.s.st.DatameshReplicaRequests
-	if !e.s.anyForce || len(rs) == 0 {
-		return false
-	}
-	i := e.findRequest(name, -1)
-	return i >= 0 && rs[i].Operation == v1.ReplicaOperationForceLeave
+func (rc *reconcile) forceLeaving(name string) bool {
+	i := rc.findRequest(name)
+	return i >= 0 && rc.st.DatameshReplicaRequests[i].Operation == v1.ReplicaOperationForceLeave
 }
 
 // pickDiskfulVictim chooses the D to give up: not attached before attached, not UpToDate
 // before UpToDate, then the highest node-id (a stable, explainable choice).
-func (e *Engine) pickDiskfulVictim() int {
+func (rc *reconcile) pickDiskfulVictim() int {
 	best, bestScore := -1, -1
-	for mi := range e.s.st.Datamesh.Members {
-		m := &e.s.st.Datamesh.Members[mi]
-		r := e.rvrOfMember(mi)
-		if e.mstate(mi) != StateD || r == nil || r.DeletionTimestamp != nil || r.Spec.Type != v1.ReplicaTypeDiskful {
+	for mi := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[mi]
+		r := rc.rvrOfMember(mi)
+		if rc.mstate(mi) != StateD || r == nil || r.DeletionTimestamp != nil || r.Spec.Type != v1.ReplicaTypeDiskful {
 			continue
 		}
 		score := int(m.NodeID)
@@ -222,15 +235,15 @@ func (e *Engine) pickDiskfulVictim() int {
 	return best
 }
 
-func (e *Engine) pickTBVictim() int {
+func (rc *reconcile) pickTBVictim() int {
 	best := -1
-	for mi := range e.s.st.Datamesh.Members {
-		m := &e.s.st.Datamesh.Members[mi]
-		r := e.rvrOfMember(mi)
-		if e.mstate(mi) != StateTB || r == nil || r.DeletionTimestamp != nil {
+	for mi := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[mi]
+		r := rc.rvrOfMember(mi)
+		if rc.mstate(mi) != StateTB || r == nil || r.DeletionTimestamp != nil {
 			continue
 		}
-		if best < 0 || m.NodeID > e.s.st.Datamesh.Members[best].NodeID {
+		if best < 0 || m.NodeID > rc.st.Datamesh.Members[best].NodeID {
 			best = mi
 		}
 	}
@@ -239,36 +252,34 @@ func (e *Engine) pickTBVictim() int {
 
 // settleQuorum moves q/qmr and the effective layout to what the configuration and the
 // members allow, through a ChangeQuorum when q or qmr must change.
-func (e *Engine) settleQuorum(c counts) {
-	s := &e.s
-	q, qmr, next, eff := e.quorumTarget(c)
-	if q != int(s.st.Datamesh.Quorum) || qmr != int(s.st.Datamesh.QuorumMinimumRedundancy) {
-		e.startQuorum(q, qmr, &next)
+func (rc *reconcile) settleQuorum(c counts) {
+	q, qmr, next, eff := rc.quorumTarget(c)
+	if q != int(rc.st.Datamesh.Quorum) || qmr != int(rc.st.Datamesh.QuorumMinimumRedundancy) {
+		rc.startQuorum(q, qmr, &next)
 		return
 	}
 	if next != eff {
-		e.setEffective(next)
+		rc.setEffective(next)
 	}
 }
 
 // quorumTarget is what settleQuorum moves to: q, qmr and the effective layout the
 // configuration and the members allow, and the effective layout now.
-func (e *Engine) quorumTarget(c counts) (q, qmr int, next, eff layout.Layout) {
-	s := &e.s
-	eff = e.effective()
-	qmr = int(s.st.Datamesh.QuorumMinimumRedundancy)
-	oq, oqmr := e.override()
+func (rc *reconcile) quorumTarget(c counts) (q, qmr int, next, eff layout.Layout) {
+	eff = rc.effective()
+	qmr = int(rc.st.Datamesh.QuorumMinimumRedundancy)
+	oq, oqmr := rc.override()
 	switch {
 	case oqmr > 0:
 		// A pinned qmr is the target while the override stands, and the effective GMDR
 		// says what it really guarantees (qmr-1), as after any ChangeQuorum.
 		qmr = oqmr
-		next = eff.AfterQMRChange(s.cfg, qmr, c.voters, c.tb)
-	case s.cfg.GMDR != eff.GMDR || qmr != layout.QMR(eff):
-		qmr = eff.NextQMR(s.cfg, c.upToDateD)
-		next = eff.AfterQMRChange(s.cfg, qmr, c.voters, c.tb)
+		next = eff.AfterQMRChange(rc.cfg, qmr, c.voters, c.tb)
+	case rc.cfg.GMDR != eff.GMDR || qmr != layout.QMR(eff):
+		qmr = eff.NextQMR(rc.cfg, c.upToDateD)
+		next = eff.AfterQMRChange(rc.cfg, qmr, c.voters, c.tb)
 	default:
-		next = eff.AfterMembershipChange(s.cfg, c.voters, c.tb)
+		next = eff.AfterMembershipChange(rc.cfg, c.voters, c.tb)
 	}
 	q = layout.Quorum(c.voters, next)
 	if oq > 0 {
@@ -278,8 +289,8 @@ func (e *Engine) quorumTarget(c counts) (q, qmr int, next, eff layout.Layout) {
 }
 
 // override is spec.quorumOverride's q and qmr (0: not pinned).
-func (e *Engine) override() (q, qmr int) {
-	o := e.s.in.RV.Spec.QuorumOverride
+func (rc *reconcile) override() (q, qmr int) {
+	o := rc.in.RV.Spec.QuorumOverride
 	if o == nil {
 		return 0, 0
 	}
@@ -296,16 +307,16 @@ func (e *Engine) override() (q, qmr int) {
 // override sticks through every membership step until a person removes it. It is
 // applied only once the override's own ChangeQuorum has published it (overrideLive), so
 // that a person's change always reaches every replica through a ChangeQuorum first.
-func (e *Engine) pin() {
-	oq, oqmr := e.override()
-	if (oq == 0 && oqmr == 0) || !e.s.overrideLive {
+func (rc *reconcile) pin() {
+	oq, oqmr := rc.override()
+	if (oq == 0 && oqmr == 0) || !rc.overrideLive {
 		return
 	}
 	if oq > 0 {
-		e.s.st.Datamesh.Quorum = int32(oq)
+		rc.st.Datamesh.Quorum = int32(oq)
 	}
 	if oqmr > 0 {
-		e.s.st.Datamesh.QuorumMinimumRedundancy = int32(oqmr)
+		rc.st.Datamesh.QuorumMinimumRedundancy = int32(oqmr)
 	}
 }
 
@@ -313,65 +324,64 @@ func (e *Engine) pin() {
 // spec.quorumOverride when it is not yet what the datamesh runs. It is exclusive: it
 // waits until nothing but emergency transitions runs, and while it waits no new
 // membership transition starts (so it cannot starve).
-func (e *Engine) changeQuorum() {
-	s := &e.s
-	cq := s.in.ChangeQuorum
-	if oq, oqmr := e.override(); cq == nil && (oq > 0 || oqmr > 0) {
+func (rc *reconcile) changeQuorum() (waits bool) {
+	cq := rc.in.ChangeQuorum
+	if oq, oqmr := rc.override(); cq == nil && (oq > 0 || oqmr > 0) {
 		cq = &QuorumChange{Quorum: int32(oq), QuorumMinimumRedundancy: int32(oqmr)}
 	}
-	if cq == nil || e.groupInFlight(v1.GroupQuorum) {
-		return
+	if cq == nil || rc.groupInFlight(v1.GroupQuorum) {
+		return false
 	}
-	q, qmr := int(s.st.Datamesh.Quorum), int(s.st.Datamesh.QuorumMinimumRedundancy)
+	q, qmr := int(rc.st.Datamesh.Quorum), int(rc.st.Datamesh.QuorumMinimumRedundancy)
 	if cq.Quorum > 0 {
 		q = int(cq.Quorum)
 	}
 	if cq.QuorumMinimumRedundancy > 0 {
 		qmr = int(cq.QuorumMinimumRedundancy)
 	}
-	if q == int(s.st.Datamesh.Quorum) && qmr == int(s.st.Datamesh.QuorumMinimumRedundancy) {
-		return
+	if q == int(rc.st.Datamesh.Quorum) && qmr == int(rc.st.Datamesh.QuorumMinimumRedundancy) {
+		return false
 	}
-	ts := s.st.DatameshTransitions
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if ts[i].Group != v1.GroupEmergency {
-			s.quorumBusy, s.waiting = true, true
-			return
+			rc.waiting = true
+			return true
 		}
 	}
-	if o := s.in.RV.Spec.QuorumOverride; o != nil && s.in.ChangeQuorum == nil {
-		e.event(EventWarning, "QuorumOverride", "spec.quorumOverride pins q="+strconv.Itoa(q)+", qmr="+strconv.Itoa(qmr)+" until it is removed: "+o.Reason)
+	if o := rc.in.RV.Spec.QuorumOverride; o != nil && rc.in.ChangeQuorum == nil {
+		rc.event(EventWarning, "QuorumOverride", "spec.quorumOverride pins q="+strconv.Itoa(q)+", qmr="+strconv.Itoa(qmr)+" until it is removed: "+o.Reason)
 	}
-	e.startQuorum(q, qmr, nil)
+	rc.startQuorum(q, qmr, nil)
+	return false
 }
 
 // startQuorum publishes q/qmr (and the effective layout: next, or GMDR = qmr-1 when nil)
 // as a ChangeQuorum: D + D∅ confirm a q-only change, everyone a qmr change.
-func (e *Engine) startQuorum(q, qmr int, next *layout.Layout) {
-	s := &e.s
+func (rc *reconcile) startQuorum(q, qmr int, next *layout.Layout) {
 	id := PlanChangeQuorumQ
-	if qmr != int(s.st.Datamesh.QuorumMinimumRedundancy) {
+	if qmr != int(rc.st.Datamesh.QuorumMinimumRedundancy) {
 		id = PlanChangeQuorumQMR
 	}
-	p, ok := e.reg.Latest(id)
+	p, ok := rc.reg.Latest(id)
 	if !ok {
 		return
 	}
 	if next != nil {
-		e.setEffective(*next)
-	} else if qmr != int(s.st.Datamesh.QuorumMinimumRedundancy) {
-		c := e.counts()
-		e.setEffective(e.effective().AfterQMRChange(s.cfg, qmr, c.voters, c.tb))
+		rc.setEffective(*next)
+	} else if qmr != int(rc.st.Datamesh.QuorumMinimumRedundancy) {
+		c := rc.counts()
+		rc.setEffective(rc.effective().AfterQMRChange(rc.cfg, qmr, c.voters, c.tb))
 	}
-	s.st.Datamesh.Quorum = int32(q)
-	s.st.Datamesh.QuorumMinimumRedundancy = int32(qmr)
-	ti := e.start(p, "")
-	e.confirm(ti, p, 0)
-	e.event(EventNormal, "ChangeQuorumStarted", "ChangeQuorum: q="+strconv.Itoa(q)+", qmr="+strconv.Itoa(qmr))
+	rc.st.Datamesh.Quorum = int32(q)
+	rc.st.Datamesh.QuorumMinimumRedundancy = int32(qmr)
+	ti := rc.start(p, "")
+	rc.confirm(ti, p, 0)
+	rc.event(EventNormal, "ChangeQuorumStarted", "ChangeQuorum: q="+strconv.Itoa(q)+", qmr="+strconv.Itoa(qmr))
 }
 
-func (e *Engine) removalWanted() bool {
-	for _, w := range e.s.wanted {
+func removalWanted(wanted []WantedReplica) bool {
+	for _, w := range wanted {
 		if w.Action != WantCreate && (w.Type == v1.ReplicaTypeDiskful || w.Type == v1.ReplicaTypeTieBreaker) {
 			return true
 		}

@@ -4,7 +4,7 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
-// State is a datamesh member state in the seed's notation (seed 000 "States"). New (✦)
+// State is a datamesh member state in the specification's notation (docs/datamesh-spec.md "States"). New (✦)
 // and Gone (✕) are the outside of the datamesh before and after; the others are the
 // member types.
 type State uint8
@@ -23,7 +23,7 @@ const (
 
 var stateNotation = [numStates]string{"✦", "A", "TB", "D∅", "D", "sD∅", "sD", "✕"}
 
-// String is the seed's notation.
+// String is the specification's notation.
 func (s State) String() string {
 	if s < numStates {
 		return stateNotation[s]
@@ -31,7 +31,7 @@ func (s State) String() string {
 	return "?"
 }
 
-// ParseState reads the seed's notation (also accepting ASCII: new, gone, DL, sDL).
+// ParseState reads the specification's notation (also accepting ASCII: new, gone, DL, sDL).
 func ParseState(s string) (State, bool) {
 	for i, n := range stateNotation {
 		if n == s {

@@ -21,65 +21,64 @@ func activeStep(t *v1.DatameshTransition) int {
 	return -1
 }
 
-func (e *Engine) planOf(t *v1.DatameshTransition) (*Plan, bool) {
-	return e.reg.Lookup(t.PlanID, t.PlanVersion)
+func (rc *reconcile) planOf(t *v1.DatameshTransition) (*Plan, bool) {
+	return rc.reg.Lookup(t.PlanID, t.PlanVersion)
 }
 
 // start appends a transition running plan p for replica (empty for volume-wide ones) and
 // publishes its first step. It returns the transition's index.
-func (e *Engine) start(p *Plan, replica string) int {
-	ti := e.appendTransition(p, replica)
-	st := e.s.st
+func (rc *reconcile) start(p *Plan, replica string) int {
+	ti := rc.appendTransition(p, replica)
+	st := rc.st
 	track := replica != "" && isMembership(p.Type)
 	if track && p.From != StateNew {
 		// Before the first step, which may remove the member (A → ✕)...
-		e.recordNodeID(ti)
+		rc.recordNodeID(ti)
 	}
 	if p.Type != v1.TransitionFormation {
-		e.publish(ti, p, 0)
+		rc.publish(ti, p, 0)
 	}
 	if track && st.DatameshTransitions[ti].ReplicaNodeID == nil {
 		// ...or after it: a joining replica has its node-id only from ✦ → X on.
-		e.recordNodeID(ti)
+		rc.recordNodeID(ti)
 	}
 	return ti
 }
 
 // recordNodeID stores the affected member's node-id in transition ti
-// (DatameshTransition.replicaNodeID, decision D3). It outlives the member during a
+// (DatameshTransition.replicaNodeID, docs/datamesh.md "Node-ids"). It outlives the member during a
 // removal: freeNodeID does not hand the id to a newcomer while the transition runs, and
 // the progress message names the replica "#id" like every other member even after it
 // left the member list.
-func (e *Engine) recordNodeID(ti int) {
-	t := &e.s.st.DatameshTransitions[ti]
-	mi := e.memberIndex(t.ReplicaName)
+func (rc *reconcile) recordNodeID(ti int) {
+	t := &rc.st.DatameshTransitions[ti]
+	mi := rc.memberIndex(t.ReplicaName)
 	if mi < 0 {
 		return
 	}
-	id := e.s.st.Datamesh.Members[mi].NodeID
+	id := rc.st.Datamesh.Members[mi].NodeID
 	if t.ReplicaNodeID == nil || *t.ReplicaNodeID != id {
-		t.ReplicaNodeID = e.nodeID(id)
-		e.markChanged()
+		t.ReplicaNodeID = &id
 	}
 }
 
 // publish applies step si of transition ti to the datamesh and bumps the revision: one
 // published change, one revision. A formation sync step publishes nothing.
-func (e *Engine) publish(ti int, p *Plan, si int) {
-	st := e.s.st
+func (rc *reconcile) publish(ti int, p *Plan, si int) {
+	st := rc.st
 	t := &st.DatameshTransitions[ti]
 	step := &p.Steps[si]
 	rev := st.DatameshRevision
 	switch step.Kind {
 	case StepMember:
 		qBefore := st.Datamesh.Quorum
-		before := e.counts()
-		tb := before.tb > 0 || e.tieBreakerChanging()
-		e.applyMember(t.ReplicaName, step.From, step.To)
+		before := rc.counts()
+		tb := before.tb > 0 || rc.tieBreakerChanging()
+		rc.applyMember(t.ReplicaName, step.From, step.To)
 		switch {
 		case step.HoldQ:
-			st.Datamesh.Quorum = max(st.Datamesh.Quorum, int32(heldQuorum(before.voters, e.counts().voters, int(qBefore), tb)))
-		case holdActive(p, si) || e.otherHoldActive(ti) || e.forceRemovalUnconfirmed():
+			st.Datamesh.Quorum = max(st.Datamesh.Quorum, int32(heldQuorum(before.voters, rc.counts().voters, int(qBefore), tb)))
+		case holdActive(p, si) || rc.otherHoldActive(ti) || rc.forceRemovalUnconfirmed():
 			// q stays held while this transition's hold lasts, and while another
 			// transition's does: a step of an unrelated member recomputes q by the
 			// formula, which must not drop a hold a voter transition in flight raised
@@ -87,39 +86,38 @@ func (e *Engine) publish(ti int, p *Plan, si int) {
 			// other replica has confirmed it (emergency).
 			st.Datamesh.Quorum = max(st.Datamesh.Quorum, qBefore)
 		}
-		e.pin() // a person's override beats the holds too: that is what it is for
-		rev = e.bump()
+		rc.pin() // a person's override beats the holds too: that is what it is for
+		rev = rc.bump()
 	case StepQ:
-		e.afterMembershipChange()
-		rev = e.bump()
+		rc.afterMembershipChange()
+		rev = rc.bump()
 	case StepQMR:
-		c := e.counts()
-		e.setQMR(e.effective().NextQMR(e.s.cfg, c.upToDateD))
-		rev = e.bump()
+		c := rc.counts()
+		rc.setQMR(rc.effective().NextQMR(rc.cfg, c.upToDateD))
+		rev = rc.bump()
 	case StepAttach, StepDetach:
-		if mi := e.memberIndex(t.ReplicaName); mi >= 0 {
+		if mi := rc.memberIndex(t.ReplicaName); mi >= 0 {
 			st.Datamesh.Members[mi].Attached = step.Kind == StepAttach
 		}
-		rev = e.bump()
+		rev = rc.bump()
 	case StepMultiattach:
 		st.Datamesh.Multiattach = step.QMR == Up
-		rev = e.bump()
+		rev = rc.bump()
 	case StepQuorum:
 		// The values were written when the ChangeQuorum started (changeQuorum).
-		rev = e.bump()
+		rev = rc.bump()
 	case StepFormationPublish:
-		e.formationPublish()
-		rev = e.bump()
+		rc.formationPublish()
+		rev = rc.bump()
 	case StepFormationSync:
 	}
 	t = &st.DatameshTransitions[ti]
 	ts := &t.Steps[si]
 	ts.Status = v1.StepActive
 	ts.DatameshRevision = rev
-	ts.StartedAt = e.now()
+	ts.StartedAt = rc.now()
 	ts.CompletedAt = nil
 	ts.Message = ""
-	e.markChanged()
 }
 
 // heldQuorum is the smallest q for the new voter set such that, while a step that
@@ -133,7 +131,7 @@ func (e *Engine) publish(ti int, p *Plan, si int) {
 //	(qOld − tOld) + qNew > N   and   qOld + (qNew − tNew) > N
 //
 // where t is 1 for an even voter set with a TieBreaker. Without a TieBreaker this is
-// the seed's rule (q rises odd→even, stays even→odd); with one it is one more in the
+// the specification's rule (q rises odd→even, stays even→odd); with one it is one more in the
 // cases the model checker found (2D+1TB → 3D: q=3 while half applied).
 func heldQuorum(nOld, nNew, qOld int, tb bool) int {
 	n := max(nOld, nNew)
@@ -163,10 +161,10 @@ func holdActive(p *Plan, si int) bool {
 
 // otherHoldActive: a transition other than ti holds q raised (its HoldQ step is
 // published and its closing q↓ is not).
-func (e *Engine) otherHoldActive(ti int) bool {
-	ts := e.s.st.DatameshTransitions
+func (rc *reconcile) otherHoldActive(ti int) bool {
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
-		if i != ti && ts[i].Group == v1.GroupVotingMembership && e.holdPublished(&ts[i]) {
+		if i != ti && ts[i].Group == v1.GroupVotingMembership && rc.holdPublished(&ts[i]) {
 			return true
 		}
 	}
@@ -175,8 +173,8 @@ func (e *Engine) otherHoldActive(ti int) bool {
 
 // holdPublished: transition t's hold is in force — its HoldQ step was published and its
 // closing StepQ was not (a transition whose plan is unknown counts as holding).
-func (e *Engine) holdPublished(t *v1.DatameshTransition) bool {
-	p, ok := e.planOf(t)
+func (rc *reconcile) holdPublished(t *v1.DatameshTransition) bool {
+	p, ok := rc.planOf(t)
 	if !ok || len(p.Steps) != len(t.Steps) {
 		return true
 	}
@@ -189,96 +187,56 @@ func (e *Engine) holdPublished(t *v1.DatameshTransition) bool {
 
 // applyMember moves member name from → to (✦ adds it, ✕ removes it), then ratchets the
 // effective layout and recomputes q.
-func (e *Engine) applyMember(name string, from, to State) {
-	st := e.s.st
+func (rc *reconcile) applyMember(name string, from, to State) {
+	st := rc.st
 	switch {
 	case from == StateNew:
-		j := e.findRVR(name, -1)
-		m := v1.DatameshMember{Name: name, Type: to.MemberType(), NodeID: int32(e.freeNodeID())}
+		j := rc.rvrIndex(name)
+		m := v1.DatameshMember{Name: name, Type: to.MemberType(), NodeID: int32(rc.freeNodeID())}
 		if j >= 0 {
-			r := e.s.in.RVRs[j]
+			r := rc.in.RVRs[j]
 			m.NodeName = r.Spec.NodeName
 			m.Addresses = slices.Clone(r.Status.Addresses)
-			if n := e.s.in.Pool.FindNode(r.Spec.NodeName); n != nil {
+			if n := rc.in.Pool.FindNode(r.Spec.NodeName); n != nil {
 				m.Zone = n.Zone
 			}
 		}
-		p := e.memberInsertAt(name)
-		st.Datamesh.Members = slices.Insert(st.Datamesh.Members, p, m)
-		e.indexInserted(p, j)
+		st.Datamesh.Members = slices.Insert(st.Datamesh.Members, rc.memberInsertAt(name), m)
+		rc.index()
 	case to == StateGone:
-		if mi := e.memberIndex(name); mi >= 0 {
+		if mi := rc.memberIndex(name); mi >= 0 {
 			st.Datamesh.Members = slices.Delete(st.Datamesh.Members, mi, mi+1)
-			e.index()
+			rc.index()
 		}
 	default:
-		if mi := e.memberIndex(name); mi >= 0 {
+		if mi := rc.memberIndex(name); mi >= 0 {
 			st.Datamesh.Members[mi].Type = to.MemberType()
-			if mi < len(e.s.memState) {
-				e.s.memState[mi] = to
-			}
-			e.s.countsValid = false
 		}
 	}
-	e.afterMembershipChange()
-}
-
-// indexInserted updates the member ↔ RVR index after member p was inserted (its RVR is
-// j, -1 when none): what index() would compute, without matching every name again. With
-// members out of order (a status written by someone else) it falls back to index().
-func (e *Engine) indexInserted(p, j int) {
-	s := &e.s
-	ms := s.st.Datamesh.Members
-	if !s.membersSorted || len(s.memberRVR) != len(ms)-1 || len(s.memState) != len(ms)-1 {
-		e.index()
-		return
-	}
-	s.memState = slices.Insert(s.memState, p, StateOfMember(ms[p].Type))
-	s.memberRVR = slices.Insert(s.memberRVR, p, j)
-	for k, mi := range s.rvrMember {
-		if mi >= p {
-			s.rvrMember[k] = mi + 1
-		}
-	}
-	if j >= 0 {
-		s.rvrMember[j] = p
-	}
-	s.nodeTab.valid, s.countsValid = false, false
-	if e.checkIndex {
-		e.verifyIndex()
-	}
-}
-
-// verifyIndex panics when the incremental index differs from index()'s (tests only).
-func (e *Engine) verifyIndex() {
-	s := &e.s
-	mr, rm, st := slices.Clone(s.memberRVR), slices.Clone(s.rvrMember), slices.Clone(s.memState)
-	e.index()
-	if !slices.Equal(mr, s.memberRVR) || !slices.Equal(rm, s.rvrMember) || !slices.Equal(st, s.memState) {
-		panic("datamesh: incremental member index differs from index()")
-	}
+	rc.afterMembershipChange()
 }
 
 // freeNodeID is the lowest DRBD node-id (0..31) no member holds and no replica still has
 // configured as a peer of a non-member: a replica that left may still be known to its
 // former peers until they confirm its removal, and reusing its node-id before that would
 // hand its bitmap slot to a stranger. -1 when none is free.
-func (e *Engine) freeNodeID() int {
+func (rc *reconcile) freeNodeID() int {
 	var used uint32
-	for i := range e.s.st.Datamesh.Members {
-		used |= 1 << uint(e.s.st.Datamesh.Members[i].NodeID&31)
+	for i := range rc.st.Datamesh.Members {
+		used |= 1 << uint(rc.st.Datamesh.Members[i].NodeID&31)
 	}
-	// A replica in a transition keeps its node-id until the transition is done (D3):
+	// A replica in a transition keeps its node-id until the transition is done
+	// (docs/datamesh.md "Node-ids"):
 	// a leaving member's peers drop it only as they confirm its removal.
-	for i := range e.s.st.DatameshTransitions {
-		if id := e.s.st.DatameshTransitions[i].ReplicaNodeID; id != nil && *id >= 0 && *id < 32 {
+	for i := range rc.st.DatameshTransitions {
+		if id := rc.st.DatameshTransitions[i].ReplicaNodeID; id != nil && *id >= 0 && *id < 32 {
 			used |= 1 << uint(*id)
 		}
 	}
-	for _, r := range e.s.in.RVRs {
+	for _, r := range rc.in.RVRs {
 		for k := range r.Status.Peers {
 			p := &r.Status.Peers[k]
-			if p.NodeID != nil && *p.NodeID >= 0 && *p.NodeID < 32 && e.memberIndex(p.Name) < 0 {
+			if p.NodeID != nil && *p.NodeID >= 0 && *p.NodeID < 32 && rc.memberIndex(p.Name) < 0 {
 				used |= 1 << uint(*p.NodeID)
 			}
 		}
@@ -293,26 +251,26 @@ func (e *Engine) freeNodeID() int {
 
 // backward confirms the active step of every transition in flight, advancing to the next
 // step or completing the transition when every replica that must has confirmed.
-func (e *Engine) backward() {
-	st := e.s.st
+func (rc *reconcile) backward() {
+	st := rc.st
 	for ti := 0; ti < len(st.DatameshTransitions); {
 		t := &st.DatameshTransitions[ti]
-		p, ok := e.planOf(t)
+		p, ok := rc.planOf(t)
 		if !ok || len(p.Steps) != len(t.Steps) {
 			// A plan this controller does not know (a downgrade?) is never guessed at.
 			if si := activeStep(t); si >= 0 {
-				e.setStepMessage(ti, si, "Plan "+t.PlanID+" version "+strconv.Itoa(int(t.PlanVersion))+" is not registered in this controller; cannot continue")
+				rc.setStepMessage(ti, si, "Plan "+t.PlanID+" version "+strconv.Itoa(int(t.PlanVersion))+" is not registered in this controller; cannot continue")
 			}
-			e.s.waiting = true
+			rc.waiting = true
 			ti++
 			continue
 		}
 		if t.ReplicaNodeID == nil && t.ReplicaName != "" && isMembership(t.Type) {
-			e.recordNodeID(ti) // a transition written before replicaNodeID existed (D3)
+			rc.recordNodeID(ti) // a transition written before replicaNodeID existed
 		}
 		si := activeStep(t)
 		if si < 0 {
-			e.complete(ti, p)
+			rc.complete(ti, p)
 			continue
 		}
 		if t.Steps[si].Status == v1.StepPending {
@@ -320,40 +278,39 @@ func (e *Engine) backward() {
 				ti++ // formation() publishes when the replicas are ready
 				continue
 			}
-			if msg := e.detachUnsafe(t, &p.Steps[si]); msg != "" {
+			if msg := rc.detachUnsafe(t, &p.Steps[si]); msg != "" {
 				// The disk this transition would detach has become the copy GMDR needs
 				// (another copy was lost since the guards passed): give the transition up
 				// before it detaches; the request is planned again and waits at the guard.
 				name, typ := t.ReplicaName, t.Type
-				e.cancel(ti)
-				e.setRequestMessageString(name, msg)
-				e.event(EventWarning, "TransitionCancelled", "The "+string(typ)+" of replica "+name+" was cancelled before detaching its disk: "+msg)
-				e.s.waiting = true
+				rc.cancel(ti)
+				rc.setRequestMessage(name, msg)
+				rc.event(EventWarning, "TransitionCancelled", "The "+string(typ)+" of replica "+name+" was cancelled before detaching its disk: "+msg)
+				rc.waiting = true
 				continue
 			}
-			if msg := e.notReady(t, &p.Steps[si]); msg != "" {
-				e.setStepMessage(ti, si, msg)
+			if msg := rc.notReady(t, &p.Steps[si]); msg != "" {
+				rc.setStepMessage(ti, si, msg)
 				if isMembership(t.Type) {
-					e.setRequestMessageString(t.ReplicaName, requestPrefix(t.Type)+", step "+strconv.Itoa(si+1)+"/"+strconv.Itoa(len(t.Steps))+" ("+p.Steps[si].Name+"): "+msg)
+					rc.setRequestMessage(t.ReplicaName, requestPrefix(t.Type)+", step "+strconv.Itoa(si+1)+"/"+strconv.Itoa(len(t.Steps))+" ("+p.Steps[si].Name+"): "+msg)
 				}
-				e.s.waiting = true
+				rc.waiting = true
 				ti++
 				continue
 			}
-			e.publish(ti, p, si)
+			rc.publish(ti, p, si)
 		}
-		if !e.confirm(ti, p, si) {
+		if !rc.confirm(ti, p, si) {
 			ti++
 			continue
 		}
 		t = &st.DatameshTransitions[ti]
 		t.Steps[si].Status = v1.StepCompleted
-		t.Steps[si].CompletedAt = e.now()
-		e.markChanged()
+		t.Steps[si].CompletedAt = rc.now()
 		if si+1 < len(t.Steps) {
 			continue // publish the next step (when ready) and confirm it: 0/n
 		}
-		e.complete(ti, p)
+		rc.complete(ti, p)
 	}
 }
 
@@ -364,15 +321,15 @@ func (e *Engine) backward() {
 // UpToDate disk going away (found by the model checker, 2D → 1D with the other D lost
 // mid-removal). D → D∅ is the first member step of every plan that takes a D away, so
 // only qmr↓ can have been published before it, and cancelling leaves a consistent state.
-func (e *Engine) detachUnsafe(t *v1.DatameshTransition, step *Step) string {
+func (rc *reconcile) detachUnsafe(t *v1.DatameshTransition, step *Step) string {
 	if step.Kind != StepMember || step.From != StateD || step.To != StateDL {
 		return ""
 	}
-	mi := e.memberIndex(t.ReplicaName)
+	mi := rc.memberIndex(t.ReplicaName)
 	if mi < 0 {
 		return ""
 	}
-	if ok, msg := layout.GuardGMDR(e.counts().upToDateD, upToDate(e.rvrOfMember(mi)), e.s.cfg.GMDR); !ok {
+	if ok, msg := layout.GuardGMDR(rc.counts().upToDateD, upToDate(rc.rvrOfMember(mi)), rc.cfg.GMDR); !ok {
 		return msg
 	}
 	return ""
@@ -382,56 +339,53 @@ func (e *Engine) detachUnsafe(t *v1.DatameshTransition, step *Step) string {
 // end of AddReplica(D) waits for the new D to be UpToDate: before that, raising qmr would
 // cost the fault tolerance it is meant to add (layout.NextQMR keeps the effective FTT),
 // so publishing it would only publish the old value.
-func (e *Engine) notReady(t *v1.DatameshTransition, step *Step) string {
+func (rc *reconcile) notReady(t *v1.DatameshTransition, step *Step) string {
 	if step.Kind != StepQMR || step.QMR != Up {
 		return ""
 	}
-	mi := e.memberIndex(t.ReplicaName)
-	if mi >= 0 && !upToDate(e.rvrOfMember(mi)) {
+	mi := rc.memberIndex(t.ReplicaName)
+	if mi >= 0 && !upToDate(rc.rvrOfMember(mi)) {
 		return "Waiting for " + t.ReplicaName + " to be UpToDate before raising qmr (qmr=" +
-			strconv.Itoa(int(e.s.st.Datamesh.QuorumMinimumRedundancy)) + ")"
+			strconv.Itoa(int(rc.st.Datamesh.QuorumMinimumRedundancy)) + ")"
 	}
 	return ""
 }
 
 // complete removes a finished transition, leaving its completion message on the request.
-func (e *Engine) complete(ti int, p *Plan) {
-	st := e.s.st
+func (rc *reconcile) complete(ti int, p *Plan) {
+	st := rc.st
 	t := st.DatameshTransitions[ti]
 	switch t.Type {
 	case v1.TransitionAddReplica:
-		e.setRequestMessageString(t.ReplicaName, "Joined datamesh successfully")
-		e.event(EventNormal, "ReplicaJoined", "Replica "+t.ReplicaName+" joined the datamesh as "+string(t.ToType))
+		rc.setRequestMessage(t.ReplicaName, "Joined datamesh successfully")
+		rc.event(EventNormal, "ReplicaJoined", "Replica "+t.ReplicaName+" joined the datamesh as "+string(t.ToType))
 	case v1.TransitionRemoveReplica:
-		e.setRequestMessageString(t.ReplicaName, "Left datamesh successfully")
-		e.event(EventNormal, "ReplicaLeft", "Replica "+t.ReplicaName+" left the datamesh")
+		rc.setRequestMessage(t.ReplicaName, "Left datamesh successfully")
+		rc.event(EventNormal, "ReplicaLeft", "Replica "+t.ReplicaName+" left the datamesh")
 	case v1.TransitionChangeReplicaType:
-		e.setRequestMessageString(t.ReplicaName, "Changed type to "+string(t.ToType)+" successfully")
-		e.event(EventNormal, "ReplicaTypeChanged", "Replica "+t.ReplicaName+" changed from "+string(t.FromType)+" to "+string(t.ToType))
+		rc.setRequestMessage(t.ReplicaName, "Changed type to "+string(t.ToType)+" successfully")
+		rc.event(EventNormal, "ReplicaTypeChanged", "Replica "+t.ReplicaName+" changed from "+string(t.FromType)+" to "+string(t.ToType))
 	case v1.TransitionForceRemoveReplica:
-		e.setRequestMessageString(t.ReplicaName, "Force-removed from datamesh")
-		e.event(EventWarning, "ReplicaForceRemoved", "Replica "+t.ReplicaName+" was force-removed from the datamesh")
+		rc.setRequestMessage(t.ReplicaName, "Force-removed from datamesh")
+		rc.event(EventWarning, "ReplicaForceRemoved", "Replica "+t.ReplicaName+" was force-removed from the datamesh")
 	case v1.TransitionFormation:
-		e.formationComplete()
+		rc.formationComplete()
 	case v1.TransitionChangeQuorum:
-		e.event(EventNormal, "QuorumChanged", "Quorum changed to q="+itoa(int(st.Datamesh.Quorum))+", qmr="+itoa(int(st.Datamesh.QuorumMinimumRedundancy)))
+		rc.event(EventNormal, "QuorumChanged", "Quorum changed to q="+itoa(int(st.Datamesh.Quorum))+", qmr="+itoa(int(st.Datamesh.QuorumMinimumRedundancy)))
 	}
 	st.DatameshTransitions = slices.Delete(st.DatameshTransitions, ti, ti+1)
-	e.markChanged()
 }
 
 // cancel removes transition ti without completing it (emergency preemption).
-func (e *Engine) cancel(ti int) {
-	st := e.s.st
+func (rc *reconcile) cancel(ti int) {
+	st := rc.st
 	st.DatameshTransitions = slices.Delete(st.DatameshTransitions, ti, ti+1)
-	e.markChanged()
 }
 
-func (e *Engine) setStepMessage(ti, si int, msg string) {
-	ts := &e.s.st.DatameshTransitions[ti].Steps[si]
+func (rc *reconcile) setStepMessage(ti, si int, msg string) {
+	ts := &rc.st.DatameshTransitions[ti].Steps[si]
 	if ts.Message != msg {
 		ts.Message = msg
-		e.markChanged()
 	}
 }
 
@@ -449,23 +403,23 @@ func (w WaitSet) Done() bool {
 	return w.Must&^w.Confirmed == 0 && (!w.SelfMust || w.SelfConfirmed)
 }
 
-// waitSet computes the step's wait set (seed 000 "Step confirmation rules"): the step's
+// waitSet computes the step's wait set (docs/datamesh-spec.md "Step confirmation rules"): the step's
 // own group, united with D + D∅ when the step changes q, without the dead member on force
 // paths, and without members that joined after the step was published (their first
 // configuration is already newer).
-func (e *Engine) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSet {
+func (rc *reconcile) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSet {
 	var w WaitSet
-	ms := e.s.st.Datamesh.Members
+	ms := rc.st.Datamesh.Members
 	affected := t.ReplicaName
 	am := -1 // the affected member, found once instead of comparing every name
 	if affected != "" {
-		am = e.memberIndex(affected)
+		am = rc.memberIndex(affected)
 	}
 	affectedMember := am >= 0
-	late := e.joinedAfterSet(rev)
+	late := rc.joinedAfterSet(rev)
 	for i := range ms {
 		m := &ms[i]
-		s := e.mstate(i)
+		s := rc.mstate(i)
 		isAffected := i == am
 		in := false
 		switch step.Confirm {
@@ -491,7 +445,7 @@ func (e *Engine) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSe
 		}
 		bit := uint32(1) << uint(m.NodeID&31)
 		w.Must |= bit
-		r := e.rvrOfMember(i)
+		r := rc.rvrOfMember(i)
 		if step.Confirm == ConfirmDiskful {
 			if upToDate(r) {
 				w.Confirmed |= bit
@@ -502,7 +456,7 @@ func (e *Engine) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSe
 	}
 	if affected != "" && !affectedMember && !step.Force && step.Kind == StepMember {
 		w.SelfMust = true
-		r := e.rvrByName(affected)
+		r := rc.rvrNamed(affected)
 		w.SelfConfirmed = r == nil || r.Status.DatameshRevision == 0 || r.Status.DatameshRevision >= rev
 	}
 	return w
@@ -510,12 +464,12 @@ func (e *Engine) waitSet(t *v1.DatameshTransition, step *Step, rev int64) WaitSe
 
 // joinedAfterSet marks (by member index) the members still joining through a transition
 // published after rev: their first configuration is already newer than rev.
-func (e *Engine) joinedAfterSet(rev int64) uint64 {
+func (rc *reconcile) joinedAfterSet(rev int64) uint64 {
 	var set uint64
-	ts := e.s.st.DatameshTransitions
+	ts := rc.st.DatameshTransitions
 	for i := range ts {
 		if ts[i].Type == v1.TransitionAddReplica && len(ts[i].Steps) > 0 && ts[i].Steps[0].DatameshRevision > rev {
-			if mi := e.memberIndex(ts[i].ReplicaName); mi >= 0 && mi < 64 {
+			if mi := rc.memberIndex(ts[i].ReplicaName); mi >= 0 && mi < 64 {
 				set |= 1 << uint(mi)
 			}
 		}
@@ -526,47 +480,20 @@ func (e *Engine) joinedAfterSet(rev int64) uint64 {
 // confirm evaluates the active step of transition ti and writes its progress message
 // (on the step, and on the replica request for membership transitions). It reports
 // whether the step is confirmed.
-func (e *Engine) confirm(ti int, p *Plan, si int) bool {
-	t := &e.s.st.DatameshTransitions[ti]
+func (rc *reconcile) confirm(ti int, p *Plan, si int) bool {
+	t := &rc.st.DatameshTransitions[ti]
 	step := &p.Steps[si]
 	rev := t.Steps[si].DatameshRevision
-	w := e.waitSet(t, step, rev)
+	w := rc.waitSet(t, step, rev)
 	done := w.Done()
 	if !done {
-		e.s.waiting = true
+		rc.waiting = true
 	}
-	ts := &t.Steps[si]
-	b := e.s.buf[:0]
-	if !isMembership(t.Type) || done {
-		b = e.progress(b, t, step, rev, w)
-		e.s.buf = b
-		if ts.Message != string(b) {
-			ts.Message = string(b)
-			e.markChanged()
-		}
-		return done
-	}
-	// The request's message is the step's with a prefix: build it whole, and let the
-	// step's message be its tail (one string, one allocation when it changes).
-	b = append(b, requestPrefix(t.Type)...)
-	b = append(b, ", step "...)
-	b = strconv.AppendInt(b, int64(si+1), 10)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, int64(len(t.Steps)), 10)
-	b = append(b, " ("...)
-	b = append(b, step.Name...)
-	b = append(b, "): "...)
-	n := len(b)
-	b = e.progress(b, t, step, rev, w)
-	e.s.buf = b
-	req := e.setRequestMessage(t.ReplicaName, b)
-	if ts.Message != string(b[n:]) {
-		if req != "" && len(req) == len(b) {
-			ts.Message = req[n:]
-		} else {
-			ts.Message = string(b[n:])
-		}
-		e.markChanged()
+	msg := rc.progress(t, step, rev, w)
+	t.Steps[si].Message = msg
+	if isMembership(t.Type) && !done {
+		// The request says the same, naming the transition and the step.
+		rc.setRequestMessage(t.ReplicaName, requestPrefix(t.Type)+", step "+strconv.Itoa(si+1)+"/"+strconv.Itoa(len(t.Steps))+" ("+step.Name+"): "+msg)
 	}
 	return done
 }
@@ -585,14 +512,15 @@ func requestPrefix(t v1.TransitionType) string {
 	return string(t)
 }
 
-// progress renders seed 001 §9's message:
+// progress renders the progress message (docs/datamesh.md "Confirmation"):
 //
 //	3/4 replicas confirmed revision 7. Waiting: [#2]. Errors: #2 DRBDConfigured/Reason: msg
 //
 // Errors lists the waiting replicas whose agent is not reporting (AgentReady not True),
 // and those whose DRBDConfigured condition is not True, except the normal in-flight
 // reason ApplyingConfiguration and a joining replica's own PendingDatameshJoin.
-func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev int64, w WaitSet) []byte {
+func (rc *reconcile) progress(t *v1.DatameshTransition, step *Step, rev int64, w WaitSet) string {
+	var b []byte
 	total := popcount(w.Must)
 	ok := popcount(w.Must & w.Confirmed)
 	if w.SelfMust {
@@ -614,10 +542,10 @@ func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev in
 	waiting := w.Must &^ w.Confirmed
 	selfWaiting := w.SelfMust && !w.SelfConfirmed
 	if waiting == 0 && !selfWaiting {
-		return b
+		return string(b)
 	}
 	// A replica that already left the member list is named by the node-id its
-	// transition kept (D3), in node-id order with the others; a transition written
+	// transition kept (docs/datamesh.md "Node-ids"), in node-id order with the others; a transition written
 	// before replicaNodeID existed has only the name.
 	selfID, selfByName := -1, false
 	if selfWaiting {
@@ -651,22 +579,22 @@ func (e *Engine) progress(b []byte, t *v1.DatameshTransition, step *Step, rev in
 		id := bits.TrailingZeros32(rest)
 		var r *v1.ReplicatedVolumeReplica
 		if id == selfID {
-			r = e.rvrByName(t.ReplicaName)
+			r = rc.rvrNamed(t.ReplicaName)
 		} else {
-			r = e.rvrOfMember(e.memberByNodeID(int32(id)))
+			r = rc.rvrOfMember(rc.memberByNodeID(int32(id)))
 		}
-		b = e.appendError(b, r, id, "", t, step, errStart)
+		b = rc.appendError(b, r, id, "", t, step, errStart)
 	}
 	if selfByName {
-		b = e.appendError(b, e.rvrByName(t.ReplicaName), -1, t.ReplicaName, t, step, errStart)
+		b = rc.appendError(b, rc.rvrNamed(t.ReplicaName), -1, t.ReplicaName, t, step, errStart)
 	}
-	return b
+	return string(b)
 }
 
 // appendError appends r's error, labelled "#id" (or name when id < 0): its AgentReady
 // condition when the controller says its agent is not reporting (the agent's own
 // conditions are then stale), else its DRBDConfigured condition when that is not True.
-func (e *Engine) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int, name string, t *v1.DatameshTransition, step *Step, errStart int) []byte {
+func (rc *reconcile) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int, name string, t *v1.DatameshTransition, step *Step, errStart int) []byte {
 	if r == nil {
 		// A member whose replica object vanished (deleted past its finalizer) cannot
 		// confirm anything: nobody will report for it. Say so, and what ends the wait.
@@ -721,8 +649,8 @@ func (e *Engine) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int, na
 	return b
 }
 
-func (e *Engine) memberByNodeID(id int32) int {
-	ms := e.s.st.Datamesh.Members
+func (rc *reconcile) memberByNodeID(id int32) int {
+	ms := rc.st.Datamesh.Members
 	for i := range ms {
 		if ms[i].NodeID == id {
 			return i
@@ -741,16 +669,13 @@ func (e *Engine) WaitSetOf(rv *v1.ReplicatedVolume, rvrs []*v1.ReplicatedVolumeR
 	if rv == nil || ti < 0 || ti >= len(rv.Status.DatameshTransitions) {
 		return w, false
 	}
-	s := &e.s
-	s.in = &Input{RV: rv, RVRs: rvrs}
-	s.st = &rv.Status
-	e.sortRVRs()
-	e.index()
+	rc := e.newReconcile(&Input{RV: rv, RVRs: rvrs})
+	rc.index()
 	t := &rv.Status.DatameshTransitions[ti]
-	p, found := e.planOf(t)
+	p, found := rc.planOf(t)
 	si := activeStep(t)
 	if !found || si < 0 || si >= len(p.Steps) || t.Steps[si].Status != v1.StepActive {
 		return w, false
 	}
-	return e.waitSet(t, &p.Steps[si], t.Steps[si].DatameshRevision), true
+	return rc.waitSet(t, &p.Steps[si], t.Steps[si].DatameshRevision), true
 }

@@ -566,10 +566,22 @@ func (w *world) restart() {
 		return
 	}
 	n := down[w.pick(len(down))]
+	behind := w.pick(3) == 0
+	if behind {
+		// The lost node comes back behind a partition: it runs what its kernel ran
+		// and its agent reaches the control plane, but none of its peers.
+		w.c.Partition(n)
+		w.partitioned = append(w.partitioned, n)
+	}
 	if err := w.c.RestartNode(n); err != nil {
 		w.step("restart %s: %v", n, err)
 	}
 	delete(w.crashed, n)
+	if behind {
+		w.stats.count("fault restart-behind-partition")
+		w.step("restart %s behind a partition", n)
+		return
+	}
 	w.stats.count("fault restart")
 	w.step("restart %s", n)
 }

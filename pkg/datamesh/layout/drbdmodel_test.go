@@ -2,7 +2,7 @@ package layout
 
 import "math/bits"
 
-// A model of how DRBD 9.2 decides quorum, written from shared/DRBD-QUORUM.md
+// A model of how DRBD 9.2 decides quorum, written from docs/drbd-quorum.md
 // and independent of the package's formulas: the proofs feed it the q and qmr
 // the package computes and check what the nodes would actually do.
 //
@@ -24,7 +24,7 @@ func (c drbdConfig) members() uint32 { return c.voters | c.diskless }
 func count(m uint32) int { return bits.OnesCount32(m) }
 
 // drbdView is how a diskful node sorts the members it knows
-// (DRBD-QUORUM.md). Nothing in these models is known Outdated or quorumless,
+// (docs/drbd-quorum.md). Nothing in these models is known Outdated or quorumless,
 // so every absent voter is unknown.
 type drbdView struct {
 	upToDate, present, unknown int // voters, itself included

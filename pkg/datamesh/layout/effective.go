@@ -3,7 +3,7 @@ package layout
 // The effective layout (rv.Status.EffectiveLayout) is the protection the
 // datamesh provides now; q and qmr are derived from it (Quorum, QMR), never
 // from the configuration, which is only the goal. It is a monotonic ratchet
-// (seed 000, "Effective layout"):
+// (docs/datamesh-spec.md, "Effective layout"):
 //
 //   - each value moves only toward the configured value, never away from it
 //     and never past it: it rises as steps add protection, and it is held
@@ -11,7 +11,7 @@ package layout
 //   - it falls when the configuration is lowered below it (explicit
 //     downgrade), and then not below the new configuration, and after a lost
 //     member's force removal has been confirmed by every survivor, to what the
-//     members that are left provide (seed 000: the q↓ of ForceRemoveReplica(D)
+//     members that are left provide (docs/datamesh-spec.md: the q↓ of ForceRemoveReplica(D)
 //     for even → odd voters). The engine publishes that fall only once the
 //     removal is confirmed (datamesh's quorumAfterForceRemoval): the removed node,
 //     if alive behind a partition, is then alone and cannot be quorate, while a q
@@ -43,7 +43,7 @@ package layout
 //	until both removals are confirmed, then eff (0,2) (3 voters, qmr 3) and
 //	q=2; 2D+1TB (1,0) losing a D: q=2 until confirmed, then eff (0,0), q=1.
 //
-// Where this departs from the seed. The seed updates FTT only on steps with
+// Where this departs from the specification. The specification updates FTT only on steps with
 // q↑ or q↓. Two steps change the provided FTT without changing q: adding a
 // voter even→odd (2D (0,1) → 3D (1,1): ✦ → D∅ leaves q=2 but provides
 // FTT 1) and adding a TB (2D (0,1) → 2D+1TB (1,0) after the qmr↓). If FTT
@@ -107,7 +107,7 @@ func (eff Layout) NextQMR(configured Layout, upToDateD int) int {
 }
 
 // AfterQMRChange is the effective layout after a step that set qmr, given
-// the membership after the step. GMDR follows qmr exactly, as the seed says
+// the membership after the step. GMDR follows qmr exactly, as the specification says
 // (GMDR = qmr-1, including an emergency ChangeQuorum); FTT is then moved
 // again because the data limit of FTTForVoters depends on GMDR: lowering
 // qmr in 3D (0,2) → (1,1) is what gives that 3D its FTT of 1.

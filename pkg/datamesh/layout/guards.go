@@ -4,10 +4,10 @@ import "strconv"
 
 // Guards decide whether a transition may start; the transition itself decides
 // how q moves. Each returns ok, or false and the message the engine shows in
-// the transition's progress (seed 000, "Preconditions"). Messages are built
+// the transition's progress (docs/datamesh-spec.md, "Preconditions"). Messages are built
 // only on refusal, so an accepted check allocates nothing.
 //
-// The guards for leaving D run, in the seed's order, QMRReady, GMDR, FTT,
+// The guards for leaving D run, in the specification's order, QMRReady, GMDR, FTT,
 // and for TransZonal also ZoneGMDR and ZoneFTT (zones.go); for leaving TB,
 // TBRequired and for TransZonal ZoneTBRequired. VolumeAccessLocal and
 // NotAttached are about attachment, not layout, and live in the engine.
@@ -29,12 +29,12 @@ func GuardQMRReady(currentQMR, targetGMDR int) (bool, string) {
 // GuardGMDR refuses to take a D away when the UpToDate copies left would no
 // longer cover the target GMDR: afterwards ADR must still be ≥ GMDR.
 //
-// The seed states it as ADR > target_GMDR on the current counts, which
+// The specification states it as ADR > target_GMDR on the current counts, which
 // assumes the leaving D is UpToDate. When it is not (a failed disk, a replica
 // that never finished its sync), taking it away leaves ADR unchanged, so
-// ADR ≥ target_GMDR is enough; the seed's rule would then refuse to remove
+// ADR ≥ target_GMDR is enough; the specification's rule would then refuse to remove
 // a broken D from 2D (0,1) + its synced replacement forever. leavingUpToDate
-// says which case applies; with true this is the seed's rule and message,
+// says which case applies; with true this is the specification's rule and message,
 // with false the message names the threshold actually required
 // (need > target_GMDR-1).
 func GuardGMDR(upToDateD int, leavingUpToDate bool, targetGMDR int) (bool, string) {
@@ -67,7 +67,7 @@ func GuardFTT(dCount int, target Layout) (bool, string) {
 // TB before the removal; with zero there is nothing to remove and the guard
 // refuses rather than guess.
 //
-// Below the layout (a degraded datamesh) the rule stays the seed's, exactly
+// Below the layout (a degraded datamesh) the rule stays the specification's, exactly
 // FTT = D/2, and that is right: with D < FTT+GMDR+1 ≤ 2·GMDR+2 the half that
 // survives D/2 failures holds fewer than GMDR+1 copies, so no TB can restore
 // the promise there. (It would keep DRBD quorate, since the tiebreaker

@@ -8,8 +8,8 @@
 // types, and no allocation on the paths the engine runs on every reconcile
 // (a guard allocates only to format the message of a refusal).
 //
-// The rules are those of seed 000 ("Preconditions", "Effective layout")
-// corrected where real DRBD 9.2 behaves differently (shared/DRBD-QUORUM.md).
+// The rules are those of docs/datamesh-spec.md ("Preconditions", "Effective layout")
+// corrected where real DRBD 9.2 behaves differently (docs/drbd-quorum.md).
 // docs/layouts.md explains them for people; proof_test.go checks them against
 // a model of DRBD's quorum rule by brute force.
 package layout
@@ -34,7 +34,7 @@ const (
 // nodes, so `quorum 32` is never reached by counting, and a diskless node with
 // it is quorate exactly when it is connected to an UpToDate peer that reports
 // quorum. It does not work for an attached disk: a diskful node with quorum 32
-// is never quorate (DRBD-QUORUM.md), so a shadow diskful sD needs DRBD's
+// is never quorate (docs/drbd-quorum.md), so a shadow diskful sD needs DRBD's
 // non-voting option instead, which upstream DRBD does not have.
 const NonVoterQuorum = 32
 
@@ -111,7 +111,7 @@ func (l Layout) DiskfulCount() int { return l.FTT + l.GMDR + 1 }
 // tiebreaker keeps them quorate; zero otherwise (a majority survives, or the
 // count is odd and the tiebreaker does not apply). One is enough: the
 // tiebreaker needs a majority of the diskless members, and one TB on the
-// surviving side is a majority of one. (Seed §3.4, GuardTBRequired.)
+// surviving side is a majority of one. (docs/datamesh-spec.md, GuardTBRequired.)
 func TieBreakerMin(dCount, ftt int) int {
 	if dCount > 0 && dCount%2 == 0 && ftt == dCount/2 {
 		return 1

@@ -66,7 +66,7 @@ func TestAllowedSet(t *testing.T) {
 }
 
 // TestSplitBrainFree: in every allowed layout, no clean cut of the network
-// leaves two quorate sides. (A partial cut can: DRBD-QUORUM.md, 2D+TB with
+// leaves two quorate sides. (A partial cut can: docs/drbd-quorum.md, 2D+TB with
 // only the D–D link cut. That is settled by the promotion agreement, not by
 // quorum, and belongs to the engine's model checker.)
 func TestSplitBrainFree(t *testing.T) {
@@ -246,7 +246,7 @@ func TestVestibule(t *testing.T) {
 	}
 }
 
-// TestDRBDTiebreakerIgnoresQMR records the gap between DRBD and the seed that
+// TestDRBDTiebreakerIgnoresQMR records the gap between DRBD and the specification that
 // docs/layouts.md explains: in 4D+1TB (2,1), qmr=2, with one D still syncing
 // (Inconsistent) and two UpToDate D failed, the survivor keeps quorum through
 // the tiebreaker while it sees a single UpToDate disk.
@@ -329,8 +329,8 @@ func TestZoneSurvey(t *testing.T) {
 	}
 }
 
-// TestMinZones pins the zone counts TransZonal needs (issue 8, item 8: 4D over exactly
-// three zones cannot survive a zone loss) and checks them against a direct count: over
+// TestMinZones pins the zone counts TransZonal needs (docs/layouts.md §7: 4D over
+// exactly three zones cannot survive a zone loss) and checks them against a direct count: over
 // MinZones zones as evenly as possible, losing the fullest zone leaves more than GMDR
 // copies; over one zone fewer, some layout fails.
 func TestMinZones(t *testing.T) {

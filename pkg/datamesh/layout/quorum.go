@@ -2,7 +2,7 @@ package layout
 
 // Quorum is the q meshvol gives the voters (D and D∅) of a datamesh: the
 // explicit number in DRBD's `quorum <q>` option. DRBD takes an explicit number
-// literally, whatever the voter count (DRBD-QUORUM.md), so this function
+// literally, whatever the voter count (docs/drbd-quorum.md), so this function
 // alone decides how many voters must see each other to serve IO.
 //
 //	q = max(⌊voters/2⌋+1, ⌊minD/2⌋+1), minD = effective FTT + GMDR + 1
@@ -43,7 +43,7 @@ func Quorum(voters int, effective Layout) int {
 // at least qmr UpToDate disks (itself included), so no write is acknowledged
 // with fewer than GMDR+1 copies on that path.
 //
-// Real DRBD 9.2 does not check qmr on two other paths (DRBD-QUORUM.md): a
+// Real DRBD 9.2 does not check qmr on two other paths (docs/drbd-quorum.md): a
 // diskless node (A, TB) is quorate through any quorate UpToDate peer, and the
 // tiebreaker keeps quorum without looking at qmr. meshvol must therefore
 // protect GMDR itself (guards here; attach policy in the engine).

@@ -21,9 +21,9 @@ type ZoneCount struct {
 	UpToDateD int // D whose disk is UpToDate (part of D)
 	TB        int
 	// Diskless counts the other intentionally diskless members (A, sD∅).
-	// The seed calls A invisible to quorum, but DRBD's tiebreaker asks for a
+	// The specification calls A invisible to quorum, but DRBD's tiebreaker asks for a
 	// majority of all diskless peers, so an A in a lost zone can deny the
-	// bridge that a TB elsewhere would give (DRBD-QUORUM.md).
+	// bridge that a TB elsewhere would give (docs/drbd-quorum.md).
 	Diskless int
 }
 
@@ -33,7 +33,7 @@ type ZoneCount struct {
 // then still weighs in DRBD's diskless majority.
 type Leaving struct {
 	Zone string
-	// UpToDate says whether its disk is UpToDate. The seed's pseudocode
+	// UpToDate says whether its disk is UpToDate. The specification's pseudocode
 	// assumes it is; when it is not, its removal costs no copy (see GuardGMDR).
 	UpToDate bool
 }
@@ -96,13 +96,13 @@ func checkLeaving(zones []ZoneCount, l Leaving) string {
 // would leave no more than targetGMDR UpToDate D: the copies the promise
 // counts on must not share a fate.
 //
-// Seed pseudocode, per zone z:
+// The specification's pseudocode, per zone z:
 //
 //	inZone    = UpToDate_D_in_zone(z) - (1 if z is the leaving D's zone)
 //	surviving = (UpToDate_D_count - 1) - inZone
 //	blocked if surviving <= target_GMDR
 //
-// The "- 1" terms apply only when the leaving D is UpToDate: the seed's
+// The "- 1" terms apply only when the leaving D is UpToDate: the specification's
 // literal rule would refuse to remove a broken D from a zone that also holds
 // its synced replacement, forever.
 func GuardZoneGMDR(zones []ZoneCount, leaving Leaving, targetGMDR int) (bool, string) {
@@ -146,7 +146,7 @@ func GuardZoneGMDR(zones []ZoneCount, leaving Leaving, targetGMDR int) (bool, st
 // one short with an even voter count and a strict majority of the diskless
 // members (TB and the rest) still connected: the tiebreaker.
 //
-// The seed's pseudocode bridges with "TB_surviving > 0" alone; DRBD also
+// The specification's pseudocode bridges with "TB_surviving > 0" alone; DRBD also
 // needs the even voter count and the diskless majority, and DRBD wins.
 func zoneSurvives(voters, q, dlTotal int, z ZoneCount) bool {
 	d := voters - z.D
@@ -159,14 +159,14 @@ func zoneSurvives(voters, q, dlTotal int, z ZoneCount) bool {
 
 // GuardZoneFTT refuses to take a voter away if, afterwards, losing some zone
 // would leave the other zones without quorum. q is the q the transition will
-// set, Quorum(voters-1, effective); the seed writes ⌊(D_count-1)/2⌋+1, which
+// set, Quorum(voters-1, effective); the specification writes ⌊(D_count-1)/2⌋+1, which
 // is the same number whenever GuardFTT passes, and the floor makes this
 // stricter, never looser, when it is not.
 //
-// The message is the seed's table text, "losing zone {z} would leave {d}
+// The message is the specification's table text, "losing zone {z} would leave {d}
 // voters, need > {min}", with min = q-1, or q-2 when the tiebreaker can
 // bridge the gap for that zone (an even voter count and a diskless majority
-// outside it). The seed's pseudocode prints "… D, q=…, TB=…" instead; the
+// outside it). The specification's pseudocode prints "… D, q=…, TB=…" instead; the
 // table is the contract, and the bridging shows in min.
 func GuardZoneFTT(zones []ZoneCount, leaving Leaving, effective Layout) (bool, string) {
 	if msg := checkZones(zones); msg != "" {

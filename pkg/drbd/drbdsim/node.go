@@ -785,9 +785,35 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			cur = x.md.sizeBytes
 		}
 	}
+	// Like drbdadm resize without --assume-peer-has-space, a configured diskful peer
+	// that is not connected caps the size at what it has: DRBD does not grow past a
+	// peer it cannot ask (one that is not running counts as not grown). Otherwise two
+	// sides of a partition would each grow over their own old metadata, and the grown
+	// area would differ between them once they reconnect.
+	for _, x := range group {
+		for _, k := range x.sortedConns() {
+			if k.connected() || k.peer.Diskless {
+				continue
+			}
+			capSize := cur
+			if pr := n.c.peerResource(x, k); pr != nil && pr.attached() {
+				capSize = pr.md.sizeBytes
+			}
+			size = min(size, capSize)
+		}
+	}
 	if size <= cur {
+		// No diskful replica connected, a peer unreachable, or nothing to grow. The
+		// internal metadata still moves to the end of a grown backing device.
+		for _, x := range group {
+			if x.attached() {
+				if err := x.md.sign(); err != nil {
+					return fail(err)
+				}
+			}
+		}
 		n.c.settle()
-		return nil // no diskful replica connected, or nothing to grow
+		return nil
 	}
 	old := map[*resource]int64{}
 	for _, x := range group {

@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/meshvol/meshvol/internal/scenario"
 	"github.com/meshvol/meshvol/internal/testenv"
@@ -80,11 +81,17 @@ var _ scenario.Backend = (*product)(nil)
 // plane, the controller and each guest's `meshvol node`.
 func startProduct(spec, out, meshvol string) (p *product, err error) {
 	p = &product{out: out, remotes: map[string]*remote{}, addrs: map[string]string{}, nodeCSI: map[string]csipb.NodeClient{}}
+	started := p
+	// The controller's CSI endpoint must be an absolute path.
+	if p.out, err = filepath.Abs(out); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
-			p.finish()
+			started.finish()
 		}
 	}()
+	ctrllog.SetLogger(logr.New(errorsOnly{}))
 	for _, kv := range strings.Split(spec, ",") {
 		node, ip, ok := strings.Cut(kv, "=")
 		if !ok {
@@ -413,4 +420,17 @@ func TestProduct(t *testing.T) {
 	for _, d := range diffs {
 		fmt.Fprintln(w, "  "+d)
 	}
+}
+
+// errorsOnly is controller-runtime's logger in the host's test binary: the
+// errors of the in-process drbdsim cluster and the CSI clients, to stderr.
+type errorsOnly struct{}
+
+func (errorsOnly) Init(logr.RuntimeInfo)            {}
+func (errorsOnly) Enabled(int) bool                 { return false }
+func (errorsOnly) Info(int, string, ...any)         {}
+func (e errorsOnly) WithValues(...any) logr.LogSink { return e }
+func (e errorsOnly) WithName(string) logr.LogSink   { return e }
+func (errorsOnly) Error(err error, msg string, kv ...any) {
+	fmt.Fprintln(os.Stderr, "error:", msg, err, kv)
 }

@@ -10,10 +10,10 @@ import (
 )
 
 // TestReusedEngineMatchesFresh drives volumes through random perturbations of steady
-// states, one to three at a time, and after every Process compares the engine, whose
-// scratch buffers and index have served every call before, with a fresh engine on a
-// copy of the same input: nothing of one call may leak into the next (the engine is
-// level-based, and a restarted controller must decide exactly the same). After the
+// states, one to three at a time, and after every Process compares the engine, which
+// has served every call before, with a fresh engine on a copy of the same input:
+// nothing of one call may reach the next (the engine is level-based, and a restarted
+// controller must decide exactly the same). After the
 // perturbations the cluster heals and placement acts until the volume is steady again
 // (or stuck: some perturbations leave conflicts only a person resolves).
 func TestReusedEngineMatchesFresh(t *testing.T) {
@@ -25,15 +25,8 @@ func TestReusedEngineMatchesFresh(t *testing.T) {
 		w := steadyWorld(t, l[0], l[1], rng.Intn(4))
 		w.rv.Spec.MaxAttachments = int32(1 + rng.Intn(2))
 		w.eng = NewEngine(w.reg, w.features)
-		w.eng.checkIndex = true
 		step := func() {
-			in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
-				ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
-			full := *in
-			full.RV = w.rv.DeepCopy()
-			res, err := w.eng.Process(in)
-			checkFreshEngine(t, w.reg, w.features, &full, w.rv, res, err)
-			w.last = res
+			w.last, _ = w.processOnBoth(t)
 			w.force, w.fdetach, w.cq = nil, nil, nil
 			total++
 		}
