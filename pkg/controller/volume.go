@@ -470,8 +470,7 @@ func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs 
 	st.ReadyMembers = ReadyMembers(st.Datamesh.Members, byName, reportingAgent)
 	st.SyncProgress = SyncProgress(st.Datamesh.Members, byName)
 	if ok, reason, msg := FaultTolerance(st); reason != "" {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionFaultTolerance, Status: boolStatus(ok), Reason: reason,
-			Message: msg, ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+		v.setCondition(work, ConditionFaultTolerance, ok, reason, msg)
 	}
 }
 
