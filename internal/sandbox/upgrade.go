@@ -10,12 +10,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/internal/ociimage"
-	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
 // UpgradeEvent is one moment of a `helm upgrade`'s rollout: a node pod
@@ -145,81 +142,4 @@ func (s *Sandbox) HelmUpgrade(ctx context.Context, archive, ref string) (*Upgrad
 	up.Took = time.Since(began)
 	s.ControllerSocket, err = s.controllerSocket(ctx)
 	return up, err
-}
-
-// Uninstall is what `helm uninstall` left on the cluster.
-type Uninstall struct {
-	// CRDs of storage.meshvol.io still installed (Helm never deletes a
-	// chart's crds/).
-	CRDs []string
-	// Volumes (RVs) and their PersistentVolumes still there.
-	Volumes, PersistentVolumes int
-	// DRBD resources still running on the nodes (the kernel's, not the
-	// chart's: nothing takes them down).
-	DRBDResources int
-	// PodsLeft of the release, once the uninstall is done (none).
-	PodsLeft int
-}
-
-// HelmUninstall runs `helm uninstall` of the release, waits for its pods
-// to go, and reports what is left.
-func (s *Sandbox) HelmUninstall(ctx context.Context) (*Uninstall, error) {
-	if out, err := s.helm(ctx, "uninstall", ReleaseName, "--namespace", ReleaseNamespace, "--wait", "--timeout", "2m"); err != nil {
-		return nil, fmt.Errorf("sandbox: helm uninstall: %w\n%s", err, out)
-	}
-	u := &Uninstall{}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		pods, err := s.releasePods(ctx, "node")
-		if err != nil {
-			return nil, err
-		}
-		ctrl, err := s.releasePods(ctx, "controller")
-		if err != nil {
-			return nil, err
-		}
-		live := 0
-		for _, p := range append(pods, ctrl...) {
-			if n := s.Kube.Node(p.Spec.NodeName); n == nil || !n.Crashed() {
-				live++
-			}
-		}
-		u.PodsLeft = live
-		if live == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	var crds apiextensionsv1.CustomResourceDefinitionList
-	if err := s.Client.List(ctx, &crds); err != nil {
-		return nil, err
-	}
-	for _, c := range crds.Items {
-		if c.Spec.Group == v1.GroupName {
-			u.CRDs = append(u.CRDs, c.Name)
-		}
-	}
-	var rvs v1.ReplicatedVolumeList
-	if err := s.Client.List(ctx, &rvs); err != nil {
-		return nil, err
-	}
-	u.Volumes = len(rvs.Items)
-	var pvs corev1.PersistentVolumeList
-	if err := s.Client.List(ctx, &pvs); err != nil {
-		return nil, err
-	}
-	for _, pv := range pvs.Items {
-		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == v1.CSIDriverName {
-			u.PersistentVolumes++
-		}
-	}
-	for _, n := range s.Kube.Nodes {
-		if n.Crashed() {
-			continue
-		}
-		if res, err := s.DRBDResources(ctx, n.Name); err == nil {
-			u.DRBDResources += len(res)
-		}
-	}
-	return u, nil
 }
