@@ -119,15 +119,14 @@ func startRepro(t *testing.T) *world {
 	return w
 }
 
-// TestProtectionChangedDuringFormation (seed 1 of the short form): a 2D+1TB volume is
-// lowered to 1D while it forms and raised back to 2D+1TB a moment later. It must end
-// Ready with UpToDate Diskful replicas: nothing was ever written, so nothing can be
-// missing.
+// TestProtectionChangedDuringFormation: a 2D+1TB volume is lowered to 1D while it forms
+// and raised back to 2D+1TB a moment later. It must end Ready with UpToDate Diskful
+// replicas: nothing was ever written, so nothing can be missing. (The short seed 1 ended
+// with both Diskful replicas Inconsistent after these two changes, with crashes and
+// control-plane cuts around them; the two changes alone do not do it: docs/soak.md,
+// Findings.)
 func TestProtectionChangedDuringFormation(t *testing.T) {
 	needs(t)
-	if os.Getenv("MESHVOL_SOAK_KNOWN") == "" {
-		t.Skip("known, reported and not fixed yet (docs/soak.md, Findings): set MESHVOL_SOAK_KNOWN=1 to run it")
-	}
 	w := startRepro(t)
 	v := w.createLayout(layouts[2])
 	time.Sleep(700 * time.Millisecond)
