@@ -54,9 +54,10 @@ build: ## Build bin/meshvol from ./cmd/meshvol
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol ./cmd/meshvol
 
 .PHONY: sandbox
-sandbox: deps build k8s ## Run a real Kubernetes cluster with meshvol on this machine, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
+sandbox: deps build k8s image ## Run a real Kubernetes cluster on this machine, `helm install` meshvol's chart and image on it, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol-sandbox ./cmd/meshvol-sandbox
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/meshvol-pause ./internal/kubecluster/pause
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/drbdsim-utils ./internal/drbdsimd/drbdutils
 	bin/meshvol-sandbox $(SANDBOX_ARGS)
 
 .PHONY: k8s
@@ -68,7 +69,7 @@ deps: ## Install the Debian packages the tests need, when missing (hack/install-
 	hack/install-deps.sh
 
 .PHONY: test
-test: deps k8s ## Run every test (unit and integration on the real apiserver); full log in _output/test.log
+test: deps k8s image ## Run every test (unit, integration on the real apiserver, e2e on the chart-installed image); full log in _output/test.log
 	TEST_TIMEOUT=$(TEST_TIMEOUT) hack/test.sh $(TEST_PKGS)
 
 .PHONY: lint

@@ -32,11 +32,12 @@ import (
 // datamesh is in place (a published revision with members, no Formation transition in
 // flight), the rule the CSI controller service waits on in CreateVolume
 // (docs/contract.md "CSI"); while not, the reason is the phase and the message the
-// Ready condition's, which says what formation waits for.
+// Ready condition's, which says what formation waits for. Its True message names no
+// revision, so the condition changes once, when the volume forms.
 func Formed(st *v1.ReplicatedVolumeStatus, verdict PhaseVerdict) (bool, string, string) {
 	forming := slices.ContainsFunc(st.DatameshTransitions, func(t v1.DatameshTransition) bool { return t.Type == v1.TransitionFormation })
 	if !forming && st.DatameshRevision > 0 && len(st.Datamesh.Members) > 0 {
-		return true, v1.ReasonFormed, "The first datamesh is in place (revision " + strconv.FormatInt(st.DatameshRevision, 10) + ")"
+		return true, v1.ReasonFormed, "The first datamesh is in place"
 	}
 	return false, string(verdict.Phase), verdict.Message
 }

@@ -152,7 +152,7 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 			FailuresToTolerate: int32(l.FTT), GuaranteedMinimumDataRedundancy: int32(l.GMDR), VolumeAccess: rsc.Spec.VolumeAccess}
 		rv.Status.Layout = l.String()
 		meta.SetStatusCondition(&rv.Status.Conditions, metav1.Condition{Type: v1.ConditionFormed, Status: metav1.ConditionTrue,
-			Reason: v1.ReasonFormed, Message: "The first datamesh is in place (revision 1)"})
+			Reason: v1.ReasonFormed, Message: "The first datamesh is in place"})
 		return p.cl.Status().Update(ctx, rv)
 	}
 	if rv.Status.Datamesh.Size.Value() < size {

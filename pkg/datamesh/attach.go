@@ -30,6 +30,8 @@ const (
 	msgAttached = "Attached"
 	msgWaitMax1 = "Waiting: maxAttachments=1 and another attachment is older or attached"
 	msgWaitMax2 = "Waiting: maxAttachments=2 and two other attachments are older or attached"
+
+	msgWaitMultiattach = "Waiting for the multiattach change to complete"
 )
 
 func (rc *reconcile) maxAttachments() int {
@@ -136,67 +138,17 @@ func (rc *reconcile) serveRVAs() serving {
 }
 
 func (rc *reconcile) attachment(quorumBusy bool) ([]AttachmentStatus, []WantedReplica) {
-	rvas := rc.in.RVAs
-	ms := rc.st.Datamesh.Members
 	sv := rc.serveRVAs()
-	ord := sv.served
-
-	block := ""
-	switch {
-	case rc.formationActive():
-		block = "Waiting for formation to complete"
-	case rc.groupInFlight(v1.GroupQuorum) || quorumBusy:
-		block = "Waiting for ChangeQuorum to complete"
-	case rc.groupInFlight(v1.GroupMultiattach):
-		block = "Waiting for the multiattach change to complete"
+	block := rc.attachmentBlocked(quorumBusy)
+	if block == "" && rc.hasCfg && len(rc.st.Datamesh.Members) > 0 {
+		rc.detachUnasked(sv)
+		block = rc.followMultiattach(sv)
 	}
-	formed := rc.hasCfg && len(ms) > 0
-
-	// Detach members nobody asks for any more.
-	if block == "" && formed {
-		for mi := 0; mi < len(rc.st.Datamesh.Members); mi++ {
-			m := &rc.st.Datamesh.Members[mi]
-			if !m.Attached || sv.wantsNode(rvas, m.NodeName) || rc.attachTransition(m.Name) >= 0 {
-				continue
-			}
-			p, ok := rc.reg.Latest(PlanDetach)
-			if !ok {
-				continue
-			}
-			ti := rc.start(p, m.Name)
-			rc.confirm(ti, p, 0)
-		}
-	}
-
-	// Multiattach follows the number of served RVAs, outside any Attach/Detach.
 	attached := rc.attachedCount()
-	if block == "" && formed && !rc.groupInFlight(v1.GroupAttachment) {
-		multi := rc.st.Datamesh.Multiattach
-		switch {
-		case len(ord) >= 2 && !multi:
-			rc.startVolumeWide(PlanEnableMultiattach)
-			block = "Waiting for the multiattach change to complete"
-		case len(ord) < 2 && multi && attached <= 1:
-			rc.startVolumeWide(PlanDisableMultiattach)
-			block = "Waiting for the multiattach change to complete"
-		}
-	}
-
-	atts := make([]AttachmentStatus, 0, len(rvas))
-	for i, a := range rvas {
-		st := AttachmentStatus{Name: a.Name, NodeName: a.Spec.NodeName, Phase: v1.AttachmentPending}
+	atts := make([]AttachmentStatus, 0, len(rc.in.RVAs))
+	for i, a := range rc.in.RVAs {
+		st := AttachmentStatus{Name: a.Name, NodeName: a.Spec.NodeName}
 		mi := sv.member[i] // attachment changes attached flags, never the members
-		if a.DeletionTimestamp == nil && mi >= 0 && !rc.st.Datamesh.Members[mi].Attached && !sv.isServed(i) &&
-			(len(rc.st.DatameshTransitions) == 0 || rc.attachTransition(rc.st.Datamesh.Members[mi].Name) < 0) {
-			// The common waiting case, without the full evaluation.
-			rc.waiting = true
-			st.Message = msgWaitMax2
-			if rc.maxAttachments() == 1 {
-				st.Message = msgWaitMax1
-			}
-			atts = append(atts, st)
-			continue
-		}
 		st.Phase, st.Message = rc.attachOne(i, a, mi, block, attached, sv)
 		if st.Phase == v1.AttachmentAttached || st.Phase == v1.AttachmentAttaching {
 			attached = rc.attachedCount()
@@ -207,6 +159,53 @@ func (rc *reconcile) attachment(quorumBusy bool) ([]AttachmentStatus, []WantedRe
 		atts = append(atts, st)
 	}
 	return atts, rc.wantAccessReplicas(sv)
+}
+
+// attachmentBlocked says why no Attach may start now, or "": formation, a ChangeQuorum
+// (in flight or waiting) and a multiattach change exclude them.
+func (rc *reconcile) attachmentBlocked(quorumBusy bool) string {
+	switch {
+	case rc.formationActive():
+		return "Waiting for formation to complete"
+	case rc.groupInFlight(v1.GroupQuorum) || quorumBusy:
+		return "Waiting for ChangeQuorum to complete"
+	case rc.groupInFlight(v1.GroupMultiattach):
+		return msgWaitMultiattach
+	}
+	return ""
+}
+
+// detachUnasked starts a Detach of every attached member no served RVA asks for.
+func (rc *reconcile) detachUnasked(sv serving) {
+	for mi := range rc.st.Datamesh.Members {
+		m := &rc.st.Datamesh.Members[mi]
+		if !m.Attached || sv.wantsNode(rc.in.RVAs, m.NodeName) || rc.attachTransition(m.Name) >= 0 {
+			continue
+		}
+		if p, ok := rc.reg.Latest(PlanDetach); ok {
+			ti := rc.start(p, m.Name)
+			rc.confirm(ti, p, 0)
+		}
+	}
+}
+
+// followMultiattach turns multiattach on when two RVAs are served and off when one is
+// (and at most one member is attached), outside any Attach/Detach. It returns the
+// block for Attaches when it started a change.
+func (rc *reconcile) followMultiattach(sv serving) string {
+	if rc.groupInFlight(v1.GroupAttachment) {
+		return ""
+	}
+	multi := rc.st.Datamesh.Multiattach
+	switch {
+	case len(sv.served) >= 2 && !multi:
+		rc.startVolumeWide(PlanEnableMultiattach)
+		return msgWaitMultiattach
+	case len(sv.served) < 2 && multi && rc.attachedCount() <= 1:
+		rc.startVolumeWide(PlanDisableMultiattach)
+		return msgWaitMultiattach
+	}
+	return ""
 }
 
 // attachedCount counts members that are attached or still detaching: a Detach is

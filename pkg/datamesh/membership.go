@@ -252,6 +252,29 @@ func (rc *reconcile) joinGuards(p *Plan, req *v1.DatameshReplicaRequest) string 
 	return ""
 }
 
+// unreachedCopies counts the other UpToDate Diskful members that the leaving replica r
+// reports it is not connected to. Such a replica may be stale however it reports
+// itself: DRBD keeps an isolated replica UpToDate while the side that holds quorum
+// writes on without it (docs/soak.md, Findings). Taking r away would leave it as a copy
+// that lacks acknowledged writes, so it does not count as one that stays. A peer r does
+// not report at all counts, as before.
+func (rc *reconcile) unreachedCopies(r *v1.ReplicatedVolumeReplica, mi int) int {
+	n := 0
+	for k := range rc.st.Datamesh.Members {
+		if k == mi || rc.mstate(k) != StateD || !upToDate(rc.rvrOfMember(k)) {
+			continue
+		}
+		name := rc.st.Datamesh.Members[k].Name
+		for _, p := range r.Status.Peers {
+			if p.Name == name && p.ConnectionState != "Connected" {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
 // leavingDGuards are docs/datamesh-spec.md "Preconditions for leaving D".
 func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	m := &rc.st.Datamesh.Members[mi]
@@ -271,7 +294,11 @@ func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	c := rc.counts()
 	r := rc.rvrOfMember(mi)
 	leavingUpToDate := upToDate(r)
-	if ok, msg := layout.GuardGMDR(c.upToDateD, leavingUpToDate, rc.cfg.GMDR); !ok {
+	copies := c.upToDateD
+	if leavingUpToDate {
+		copies -= rc.unreachedCopies(r, mi)
+	}
+	if ok, msg := layout.GuardGMDR(copies, leavingUpToDate, rc.cfg.GMDR); !ok {
 		return msg
 	}
 	if ok, msg := layout.GuardFTT(c.voters, rc.cfg); !ok {

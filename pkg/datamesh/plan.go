@@ -236,21 +236,7 @@ func DerivePlan(from, to State, p PathParams) (Plan, error) {
 		return Plan{}, fmt.Errorf("%s → %s is not a transition", from, to)
 	}
 	if p.Force {
-		if !from.IsMember() || to != StateGone {
-			return Plan{}, fmt.Errorf("ForceRemoveReplica needs a member and ✕, got %s → %s", from, to)
-		}
-		if from.IsShadow() && !p.Shadow {
-			return Plan{}, fmt.Errorf("%s needs ShadowDiskful support", from)
-		}
-		q := NoChange
-		if from.IsVoter() && !p.VotersOdd {
-			q = Down
-		}
-		st := memberStep(from, StateGone, q)
-		st.Force = true
-		pl := Plan{Type: v1.TransitionForceRemoveReplica, Group: v1.GroupEmergency, From: from, To: to, Steps: []Step{st}}
-		pl.ID = planID(pl)
-		return pl, nil
+		return forceRemovePlan(from, to, p)
 	}
 	if from.IsLiminal() || to.IsLiminal() {
 		return Plan{}, fmt.Errorf("%s → %s: liminal states are only passed through", from, to)
@@ -260,44 +246,85 @@ func DerivePlan(from, to State, p PathParams) (Plan, error) {
 	}
 	addsVoter := !from.IsVoter() && to.IsVoter()
 	removesVoter := from.IsVoter() && !to.IsVoter()
-	qUp := addsVoter && p.VotersOdd
-	qDown := removesVoter && !p.VotersOdd
-
 	var steps []Step
-	add := func(f, t State, q Change) { steps = append(steps, memberStep(f, t, q)) }
 	if removesVoter && to == StateGone && p.QMRDown {
 		steps = append(steps, qmrStep(Down))
 	}
+	steps = append(steps, memberSteps(from, to, p.Shadow, addsVoter && p.VotersOdd, removesVoter && !p.VotersOdd)...)
+	if to == StateD && from == StateNew && p.QMRUp {
+		steps = append(steps, qmrStep(Up))
+	}
+	if p.TBHold && (addsVoter || removesVoter) {
+		steps = holdQ(steps)
+	}
+	pl := Plan{From: from, To: to, Steps: steps}
 	switch {
-	case to == StateD:
-		cur := from
-		if p.Shadow {
-			if cur != StateSD {
-				add(cur, StateSDL, NoChange)
-				add(StateSDL, StateSD, NoChange)
-			}
-			if !qUp {
-				add(StateSD, StateD, NoChange)
-			} else {
-				add(StateSD, StateSDL, NoChange)
-				add(StateSDL, StateDL, Up)
-				add(StateDL, StateD, NoChange)
-			}
+	case from == StateNew:
+		pl.Type = v1.TransitionAddReplica
+	case to == StateGone:
+		pl.Type = v1.TransitionRemoveReplica
+	default:
+		pl.Type = v1.TransitionChangeReplicaType
+	}
+	pl.Group = v1.GroupNonVotingMembership
+	if from.IsVoter() || to.IsVoter() {
+		pl.Group = v1.GroupVotingMembership
+	}
+	pl.ID = planID(pl)
+	return pl, nil
+}
+
+// forceRemovePlan is ForceRemoveReplica: one step from whatever state the member is in
+// to ✕, with q↓ when it leaves an odd number of voters, the dead member excluded.
+func forceRemovePlan(from, to State, p PathParams) (Plan, error) {
+	if !from.IsMember() || to != StateGone {
+		return Plan{}, fmt.Errorf("ForceRemoveReplica needs a member and ✕, got %s → %s", from, to)
+	}
+	if from.IsShadow() && !p.Shadow {
+		return Plan{}, fmt.Errorf("%s needs ShadowDiskful support", from)
+	}
+	q := NoChange
+	if from.IsVoter() && !p.VotersOdd {
+		q = Down
+	}
+	st := memberStep(from, StateGone, q)
+	st.Force = true
+	pl := Plan{Type: v1.TransitionForceRemoveReplica, Group: v1.GroupEmergency, From: from, To: to, Steps: []Step{st}}
+	pl.ID = planID(pl)
+	return pl, nil
+}
+
+// memberSteps are the member steps from → to (DerivePlan's rules): a voter joins or
+// leaves at D∅, its disk in a step of its own; q changes (qUp, qDown) with the step that
+// adds or removes the voter; with shadow support a diskful replica syncs as sD first.
+func memberSteps(from, to State, shadow, qUp, qDown bool) []Step {
+	var steps []Step
+	add := func(f, t State, q Change) { steps = append(steps, memberStep(f, t, q)) }
+	switch {
+	case to == StateD && shadow:
+		if from != StateSD {
+			add(from, StateSDL, NoChange)
+			add(StateSDL, StateSD, NoChange)
+		}
+		if !qUp {
+			add(StateSD, StateD, NoChange)
 		} else {
-			if !qUp {
-				add(cur, StateDL, NoChange)
-			} else {
-				if cur == StateNew {
-					add(StateNew, StateA, NoChange)
-					cur = StateA
-				}
-				add(cur, StateDL, Up)
-			}
+			add(StateSD, StateSDL, NoChange)
+			add(StateSDL, StateDL, Up)
 			add(StateDL, StateD, NoChange)
 		}
-		if from == StateNew && p.QMRUp {
-			steps = append(steps, qmrStep(Up))
+	case to == StateD:
+		cur := from
+		if !qUp {
+			add(cur, StateDL, NoChange)
+		} else {
+			if cur == StateNew {
+				add(StateNew, StateA, NoChange)
+				cur = StateA
+			}
+			add(cur, StateDL, Up)
 		}
+		add(StateDL, StateD, NoChange)
 	case from == StateD && to == StateSD:
 		if !qDown {
 			add(StateD, StateSD, NoChange)
@@ -326,24 +353,7 @@ func DerivePlan(from, to State, p PathParams) (Plan, error) {
 	default:
 		add(from, to, NoChange)
 	}
-	if p.TBHold && (addsVoter || removesVoter) {
-		steps = holdQ(steps)
-	}
-	pl := Plan{From: from, To: to, Steps: steps}
-	switch {
-	case from == StateNew:
-		pl.Type = v1.TransitionAddReplica
-	case to == StateGone:
-		pl.Type = v1.TransitionRemoveReplica
-	default:
-		pl.Type = v1.TransitionChangeReplicaType
-	}
-	pl.Group = v1.GroupNonVotingMembership
-	if from.IsVoter() || to.IsVoter() {
-		pl.Group = v1.GroupVotingMembership
-	}
-	pl.ID = planID(pl)
-	return pl, nil
+	return steps
 }
 
 // holdQ marks the step that changes the voter count as HoldQ and adds the "q↓" that ends

@@ -489,7 +489,7 @@ func (rc *reconcile) confirm(ti int, p *Plan, si int) bool {
 	if !done {
 		rc.waiting = true
 	}
-	msg := string(rc.progress(nil, t, step, rev, w))
+	msg := rc.progress(t, step, rev, w)
 	t.Steps[si].Message = msg
 	if isMembership(t.Type) && !done {
 		// The request says the same, naming the transition and the step.
@@ -519,7 +519,8 @@ func requestPrefix(t v1.TransitionType) string {
 // Errors lists the waiting replicas whose agent is not reporting (AgentReady not True),
 // and those whose DRBDConfigured condition is not True, except the normal in-flight
 // reason ApplyingConfiguration and a joining replica's own PendingDatameshJoin.
-func (rc *reconcile) progress(b []byte, t *v1.DatameshTransition, step *Step, rev int64, w WaitSet) []byte {
+func (rc *reconcile) progress(t *v1.DatameshTransition, step *Step, rev int64, w WaitSet) string {
+	var b []byte
 	total := popcount(w.Must)
 	ok := popcount(w.Must & w.Confirmed)
 	if w.SelfMust {
@@ -541,7 +542,7 @@ func (rc *reconcile) progress(b []byte, t *v1.DatameshTransition, step *Step, re
 	waiting := w.Must &^ w.Confirmed
 	selfWaiting := w.SelfMust && !w.SelfConfirmed
 	if waiting == 0 && !selfWaiting {
-		return b
+		return string(b)
 	}
 	// A replica that already left the member list is named by the node-id its
 	// transition kept (docs/datamesh.md "Node-ids"), in node-id order with the others; a transition written
@@ -587,7 +588,7 @@ func (rc *reconcile) progress(b []byte, t *v1.DatameshTransition, step *Step, re
 	if selfByName {
 		b = rc.appendError(b, rc.rvrNamed(t.ReplicaName), -1, t.ReplicaName, t, step, errStart)
 	}
-	return b
+	return string(b)
 }
 
 // appendError appends r's error, labelled "#id" (or name when id < 0): its AgentReady

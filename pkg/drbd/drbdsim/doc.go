@@ -129,7 +129,9 @@
 // Resize grows the connected resource to its smallest diskful replica's
 // backing size, on every connected replica at once, as drbdadm resize does,
 // and syncs the grown area from one replica (the Primary's if attached) to
-// the others, as DRBD's resync after an online grow does;
+// the others, as DRBD's resync after an online grow does; a configured
+// diskful peer that is not connected caps the size (no
+// --assume-peer-has-space);
 // every connected Primary's device grows with it, diskless ones included
 // (the loop device re-reads the file's size). Demotion refuses (-12) while the device is mounted or
 // open for writing; a read-only opener keeps the device, and its reads,

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/meshvol/meshvol/internal/mountinfo"
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
@@ -645,10 +648,34 @@ func (r *resource) openers() []drbd.Opener {
 		if op, err := drbd.DeviceOpeners(dev.loop); err == nil {
 			out = append(out, op...)
 		}
+		out = append(out, r.n.mountsInNamespace(dev.loop)...)
 	}
 	if len(out) == 0 && r.heldDev != nil {
 		// The last opener closed it: losetup -d's autoclear has freed it.
 		r.releaseHeld(true)
+	}
+	return out
+}
+
+// mountsInNamespace lists the mounts of the block device loop in the
+// node's own mount namespace (Options.NodeMountInfo).
+func (n *Node) mountsInNamespace(loop string) []drbd.Opener {
+	if n.c.opts.NodeMountInfo == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Stat(loop, &st) != nil {
+		return nil
+	}
+	ms, err := mountinfo.ReadFile(n.c.opts.NodeMountInfo(n.name))
+	if err != nil {
+		return nil
+	}
+	var out []drbd.Opener
+	for _, m := range ms {
+		if uint32(m.Major) == unix.Major(st.Rdev) && uint32(m.Minor) == unix.Minor(st.Rdev) {
+			out = append(out, drbd.Opener{Write: slices.Contains(m.MountOptions, "rw"), What: "mounted at " + m.MountPoint + " on " + n.name})
+		}
 	}
 	return out
 }
@@ -785,9 +812,35 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			cur = x.md.sizeBytes
 		}
 	}
+	// Like drbdadm resize without --assume-peer-has-space, a configured diskful peer
+	// that is not connected caps the size at what it has: DRBD does not grow past a
+	// peer it cannot ask (one that is not running counts as not grown). Otherwise two
+	// sides of a partition would each grow over their own old metadata, and the grown
+	// area would differ between them once they reconnect.
+	for _, x := range group {
+		for _, k := range x.sortedConns() {
+			if k.connected() || k.peer.Diskless {
+				continue
+			}
+			capSize := cur
+			if pr := n.c.peerResource(x, k); pr != nil && pr.attached() {
+				capSize = pr.md.sizeBytes
+			}
+			size = min(size, capSize)
+		}
+	}
 	if size <= cur {
+		// No diskful replica connected, a peer unreachable, or nothing to grow. The
+		// internal metadata still moves to the end of a grown backing device.
+		for _, x := range group {
+			if x.attached() {
+				if err := x.md.sign(); err != nil {
+					return fail(err)
+				}
+			}
+		}
 		n.c.settle()
-		return nil // no diskful replica connected, or nothing to grow
+		return nil
 	}
 	old := map[*resource]int64{}
 	for _, x := range group {
@@ -943,7 +996,7 @@ func (n *Node) DevicePath(name string) string {
 	} else if r := n.res[name]; r != nil {
 		minor = r.cfg.Minor
 	}
-	return filepath.Join(n.c.opts.Dir, "dev", n.name, "drbd"+strconv.Itoa(minor))
+	return n.c.devicePath(n.name, minor)
 }
 
 // Crash stops the node hard: resources vanish without a goodbye (peers see

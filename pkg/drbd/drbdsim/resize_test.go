@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
@@ -43,5 +44,32 @@ func TestGrownAreaIsSynced(t *testing.T) {
 				t.Fatalf("after the grow to %d bytes the replicas differ at offset %d", size, off)
 			}
 		}
+	}
+}
+
+// A node cut off from a configured diskful peer does not grow past it, as DRBD
+// without --assume-peer-has-space does not; once they reconnect, the resize grows
+// both and the grown area is the same on both.
+func TestNoGrowPastUnreachablePeer(t *testing.T) {
+	rg := formed(t, nil)
+	for _, n := range []string{"node1", "node2"} {
+		st, err := os.Stat(filepath.Join(rg.dir, n+".img"))
+		rg.must(err)
+		rg.must(os.Truncate(filepath.Join(rg.dir, n+".img"), st.Size()+64<<20))
+	}
+	before := rg.c.nodes["node1"].res["r0"].md.sizeBytes
+	rg.c.Partition("node1")
+	rg.must(rg.c.Node("node1").Resize(rg.ctx, "r0"))
+	rg.must(rg.c.Node("node2").Resize(rg.ctx, "r0"))
+	for _, n := range []string{"node1", "node2"} {
+		if got := rg.c.nodes[n].res["r0"].md.sizeBytes; got != before {
+			t.Fatalf("%s grew to %d bytes while its peer was unreachable (was %d)", n, got, before)
+		}
+	}
+	rg.c.Heal()
+	rg.c.Advance(11 * time.Second) // the next connect attempt
+	rg.must(rg.c.Node("node1").Resize(rg.ctx, "r0"))
+	if got := rg.c.nodes["node2"].res["r0"].md.sizeBytes; got <= before {
+		t.Fatalf("node2 did not grow once connected: %d bytes", got)
 	}
 }
