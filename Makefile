@@ -50,8 +50,9 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build bin/meshvol from ./cmd/meshvol
+build: ## Build bin/meshvol from ./cmd/meshvol and the kubectl plugin bin/kubectl-meshvol
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol ./cmd/meshvol
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kubectl-meshvol ./cmd/kubectl-meshvol
 
 .PHONY: sandbox
 sandbox: deps build k8s image ## Run a real Kubernetes cluster on this machine, `helm install` meshvol's chart and image on it, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
