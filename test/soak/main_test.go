@@ -113,8 +113,7 @@ func TestSoak(t *testing.T) {
 	for i := range *flagSeeds {
 		seed := *flagSeed + uint64(i)
 		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			s := runSeed(t, seed, *flagDuration)
-			total.add(s)
+			runSeed(t, seed, *flagDuration, &total)
 		})
 		if !ok {
 			failed = append(failed, seed)
