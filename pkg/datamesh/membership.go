@@ -41,9 +41,11 @@ func (rc *reconcile) membership(open, quorumBusy bool) {
 			rc.setRequestMessage(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (one voter transition at a time)")
 			continue
 		}
-		if (p.Group == v1.GroupVotingMembership && p.From == StateNew) || changesDiskless(p) {
+		if p.Group == v1.GroupVotingMembership || changesDiskless(p) {
 			if lost := rc.voterForceLeaving(); lost != "" {
-				// A lost voter leaves before its replacement joins (awaitReplacement):
+				// A lost voter leaves before the voter set changes again (transitions in
+				// flight pause too: pausedByLostVoter), and before its replacement joins
+				// (awaitReplacement):
 				// a voter step the lost member never confirms would either wait for it
 				// for ever or, with a q held raised, stop IO for the whole sync. Nor
 				// does the diskless set change meanwhile: a replica that applied the
@@ -303,6 +305,15 @@ func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	}
 	if ok, msg := layout.GuardFTT(c.voters, rc.cfg); !ok {
 		return msg
+	}
+	if after := c.voters - 1; c.tb < layout.TieBreakerMin(after, rc.cfg.FTT) {
+		// The voters left would be an even set that survives FTT failures only through
+		// DRBD's tiebreaker, and there is no TieBreaker yet: the TieBreaker joins first
+		// (add before remove). Without this, 3D → 2D+1TB by a retype (not by the
+		// layout, which creates the TB first) drops the effective FTT below the
+		// configuration for as long as placement needs to create the TB (model checker,
+		// R-ratchet).
+		return "Would violate FTT: " + strconv.Itoa(after) + " voters need a TieBreaker for FTT=" + strconv.Itoa(rc.cfg.FTT) + " (TB_count=" + strconv.Itoa(c.tb) + "); waiting for a TieBreaker to join first"
 	}
 	if cfg != nil && cfg.Topology == v1.TopologyTransZonal {
 		zones := rc.zoneCounts()
