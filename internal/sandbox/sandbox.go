@@ -184,11 +184,10 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		// A Primary's device is a real block device whose writes reach
 		// its peers before they complete: what the pods mount.
 		LoopDevices: true,
-		// Node loss decided in seconds, as kube-controller-manager's
-		// 10 s node grace period and the kubelets' 2 s status updates
-		// allow (the production defaults are a 10 s Lease renewed every
-		// 3 s and a 10 s grace period).
-		Controller: localcluster.Controller(controller.Options{TaintLostNodes: taint, AgentGracePeriod: AgentGracePeriod}),
+		// Node loss decided as the chart's defaults decide it (a 6 s
+		// Lease renewed every 2 s, a 3 s grace period: docs/controller.md,
+		// "Detection"), and the lost node's pods freed at once.
+		Controller: localcluster.Controller(controller.Options{TaintLostNodes: taint, DeleteLostPods: true, AgentGracePeriod: AgentGracePeriod}),
 		Agent: func(c *agent.Config) {
 			c.LeaseDuration, c.RenewInterval = AgentLeaseDuration, AgentRenewInterval
 		},
@@ -452,7 +451,14 @@ func (s *Sandbox) stop() error {
 	}
 	if s.simd != nil {
 		// The node pods are gone with the kubelets (and their mounts with
-		// the nodes' namespaces): the simulated kernels go next.
+		// the nodes' namespaces): the simulated kernels go next, as the
+		// machines' power would take them — crashed first, so a device
+		// request still waiting in the simulator (I/O suspended without
+		// quorum) fails with EIO instead of holding the FUSE server, whose
+		// unmount waits for it.
+		for _, n := range s.Kube.Nodes {
+			s.Sim.Node(n.Name).Crash()
+		}
 		errs = append(errs, s.simd.Close())
 		s.stopClock()
 		errs = append(errs, s.Sim.Close())

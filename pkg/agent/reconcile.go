@@ -446,8 +446,30 @@ func (a *Agent) resizeDevice(ctx context.Context, rv *v1.ReplicatedVolume, m *v1
 	if d == nil || d.SizeKiB == 0 || d.SizeKiB*1024 >= want {
 		return true, nil
 	}
+	// The event stream's size can be stale: DRBD 9.2 prints no events2 line
+	// when a device grows (test/vm/FINDINGS.md), so a grown device keeps its
+	// old size there until its state next changes. Ask the kernel.
+	if grown, err := a.kernelSizeAtLeast(ctx, rv.Name, want); err != nil || grown {
+		return grown, err
+	}
 	if err := a.drv.Resize(ctx, rv.Name); err != nil {
 		return false, err
+	}
+	return a.kernelSizeAtLeast(ctx, rv.Name, want)
+}
+
+// kernelSizeAtLeast reads the device's size from `drbdsetup status`.
+func (a *Agent) kernelSizeAtLeast(ctx context.Context, name string, want int64) (bool, error) {
+	st, err := a.drv.Status(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range st {
+		for _, d := range r.Devices {
+			if r.Name == name && d.Volume == drbd.VolumeNumber && d.Size*1024 >= want {
+				return true, nil
+			}
+		}
 	}
 	return false, nil
 }
