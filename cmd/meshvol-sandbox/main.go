@@ -39,6 +39,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pause := fs.String("pause-binary", filepath.Join(filepath.Dir(exe), "meshvol-pause"), "the static pause program the pause image is built from (`make sandbox` builds it)")
 	taint := fs.Bool("taint-lost-nodes", true, "let the controller taint lost nodes out-of-service, so their pods move at once")
 	exitAfterDemo := fs.Bool("exit-after-demo", false, "tear down after the demonstration instead of waiting for Ctrl-C")
+	image := fs.String("image", filepath.Join(filepath.Dir(exe), "image", "meshvol.oci.tar"), "the meshvol image (`make image`), installed with `helm install` of the chart")
+	standIns := fs.String("stand-ins", filepath.Join(filepath.Dir(exe), "drbdsim-utils"), "the drbd-utils stand-ins (internal/drbdsimd/drbdutils, static; `make sandbox` builds it) through which the node pods reach the simulated DRBD")
+	inProcess := fs.Bool("in-process", false, "run meshvol's controller, agents and CSI services in this process instead of installing the chart and the image")
 	wait := fs.Bool("wait", false, "wait for another sandbox or e2e run on this machine to end instead of exiting (one runs at a time)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -71,7 +74,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	began := time.Now()
 	fmt.Fprintf(stdout, "meshvol-sandbox: starting %d nodes in %s (meshvol's log: %s)\n", *nodes, *dir, logPath)
+	if *inProcess {
+		*image = ""
+	}
 	sb, err := sandbox.Start(ctx, sandbox.Options{
+		Image:          *image,
+		StandIns:       *standIns,
 		Dir:            *dir,
 		Nodes:          *nodes,
 		BinDir:         *binDir,
@@ -91,7 +99,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "meshvol-sandbox: up in %s\n", (time.Since(began) - sb.Kube.LockWait).Round(100*time.Millisecond))
 	code := 0
-	if *demo {
+	if *image != "" {
+		// The controller's leader hand-over, when its pod is deleted and
+		// when its process crashes.
+		for _, crash := range []bool{false, true} {
+			h, err := sb.LeaderHandover(ctx, crash)
+			if err != nil {
+				fmt.Fprintln(stderr, "meshvol-sandbox: the controller's leader hand-over:", err)
+				code = 1
+				break
+			}
+			how := "pod deleted"
+			if crash {
+				how = "process killed (SIGKILL)"
+			}
+			fmt.Fprintf(stdout, "meshvol-sandbox: leader hand-over, %s: %s → %s in %s\n", how, h.OldLeader, h.NewLeader, h.Took.Round(100*time.Millisecond))
+		}
+	}
+	if *demo && code == 0 {
 		res, err := sb.Demo(ctx, stdout, *demoClass)
 		if err != nil {
 			fmt.Fprintln(stderr, "meshvol-sandbox: the demonstration failed:", err)
@@ -112,8 +137,8 @@ meshvol-sandbox: the cluster is up until Ctrl-C. Try:
   %[2]s get rv,rvr,rva,pvc,pv,pod -o wide
   %[2]s describe rv
 
-Pods must use the host network (hostNetwork: true): the nodes have no pod
-network. The image %[3]s is on every node.
+Pods must use the host network (hostNetwork: true): each node has its own
+address, but there is no pod network. The image %[3]s is on every node.
 `, sb.Kube.Kubeconfig, kubectl, kubecluster.BusyboxImage)
 		<-ctx.Done()
 	}

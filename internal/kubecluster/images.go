@@ -255,3 +255,36 @@ func BuildPause(ctx context.Context, repoRoot, dir string) (string, error) {
 	}
 	return out, nil
 }
+
+// WriteBinaryImage writes an OCI archive at path of the image ref that holds
+// only the static program bin, as /<its name>, its entrypoint (and an empty
+// /tmp): what a CSI sidecar built from source needs to run in a pod.
+func WriteBinaryImage(path, ref, bin string) error {
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		return fmt.Errorf("kubecluster: the program of %s: %w", ref, err)
+	}
+	name := filepath.Base(bin)
+	return writeOCIArchive(path, imageSpec{
+		ref: ref,
+		files: []imageFile{
+			{path: "tmp", dir: true, mode: 0o1777},
+			{path: name, mode: 0o755, content: b},
+		},
+		entrypoint: []string{"/" + name},
+	})
+}
+
+// ImportImage imports an OCI archive into the containerd of every node
+// that has not crashed, at once.
+func (c *Cluster) ImportImage(ctx context.Context, archive string) error {
+	return c.eachNode(func(n *Node) error {
+		if n.crashed {
+			return nil
+		}
+		if err := importImage(ctx, n.ContainerdAddress, archive, nil); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+		return nil
+	})
+}

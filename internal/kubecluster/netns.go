@@ -27,6 +27,8 @@ import (
 //     mounts propagate into it (slave), none of its own propagate out.
 //     /var/lib/kubelet and /var/lib/meshvol are shared mounts inside it, so
 //     a pod's Bidirectional mounts reach the kubelet.
+//   - a UTS namespace: the node's name is its host name, as a host-network
+//     pod sees it (a leader election's identity names its node).
 //   - a network namespace with one address on the bridge the cluster
 //     creates (bridgeName), so each node's host-network pods have their own
 //     ports, as on separate machines. The apiserver listens on the
@@ -69,6 +71,9 @@ var nodeDevices = []struct {
 	{"fuse", unix.S_IFCHR | 0o666, 10, 229},
 	{"loop-control", unix.S_IFCHR | 0o660, 10, 237},
 }
+
+// nodeLoopDevices is how many loop device nodes a node's /dev has.
+const nodeLoopDevices = 1024
 
 // DevDir is the node's /dev as the machine sees it.
 func (n *Node) DevDir() string { return filepath.Join(n.Dir, "dev") }
@@ -119,12 +124,21 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 			return err
 		}
 	}
+	// Loop devices: the kubelet's losetup for a block volume, and a file
+	// pool's, open /dev/loopN after the kernel hands out N, and no udev
+	// creates it here. The machine's are numbered from 0.
+	for i := 0; i < nodeLoopDevices; i++ {
+		p := filepath.Join(n.DevDir(), "loop"+strconv.Itoa(i))
+		if err := unix.Mknod(p, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(i)))); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("kubecluster: mknod %s: %w", p, err)
+		}
+	}
 	for _, d := range []string{"pts", "shm"} {
 		if err := os.MkdirAll(filepath.Join(n.DevDir(), d), 0o755); err != nil {
 			return err
 		}
 	}
-	p, err := startProc("namespaces", n.LogDir(), n.systemCgroup(), "unshare", "--mount", "--net", "--propagation", "slave", "--", "sleep", "infinity")
+	p, err := startProc("namespaces", n.LogDir(), n.systemCgroup(), "unshare", "--mount", "--net", "--uts", "--propagation", "slave", "--", "sleep", "infinity")
 	if err != nil {
 		return err
 	}
@@ -161,6 +175,7 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 	}
 	script := strings.Join([]string{
 		"set -e",
+		"hostname " + shellQuote(n.Name),
 		"ip link set lo up",
 		"ip addr add " + n.IP + "/24 dev eth0",
 		"ip link set eth0 up",
@@ -182,7 +197,8 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 // nsenter is the command line prefix that runs a program in the node's
 // namespaces.
 func (n *Node) nsenter() []string {
-	return []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.nsPID), fmt.Sprintf("--net=/proc/%d/ns/net", n.nsPID), "--"}
+	return []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.nsPID), fmt.Sprintf("--net=/proc/%d/ns/net", n.nsPID),
+		fmt.Sprintf("--uts=/proc/%d/ns/uts", n.nsPID), "--"}
 }
 
 // Run runs a shell script in the node's namespaces (Options.Namespaces)
@@ -287,4 +303,23 @@ func (p *apiProxy) close() {
 		l.Close()
 	}
 	p.wg.Wait()
+}
+
+// MountInfo is the mountinfo file of the node's mount namespace (what a
+// process on the node sees mounted); empty without namespaces.
+func (n *Node) MountInfo() string {
+	if n.nsPID == 0 {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/mountinfo", n.nsPID)
+}
+
+// KubeletRootOnNode is the kubelet's root directory as processes on the
+// node see it — the paths the kubelet passes to a CSI node plugin: the
+// node's own /var/lib/kubelet with namespaces, KubeletRootDir without.
+func (n *Node) KubeletRootOnNode() string {
+	if n.nsPID == 0 {
+		return n.KubeletRootDir
+	}
+	return "/var/lib/kubelet"
 }

@@ -17,7 +17,8 @@ import (
 
 // TestNodesWithNamespacesLookLikeNodes starts two nodes with namespaces of
 // their own and checks what makes them look like two machines: each
-// node's host-network pod serves the same port, sees the node's own
+// node's host-network pod has the node's name as host name, serves the
+// same port, sees the node's own
 // /var/lib/kubelet through a hostPath, has the node's own address, and
 // reaches the apiserver with the in-cluster configuration and service
 // account token Kubernetes gives it; then a crash and a teardown that
@@ -88,6 +89,7 @@ func TestNodesWithNamespacesLookLikeNodes(t *testing.T) {
 	// the apiserver through the kubernetes Service's address.
 	script := `set -e
 echo "service $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"
+echo "hostname $(hostname)"
 test -s /var/run/secrets/kubernetes.io/serviceaccount/token
 test -s /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
 echo "$NODE" > /host-kubelet/marker
@@ -128,6 +130,9 @@ exec httpd -f -p 7777`
 		out, _ := c.Kubectl(ctx, "logs", name)
 		if !strings.Contains(out, "service 127.0.0.1:443") {
 			t.Errorf("%s: in-cluster configuration %q, want the kubernetes Service at 127.0.0.1:443", name, out)
+		}
+		if !strings.Contains(out, "hostname "+n.Name+"\n") {
+			t.Errorf("%s: host name %q, want the node's name %s", name, out, n.Name)
 		}
 		b, err := os.ReadFile(filepath.Join(n.KubeletRootDir, "marker"))
 		if err != nil || strings.TrimSpace(string(b)) != n.Name {

@@ -31,7 +31,7 @@ type NodeCapacity struct {
 // without one are missing from the result.
 func (s *Sandbox) Capacities(ctx context.Context) ([]NodeCapacity, error) {
 	var caps storagev1.CSIStorageCapacityList
-	if err := s.Client.List(ctx, &caps, client.InNamespace(s.Mesh.Namespace),
+	if err := s.Client.List(ctx, &caps, client.InNamespace(s.Namespace),
 		client.MatchingLabels{"csi.storage.k8s.io/drivername": v1.CSIDriverName}); err != nil {
 		return nil, err
 	}

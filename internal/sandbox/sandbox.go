@@ -1,11 +1,15 @@
-// Package sandbox puts meshvol on a real Kubernetes cluster on one machine:
-// internal/kubecluster's control plane and kubelet nodes, internal/localcluster's
-// meshvol controller and node agents on drbdsim nodes (the agents named
-// after the kubelet nodes, sharing their Node objects), the CSI controller
-// service behind the real external-provisioner and external-attacher, and a
-// CSI node service per kubelet node registered with that kubelet through
-// its plugin registration socket. `meshvol-sandbox` and the e2e suite
-// (test/e2e) run on it.
+// Package sandbox puts meshvol on a real Kubernetes cluster on one machine
+// (internal/kubecluster's control plane and kubelet nodes), in one of two
+// ways. Installed (Options.Image, installed.go): as users install it, `helm
+// install` of charts/meshvol with the image `make image` builds, on nodes
+// with namespaces of their own, drbdsim serving every node's DRBD through
+// drbd-utils stand-ins; `meshvol-sandbox` and the e2e suite (test/e2e) run
+// on it. In process: internal/localcluster's meshvol controller and node
+// agents on drbdsim nodes (the agents named after the kubelet nodes,
+// sharing their Node objects), the CSI controller service behind the real
+// external-provisioner and external-attacher, and a CSI node service per
+// kubelet node registered with that kubelet through its plugin registration
+// socket (`meshvol-sandbox -in-process`).
 package sandbox
 
 import (
@@ -26,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/meshvol/meshvol/internal/drbdsimd"
 	"github.com/meshvol/meshvol/internal/goproc"
 	"github.com/meshvol/meshvol/internal/kubecluster"
 	"github.com/meshvol/meshvol/internal/localcluster"
@@ -33,6 +38,7 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/csi"
+	"github.com/meshvol/meshvol/pkg/drbd/drbdsim"
 	"github.com/meshvol/meshvol/pkg/pluginreg"
 )
 
@@ -63,12 +69,29 @@ type Options struct {
 	Progress io.Writer
 	// Log receives the meshvol components' logs; the zero Logger discards.
 	Log logr.Logger
+	// Image is the meshvol image (the OCI archive `make image` builds):
+	// set, the sandbox installs meshvol with `helm install` of the chart
+	// on nodes with namespaces of their own (installed.go); empty, it runs
+	// meshvol's components in this process (internal/localcluster).
+	Image string
+	// StandIns is the static drbd-utils stand-in program
+	// (internal/drbdsimd/drbdutils) the installed sandbox gives every node.
+	StandIns string
+	// Chart is the chart's directory; empty means charts/meshvol.
+	Chart string
 }
 
 // Sandbox is a running sandbox.
 type Sandbox struct {
 	Kube *kubecluster.Cluster
+	// Mesh is the in-process meshvol (Options.Image empty); nil when
+	// installed.
 	Mesh *localcluster.Cluster
+	// Sim is the machine's simulated DRBD: every node's kernel module.
+	Sim *drbdsim.Cluster
+	// Namespace holds meshvol's Secrets, Leases and CSIStorageCapacity
+	// objects.
+	Namespace string
 	// Client is an uncached client of the apiserver.
 	Client client.Client
 	// ControllerSocket is the CSI controller service's socket.
@@ -80,8 +103,12 @@ type Sandbox struct {
 	ctrlCSI  *goproc.Proc
 	nodes    map[string]*nodeServices
 	sidecars []*sidecar
-	stopOnce sync.Once
-	stopErr  error
+	simd     *drbdsimd.Service
+	// stopClock stops the simulator's real-time clock and waits for it.
+	stopClock func()
+	clockDone chan struct{}
+	stopOnce  sync.Once
+	stopErr   error
 }
 
 // nodeServices are what runs for one kubelet node in the sandbox process
@@ -123,6 +150,10 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	var specs []kubecluster.NodeSpec
 	for i := 1; i <= opts.Nodes; i++ {
 		specs = append(specs, kubecluster.NodeSpec{Name: fmt.Sprintf("node-%d", i), Zone: "zone-" + string(rune('a'+i-1))})
+	}
+	if opts.Image != "" {
+		s.Namespace = ReleaseNamespace
+		return s, s.startInstalled(ctx, specs)
 	}
 	began := time.Now()
 	s.Kube, err = kubecluster.Start(ctx, kubecluster.Options{
@@ -166,6 +197,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err != nil {
 		return s, err
 	}
+	s.Namespace, s.Sim = s.Mesh.Namespace, s.Mesh.Sim
 	// The pool first, so its free space is reported by the time
 	// external-provisioner first asks GetCapacity (else it publishes
 	// zeros and corrects them only at its next poll).
@@ -300,6 +332,10 @@ func (s *Sandbox) NodeSocket(node string) string {
 	if ns := s.nodes[node]; ns != nil {
 		return ns.Socket
 	}
+	if kn := s.Kube.Node(node); kn != nil && s.simd != nil {
+		// The node pod's socket, in the node's kubelet directory.
+		return filepath.Join(kn.PluginDir(v1.CSIDriverName), "csi.sock")
+	}
 	return ""
 }
 
@@ -348,7 +384,17 @@ func (s *Sandbox) CrashNode(name string) error {
 	var kubeErr, meshErr error
 	wg.Add(2)
 	go func() { defer wg.Done(); kubeErr = kn.Crash() }()
-	go func() { defer wg.Done(); meshErr = s.Mesh.CrashNode(name) }()
+	go func() {
+		defer wg.Done()
+		if s.Mesh != nil {
+			meshErr = s.Mesh.CrashNode(name)
+			return
+		}
+		// Its kernel goes with it: the socket first, so nothing on the
+		// node reaches it meanwhile.
+		s.simd.Stop(name)
+		s.Sim.Node(name).Crash()
+	}()
 	if ns := s.nodes[name]; ns != nil {
 		_ = ns.csi.Stop()
 		_ = ns.reg.Stop()
@@ -401,7 +447,17 @@ func (s *Sandbox) stop() error {
 	for _, ns := range s.nodes {
 		errs = append(errs, ns.csi.Stop())
 	}
-	errs = append(errs, s.ctrlCSI.Stop())
+	if s.ctrlCSI != nil {
+		errs = append(errs, s.ctrlCSI.Stop())
+	}
+	if s.simd != nil {
+		// The node pods are gone with the kubelets (and their mounts with
+		// the nodes' namespaces): the simulated kernels go next.
+		errs = append(errs, s.simd.Close())
+		s.stopClock()
+		errs = append(errs, s.Sim.Close())
+		errs = append(errs, s.detachPoolLoops())
+	}
 	if s.Mesh != nil {
 		errs = append(errs, s.Mesh.Stop())
 		if left := s.Mesh.Leftovers(); len(left) > 0 {

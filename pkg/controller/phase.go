@@ -232,3 +232,56 @@ func SyncProgress(ms []v1.DatameshMember, rvrs map[string]*v1.ReplicatedVolumeRe
 	}
 	return strconv.Itoa(int(least)) + "%"
 }
+
+// ConditionFaultTolerance is the RV condition that says whether the datamesh gives the
+// protection the configuration asks for: True when the effective layout (what q and
+// qmr are computed from) equals the configured FTT and GMDR, False with what is traded
+// and until when otherwise — after a confirmed loss, the layout lowers q so that the
+// survivors keep writing (2D+1TB's lone survivor writes with q=1, docs/layouts.md §5,
+// "After a confirmed loss").
+const ConditionFaultTolerance = "FaultTolerance"
+
+// Reasons of the FaultTolerance condition.
+const (
+	ReasonAsConfigured       = "AsConfigured"
+	ReasonBelowConfiguration = "BelowConfiguration"
+)
+
+// FaultTolerance is the FaultTolerance condition's status, reason and message; ok is
+// false with an empty reason before the first datamesh (nothing to say yet).
+func FaultTolerance(st *v1.ReplicatedVolumeStatus) (ok bool, reason, msg string) {
+	if st.Configuration == nil || st.EffectiveLayout == nil || len(st.Datamesh.Members) == 0 {
+		return false, "", ""
+	}
+	eff, cfg := st.EffectiveLayout, st.Configuration
+	dm := &st.Datamesh
+	voters, tb := 0, 0
+	for _, m := range dm.Members {
+		switch {
+		case m.Type.IsVoter():
+			voters++
+		case m.Type == v1.MemberTypeTieBreaker:
+			tb++
+		}
+	}
+	want := layout.Layout{FTT: int(cfg.FailuresToTolerate), GMDR: int(cfg.GuaranteedMinimumDataRedundancy)}
+	now := strconv.Itoa(voters) + " Diskful voter(s)"
+	if tb > 0 {
+		now += " + " + strconv.Itoa(tb) + " TieBreaker"
+	}
+	now += ", q=" + strconv.Itoa(int(dm.Quorum)) + ", qmr=" + strconv.Itoa(int(dm.QuorumMinimumRedundancy))
+	if eff.FailuresToTolerate >= cfg.FailuresToTolerate && eff.GuaranteedMinimumDataRedundancy >= cfg.GuaranteedMinimumDataRedundancy {
+		return true, ReasonAsConfigured, "Tolerates FTT=" + strconv.Itoa(int(eff.FailuresToTolerate)) + " failure(s) with GMDR=" +
+			strconv.Itoa(int(eff.GuaranteedMinimumDataRedundancy)) + " extra copy(ies), as configured (" + now + ")"
+	}
+	msg = "Tolerates FTT=" + strconv.Itoa(int(eff.FailuresToTolerate)) + ", GMDR=" + strconv.Itoa(int(eff.GuaranteedMinimumDataRedundancy)) +
+		" where the configuration asks for FTT=" + strconv.Itoa(want.FTT) + ", GMDR=" + strconv.Itoa(want.GMDR) + " (" + now + ")"
+	if eff.FailuresToTolerate == 0 {
+		msg += ": the datamesh keeps writing with the members it has, and one more failure stops IO"
+		if voters == 1 {
+			msg += "; the one Diskful holds the only copy"
+		}
+	}
+	return false, ReasonBelowConfiguration, msg + ". Restored when the layout's " + want.String() +
+		" members have joined again (q and qmr rise with them)"
+}

@@ -80,3 +80,36 @@ func TestComputePhase(t *testing.T) {
 		})
 	}
 }
+
+// After a confirmed loss, 2D+1TB's lone survivor writes with q=1 (the engine's
+// quorumAfterForceRemoval, docs/layouts.md): the FaultTolerance condition says what
+// that trades and when it ends; with the layout whole it says so too.
+func TestFaultTolerance(t *testing.T) {
+	cfg := &v1.ReplicatedVolumeConfiguration{FailuresToTolerate: 1, GuaranteedMinimumDataRedundancy: 0}
+	st := func(effFTT int32, q int32, members ...v1.DatameshMember) *v1.ReplicatedVolumeStatus {
+		s := &v1.ReplicatedVolumeStatus{Configuration: cfg, EffectiveLayout: &v1.Layout{FailuresToTolerate: effFTT}}
+		s.Datamesh.Members = members
+		s.Datamesh.Quorum, s.Datamesh.QuorumMinimumRedundancy = q, 1
+		return s
+	}
+	d := func(n string) v1.DatameshMember { return v1.DatameshMember{Name: n, Type: v1.MemberTypeDiskful} }
+	tb := v1.DatameshMember{Name: "r3", Type: v1.MemberTypeTieBreaker}
+
+	ok, reason, msg := FaultTolerance(st(0, 1, d("r1"), tb))
+	if ok || reason != ReasonBelowConfiguration {
+		t.Fatalf("lone survivor: got %v %s, want False %s", ok, reason, ReasonBelowConfiguration)
+	}
+	for _, want := range []string{"FTT=0, GMDR=0 where the configuration asks for FTT=1, GMDR=0", "1 Diskful voter(s) + 1 TieBreaker, q=1",
+		"one more failure stops IO", "the one Diskful holds the only copy", "Restored when the layout's 2D+1TB members have joined again"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("lone survivor: message %q does not say %q", msg, want)
+		}
+	}
+	ok, reason, msg = FaultTolerance(st(1, 2, d("r1"), d("r2"), tb))
+	if !ok || reason != ReasonAsConfigured || !strings.Contains(msg, "as configured (2 Diskful voter(s) + 1 TieBreaker, q=2") {
+		t.Errorf("whole layout: got %v %s %q", ok, reason, msg)
+	}
+	if _, reason, _ = FaultTolerance(&v1.ReplicatedVolumeStatus{Configuration: cfg}); reason != "" {
+		t.Errorf("not formed: got reason %q, want none", reason)
+	}
+}

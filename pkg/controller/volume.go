@@ -409,6 +409,10 @@ func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs 
 	st.Layout = LayoutString(st.Datamesh.Members)
 	st.ReadyMembers = ReadyMembers(st.Datamesh.Members, byName, reportingAgent)
 	st.SyncProgress = SyncProgress(st.Datamesh.Members, byName)
+	if ok, reason, msg := FaultTolerance(st); reason != "" {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionFaultTolerance, Status: boolStatus(ok), Reason: reason,
+			Message: msg, ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+	}
 }
 
 func boolStatus(b bool) metav1.ConditionStatus {

@@ -66,17 +66,14 @@ func (rc *reconcile) forceRemovalsReady() (ready []string) {
 		}
 		mi := rc.memberIndex(r.Name)
 		if mi < 0 {
-			// Already out of the datamesh, but a transition (a RemoveReplica waiting for
-			// the dead replica to confirm) still refers to it: cancel it, the member is gone.
-			cancelled := false
-			for ti := rc.transitionOf(r.Name, false); ti >= 0; ti = rc.transitionOf(r.Name, false) {
-				rc.cancel(ti)
-				cancelled = true
-			}
-			if cancelled {
-				rc.setRequestMessage(r.Name, "Force-removed from datamesh")
-				rc.event(EventWarning, "ReplicaForceRemoved", "Replica "+r.Name+" was force-removed: its transition was cancelled")
-			}
+			// Already out of the datamesh, but a transition (a RemoveReplica whose → ✕
+			// waits for the dead replica to confirm) still refers to it. It is not
+			// cancelled: its step must still be confirmed by the other members, or a
+			// member that has not applied it would still count the removed member — a
+			// TieBreaker, say, alive behind a partition — while the diskless set changes
+			// again (the deep model check: 2D+1TB, an Access or D∅ join right after the
+			// cancelled TB → ✕ gave each side of a cut its own tiebreaker majority). It
+			// no longer waits for the dead replica itself (waitSet), which ends it.
 			continue
 		}
 		rc.waiting = true
@@ -258,9 +255,53 @@ func (rc *reconcile) awaitReplacement(mi int) string {
 	if stay >= rc.cfg.DiskfulCount() {
 		return ""
 	}
+	if other := rc.waitsOnMember(mi); other != "" {
+		// Another transition cannot finish without the lost member's confirmation, and
+		// waiting for a replacement that may never come (no free node) would keep both
+		// waiting for ever. The removal goes now, which ends that wait; IO pauses until
+		// the survivors have confirmed it and its q↓ follows (quorumAfterForceRemoval),
+		// as when no survivor is attached. Said in the event, since the request's
+		// message becomes the removal's progress.
+		rc.event(EventWarning, "ForceRemoveNotWaiting", "Force-removing "+m.Name+" without waiting for a replacement Diskful: the "+
+			other+" waits for "+m.Name+" to confirm, which its lost node never will; IO pauses until the survivors have confirmed the removal")
+		return ""
+	}
 	return "Force-removal waits for a replacement Diskful replica ready to join: removing " + m.Name +
 		" now would leave " + strconv.Itoa(reporting) + " of " + strconv.Itoa(after) + " voters under q=" + strconv.Itoa(qAfter) +
 		" and stop IO, while the tiebreaker keeps the volume quorate until then"
+}
+
+// waitsOnMember names a transition of another replica (type and replica, e.g.
+// "AddReplica of r4") that cannot finish before member mi is gone, or "": its active
+// step waits for mi to confirm, or it is a membership transition, which publishes no
+// further step while a voter is lost (pausedByLostVoter).
+func (rc *reconcile) waitsOnMember(mi int) string {
+	bit := uint32(1) << uint(rc.st.Datamesh.Members[mi].NodeID&31)
+	name := rc.st.Datamesh.Members[mi].Name
+	ts := rc.st.DatameshTransitions
+	for i := range ts {
+		t := &ts[i]
+		if t.ReplicaName == name {
+			continue // the removal cancels the member's own transitions
+		}
+		p, ok := rc.planOf(t)
+		si := activeStep(t)
+		if !ok || si < 0 || len(p.Steps) != len(t.Steps) {
+			continue
+		}
+		waits := isMembership(t.Type) && t.Type != v1.TransitionForceRemoveReplica
+		if !waits && t.Steps[si].Status == v1.StepActive {
+			w := rc.waitSet(t, &p.Steps[si], t.Steps[si].DatameshRevision)
+			waits = w.Must&^w.Confirmed&bit != 0
+		}
+		if waits {
+			if t.ReplicaName == "" {
+				return string(t.Type)
+			}
+			return string(t.Type) + " of " + t.ReplicaName
+		}
+	}
+	return ""
 }
 
 // servingIO: a member other than the lost one is attached, or an Attach or Detach of

@@ -41,9 +41,11 @@ func (rc *reconcile) membership(open, quorumBusy bool) {
 			rc.setRequestMessage(req.Name, "Waiting for the VotingMembership transition of replica "+voting+" to complete (one voter transition at a time)")
 			continue
 		}
-		if (p.Group == v1.GroupVotingMembership && p.From == StateNew) || changesDiskless(p) {
+		if p.Group == v1.GroupVotingMembership || changesDiskless(p) {
 			if lost := rc.voterForceLeaving(); lost != "" {
-				// A lost voter leaves before its replacement joins (awaitReplacement):
+				// A lost voter leaves before the voter set changes again (transitions in
+				// flight pause too: pausedByLostVoter), and before its replacement joins
+				// (awaitReplacement):
 				// a voter step the lost member never confirms would either wait for it
 				// for ever or, with a q held raised, stop IO for the whole sync. Nor
 				// does the diskless set change meanwhile: a replica that applied the
@@ -252,6 +254,29 @@ func (rc *reconcile) joinGuards(p *Plan, req *v1.DatameshReplicaRequest) string 
 	return ""
 }
 
+// unreachedCopies counts the other UpToDate Diskful members that the leaving replica r
+// reports it is not connected to. Such a replica may be stale however it reports
+// itself: DRBD keeps an isolated replica UpToDate while the side that holds quorum
+// writes on without it (docs/soak.md, Findings). Taking r away would leave it as a copy
+// that lacks acknowledged writes, so it does not count as one that stays. A peer r does
+// not report at all counts, as before.
+func (rc *reconcile) unreachedCopies(r *v1.ReplicatedVolumeReplica, mi int) int {
+	n := 0
+	for k := range rc.st.Datamesh.Members {
+		if k == mi || rc.mstate(k) != StateD || !upToDate(rc.rvrOfMember(k)) {
+			continue
+		}
+		name := rc.st.Datamesh.Members[k].Name
+		for _, p := range r.Status.Peers {
+			if p.Name == name && p.ConnectionState != "Connected" {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
 // leavingDGuards are docs/datamesh-spec.md "Preconditions for leaving D".
 func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	m := &rc.st.Datamesh.Members[mi]
@@ -271,11 +296,24 @@ func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	c := rc.counts()
 	r := rc.rvrOfMember(mi)
 	leavingUpToDate := upToDate(r)
-	if ok, msg := layout.GuardGMDR(c.upToDateD, leavingUpToDate, rc.cfg.GMDR); !ok {
+	copies := c.upToDateD
+	if leavingUpToDate {
+		copies -= rc.unreachedCopies(r, mi)
+	}
+	if ok, msg := layout.GuardGMDR(copies, leavingUpToDate, rc.cfg.GMDR); !ok {
 		return msg
 	}
 	if ok, msg := layout.GuardFTT(c.voters, rc.cfg); !ok {
 		return msg
+	}
+	if after := c.voters - 1; c.tb < layout.TieBreakerMin(after, rc.cfg.FTT) {
+		// The voters left would be an even set that survives FTT failures only through
+		// DRBD's tiebreaker, and there is no TieBreaker yet: the TieBreaker joins first
+		// (add before remove). Without this, 3D → 2D+1TB by a retype (not by the
+		// layout, which creates the TB first) drops the effective FTT below the
+		// configuration for as long as placement needs to create the TB (model checker,
+		// R-ratchet).
+		return "Would violate FTT: " + strconv.Itoa(after) + " voters need a TieBreaker for FTT=" + strconv.Itoa(rc.cfg.FTT) + " (TB_count=" + strconv.Itoa(c.tb) + "); waiting for a TieBreaker to join first"
 	}
 	if cfg != nil && cfg.Topology == v1.TopologyTransZonal {
 		zones := rc.zoneCounts()

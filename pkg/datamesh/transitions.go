@@ -251,6 +251,14 @@ func (rc *reconcile) freeNodeID() int {
 // step or completing the transition when every replica that must has confirmed.
 func (rc *reconcile) backward() {
 	st := rc.st
+	// paused: a step was held back by a lost voter's removal (pausedByLostVoter);
+	// lostGone: such a removal completed in this pass. Then the held steps may go now.
+	paused, lostGone := false, false
+	defer func() {
+		if paused && lostGone {
+			rc.backward()
+		}
+	}()
 	for ti := 0; ti < len(st.DatameshTransitions); {
 		t := &st.DatameshTransitions[ti]
 		p, ok := rc.planOf(t)
@@ -274,6 +282,14 @@ func (rc *reconcile) backward() {
 		if t.Steps[si].Status == v1.StepPending {
 			if t.Type == v1.TransitionFormation && si == 0 {
 				ti++ // formation() publishes when the replicas are ready
+				continue
+			}
+			if msg := rc.pausedByLostVoter(t); msg != "" {
+				paused = true
+				rc.setStepMessage(ti, si, msg)
+				rc.setRequestMessage(t.ReplicaName, requestPrefix(t.Type)+", step "+strconv.Itoa(si+1)+"/"+strconv.Itoa(len(t.Steps))+" ("+p.Steps[si].Name+"): "+msg)
+				rc.waiting = true
+				ti++
 				continue
 			}
 			if msg := rc.detachUnsafe(t, &p.Steps[si]); msg != "" {
@@ -308,8 +324,33 @@ func (rc *reconcile) backward() {
 		if si+1 < len(t.Steps) {
 			continue // publish the next step (when ready) and confirm it: 0/n
 		}
+		lostGone = lostGone || (t.Type == v1.TransitionForceRemoveReplica && StateOfMember(t.FromType).IsVoter())
 		rc.complete(ti, p)
 	}
+}
+
+// pausedByLostVoter returns why membership transition t publishes no further step now,
+// or "": a voter of the datamesh is lost (named in ForceLeave, or its ForceRemoveReplica
+// not yet confirmed by every other replica), docs/datamesh.md "A voter lost under a
+// transition in flight". Until every survivor runs the removal, a replica that has not
+// applied it still connects to the lost member, which, alive behind a partition, runs
+// the datamesh it last applied. A step published meanwhile — the newcomer's disk
+// attached (D∅ → D), a held q lowered (q↓), a qmr change — gives the survivors that
+// applied it a quorum the old configuration does not intersect: the lost member and a
+// replica still connected to it keep the old quorum through DRBD's tiebreaker on the
+// other side of a cut (the model checker's "returns behind a partition", 2D+1TB with an
+// AddReplica in flight). Steps already published are still confirmed (without the
+// lost member); the transition resumes once the removal is confirmed. The lost
+// member's own transitions are cancelled by its removal and are not held here.
+func (rc *reconcile) pausedByLostVoter(t *v1.DatameshTransition) string {
+	if !isMembership(t.Type) || t.Type == v1.TransitionForceRemoveReplica {
+		return ""
+	}
+	lost := rc.voterForceLeaving()
+	if lost == "" || lost == t.ReplicaName {
+		return ""
+	}
+	return "Paused until the force removal of " + lost + " is confirmed (a lost voter leaves before the member set changes)"
 }
 
 // detachUnsafe returns the GMDR guard's message when step would detach the disk of a
@@ -358,6 +399,13 @@ func (rc *reconcile) complete(ti int, p *Plan) {
 		rc.setRequestMessage(t.ReplicaName, "Joined datamesh successfully")
 		rc.event(EventNormal, "ReplicaJoined", "Replica "+t.ReplicaName+" joined the datamesh as "+string(t.ToType))
 	case v1.TransitionRemoveReplica:
+		if rc.forceLeaving(t.ReplicaName) {
+			// Its node was declared lost after it left the member list: every other
+			// member has confirmed the removal, the replica itself never will.
+			rc.setRequestMessage(t.ReplicaName, "Force-removed from datamesh")
+			rc.event(EventWarning, "ReplicaForceRemoved", "Replica "+t.ReplicaName+" was force-removed: its node is lost, every other member confirmed its removal")
+			break
+		}
 		rc.setRequestMessage(t.ReplicaName, "Left datamesh successfully")
 		rc.event(EventNormal, "ReplicaLeft", "Replica "+t.ReplicaName+" left the datamesh")
 	case v1.TransitionChangeReplicaType:
@@ -455,7 +503,9 @@ func (rc *reconcile) waitSet(t *v1.DatameshTransition, step *Step, rev int64) Wa
 	if affected != "" && !affectedMember && !step.Force && step.Kind == StepMember {
 		w.SelfMust = true
 		r := rc.rvrNamed(affected)
-		w.SelfConfirmed = r == nil || r.Status.DatameshRevision == 0 || r.Status.DatameshRevision >= rev
+		// A replica declared lost (ForceLeave) confirms nothing any more: its removal is
+		// done once the others have confirmed it (forceRemovalsReady).
+		w.SelfConfirmed = r == nil || r.Status.DatameshRevision == 0 || r.Status.DatameshRevision >= rev || rc.forceLeaving(affected)
 	}
 	return w
 }
@@ -643,6 +693,16 @@ func (rc *reconcile) appendError(b []byte, r *v1.ReplicatedVolumeReplica, id int
 	if c.Message != "" {
 		b = append(b, ": "...)
 		b = append(b, c.Message...)
+	}
+	if c.Type == v1.ConditionAgentReady {
+		// Say what ends the wait (docs/datamesh.md "Replacing a lost node"): the agent
+		// reporting again, or the node lifecycle declaring the node lost, after which the
+		// replica is force-removed and no step waits for it any more.
+		if rc.forceLeaving(r.Name) {
+			b = append(b, " (its node is declared lost: the wait ends when it is force-removed)"...)
+		} else {
+			b = append(b, " (the wait ends when its agent reports again, or when its node is declared lost and it is force-removed)"...)
+		}
 	}
 	return b
 }

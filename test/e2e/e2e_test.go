@@ -1,12 +1,15 @@
 // Package e2e runs meshvol end to end on a real Kubernetes cluster on this
 // machine (internal/sandbox): real kube-apiserver, etcd, kube-controller-manager
-// and kube-scheduler, three real kubelets with containerd and runc, the real
-// external-provisioner and external-attacher, meshvol's controller, agents
-// and CSI services, and drbdsim in place of the DRBD kernel module. One
+// and kube-scheduler, three real kubelets with containerd and runc, each node
+// with namespaces of its own, and meshvol installed as users install it:
+// `helm install` of charts/meshvol with the image `make image` builds (the
+// controller Deployment with the real external-provisioner and
+// external-attacher, the node DaemonSet), and drbdsim in place of every
+// node's DRBD kernel module, reached through drbd-utils stand-ins. One
 // sandbox serves the whole package; the tests keep apart by object names.
 //
-// It needs root and the Debian packages of hack/install-deps.sh; `make test`
-// provides both (and bin/k8s). Other packages' tests that run a kubelet
+// It needs root, the Debian packages of hack/install-deps.sh and the image;
+// `make test` provides them (and bin/k8s). Other packages' tests that run a kubelet
 // cluster wait for this one (one cluster per machine).
 package e2e
 
@@ -36,6 +39,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/drbdsimd"
 	"github.com/meshvol/meshvol/internal/kubecluster"
 	"github.com/meshvol/meshvol/internal/sandbox"
 	"github.com/meshvol/meshvol/internal/testenv"
@@ -78,6 +82,18 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
+	// meshvol as users install it: the chart and the image `make image`
+	// built (`make test` builds it first).
+	image := filepath.Join(root, "bin", "image", "meshvol.oci.tar")
+	if _, err := os.Stat(image); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: the meshvol image: %v (run `make image`; `make test` does)\n", err)
+		return 1
+	}
+	standIns, err := drbdsimd.BuildStandIns(ctx, root, dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
 	logf, err := os.Create(filepath.Join(dir, "meshvol.log"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
@@ -87,6 +103,8 @@ func run(m *testing.M) int {
 	began := time.Now()
 	sb, err = sandbox.Start(ctx, sandbox.Options{
 		Dir:            filepath.Join(dir, "sb"),
+		Image:          image,
+		StandIns:       standIns,
 		Nodes:          3,
 		PauseBinary:    pause,
 		WaitForLock:    true,
@@ -102,6 +120,9 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: sandbox of 3 nodes up in %s\n", time.Since(began).Round(time.Millisecond))
 	code := m.Run()
+	if !releaseHealthy(ctx) {
+		code = 1
+	}
 	if code != 0 {
 		// The logs of a failed run are worth keeping.
 		keep = true
@@ -114,6 +135,34 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: torn down in %s, nothing left on the machine\n", time.Since(began).Round(time.Millisecond))
 	return code
+}
+
+// releaseHealthy reports what every container of the chart's release did
+// over the suite — restarts, peak memory, its limit — and says whether all
+// is as the chart promises: no log line with "forbidden" (the RBAC rules
+// allow every request meshvol makes) and no restart on a node that did not
+// crash.
+func releaseHealthy(ctx context.Context) bool {
+	rep, err := sb.ReleaseReport(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: the release's containers:", err)
+		return false
+	}
+	ok := true
+	fmt.Fprintln(os.Stderr, "e2e: the release's containers over the suite (peak memory is the cgroup's high-water mark):")
+	for _, r := range rep {
+		fmt.Fprintf(os.Stderr, "e2e:   %-40s %-16s %-7s restarts %d, peak memory %5.1f MiB (limit %s)\n",
+			r.Pod, r.Container, r.Node, r.Restarts, float64(r.PeakMemory)/(1<<20), r.MemoryLimit)
+		for _, l := range r.Forbidden {
+			fmt.Fprintf(os.Stderr, "FAIL: %s/%s logged a refused request: %s\n", r.Pod, r.Container, l)
+			ok = false
+		}
+		if r.Restarts > 0 && !sb.Kube.Node(r.Node).Crashed() {
+			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times\n", r.Pod, r.Container, r.Restarts)
+			ok = false
+		}
+	}
+	return ok
 }
 
 const class = sandbox.DefaultStorageClass // 2 diskful + tie-breaker
@@ -439,9 +488,10 @@ func expansion(t *testing.T, fs string, size, want int64) {
 	}
 
 	node := sb.Kube.Node(p.Spec.NodeName)
-	staging := filepath.Join(node.KubeletRootDir, "plugins/kubernetes.io/csi", v1.CSIDriverName,
+	// The paths as the kubelet passes them to the node plugin, on the node.
+	staging := filepath.Join(node.KubeletRootOnNode(), "plugins/kubernetes.io/csi", v1.CSIDriverName,
 		fmt.Sprintf("%x", sha256.Sum256([]byte(volID))), "globalmount")
-	target := filepath.Join(node.KubeletRootDir, "pods", string(p.UID), "volumes/kubernetes.io~csi", pv.Name, "mount")
+	target := filepath.Join(node.KubeletRootOnNode(), "pods", string(p.UID), "volumes/kubernetes.io~csi", pv.Name, "mount")
 	nc := csipb.NewNodeClient(csiConn(t, sb.NodeSocket(p.Spec.NodeName)))
 	began = time.Now()
 	nres, err := nc.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{
@@ -450,7 +500,8 @@ func expansion(t *testing.T, fs string, size, want int64) {
 	})
 	nodeTook := time.Since(began)
 	if fs == "ext4" && !hasCapSysResource(t) {
-		// The node services run in this process: they lack it as the test does.
+		// The node plugin's pod lacks it where the machine (and so this
+		// test) does: no container has more than the machine gives.
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
 			t.Fatalf("NodeExpandVolume of a mounted ext4 without CAP_SYS_RESOURCE: %v; want FailedPrecondition naming it", err)
 		}
@@ -660,12 +711,12 @@ func TestDeleteLeavesNothing(t *testing.T) {
 	for i := range rvrs.Items {
 		waitGone(t, ctx, &rvrs.Items[i], time.Minute)
 	}
-	waitGone(t, ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: sb.Mesh.Namespace, Name: "drbd-" + rvName}}, time.Minute)
+	waitGone(t, ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: sb.Namespace, Name: "drbd-" + rvName}}, time.Minute)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		left := backingFiles(rvName)
-		for _, n := range sb.Mesh.Nodes {
-			if res, err := n.Resources(ctx); err == nil && slices.Contains(res, rvName) {
+		for _, n := range sb.Kube.Nodes {
+			if res, err := sb.DRBDResources(ctx, n.Name); err == nil && slices.Contains(res, rvName) {
 				left = append(left, n.Name+": DRBD resource "+rvName)
 			}
 		}
@@ -698,11 +749,9 @@ func waitFile(t *testing.T, ctx context.Context, podName, path string) string {
 // backingFiles lists the files on any node's pool that belong to volume.
 func backingFiles(volume string) []string {
 	var fs []string
-	for _, n := range sb.Mesh.Nodes {
-		for _, f := range n.Files() {
-			if strings.Contains(filepath.Base(f), volume) {
-				fs = append(fs, f)
-			}
+	for _, f := range sb.PoolFiles() {
+		if strings.Contains(filepath.Base(f), volume) {
+			fs = append(fs, f)
 		}
 	}
 	return fs

@@ -3,6 +3,7 @@ package packaging
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -141,6 +142,57 @@ sidecars:
 			ds := daemonSet(t, objs)
 			if got := container(t, ds.Spec.Template.Spec.Containers, "meshvol").ImagePullPolicy; got != "Always" {
 				t.Errorf("node pullPolicy = %q, want Always", got)
+			}
+		},
+	},
+	{
+		// A cluster without external-resizer, node-driver-registrar, livenessprobe
+		// or a pod network (the sandbox's values): the node plugin registers
+		// itself, tools come first in its PATH from a mounted directory.
+		name: "without-sidecars-on-the-node-network",
+		values: `sidecars:
+  resizer: {enabled: false}
+  nodeDriverRegistrar: {enabled: false}
+  livenessProbe: {enabled: false}
+controller: {hostNetwork: true}
+node:
+  extraEnv: [{name: EXTRA, value: "1"}]
+  extraVolumes: [{name: tools, hostPath: {path: /opt/tools, type: Directory}}]
+  extraVolumeMounts: [{name: tools, mountPath: /usr/local/sbin, readOnly: true}]
+`,
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := daemonSet(t, objs)
+			spec := ds.Spec.Template.Spec
+			if len(spec.Containers) != 1 {
+				t.Errorf("node pod containers %d, want the node plugin alone", len(spec.Containers))
+			}
+			c := container(t, spec.Containers, "meshvol")
+			if !slices.Contains(c.Args, "--kubelet-registration-dir=/var/lib/kubelet/plugins_registry") {
+				t.Errorf("node plugin args %q: it must register itself", c.Args)
+			}
+			if c.LivenessProbe != nil {
+				t.Error("a liveness probe on a port no sidecar serves")
+			}
+			found := false
+			for _, m := range c.VolumeMounts {
+				found = found || (m.Name == "tools" && m.MountPath == "/usr/local/sbin")
+			}
+			if !found || c.Env[len(c.Env)-1].Name != "EXTRA" {
+				t.Errorf("extra mounts %v / env %v not rendered", c.VolumeMounts, c.Env)
+			}
+			for _, v := range spec.Volumes {
+				if v.Name == "registration-dir" {
+					t.Error("the registration-dir volume without node-driver-registrar")
+				}
+			}
+			dep := deployment(t, objs)
+			if !dep.Spec.Template.Spec.HostNetwork {
+				t.Error("controller.hostNetwork not rendered")
+			}
+			for _, c := range dep.Spec.Template.Spec.Containers {
+				if c.Name == "csi-resizer" || c.Name == "liveness-probe" {
+					t.Errorf("controller container %s rendered though disabled", c.Name)
+				}
 			}
 		},
 	},

@@ -388,7 +388,16 @@ func (w *world) deactivate(v *vol) string {
 	} else if !s.w.stop(10 * time.Second) {
 		what = "writer abandoned (blocked in the kernel)"
 	}
-	if _, err := runFor(20*time.Second, "umount", s.mnt); err != nil {
+	// A plain unmount, retried: a lazy one would leave the filesystem alive on its
+	// loop device, out of anyone's reach, until its IO can complete.
+	var err error
+	for try := 0; try < 4; try++ {
+		if _, err = runFor(20*time.Second, "umount", s.mnt); err == nil {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if err != nil {
 		_, _ = runFor(10*time.Second, "umount", "-l", s.mnt)
 		what += ", unmounted lazily"
 	}
@@ -486,6 +495,11 @@ func (w *world) protect() {
 	if l == v.layout {
 		return
 	}
+	w.setLayout(v, l)
+}
+
+// setLayout changes v's protection to l.
+func (w *world) setLayout(v *vol, l layout) {
 	err := w.updateRV(v.name, func(rv *v1.ReplicatedVolume) {
 		rv.Spec.ManualConfiguration.FailuresToTolerate = l.ftt
 		rv.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = l.gmdr

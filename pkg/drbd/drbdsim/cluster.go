@@ -37,6 +37,21 @@ type Options struct {
 	// the cluster serves through FUSE. Needs root, /dev/loop-control and
 	// /dev/fuse; call Close when done.
 	LoopDevices bool
+	// DeviceDir is the directory of a node's DevicePath links; nil means
+	// <Dir>/dev/<node>. A sandbox whose nodes have a /dev of their own
+	// points it there, with DeviceNodes.
+	DeviceDir func(node string) string
+	// DeviceNodes makes DevicePath a block device node of the loop device
+	// (mknod, same device number) instead of a symlink to it: what a
+	// process in a mount namespace with its own /dev, where the loop
+	// device's name does not resolve, opens and mounts, as it would open
+	// /dev/drbd<minor>.
+	DeviceNodes bool
+	// NodeMountInfo, when set, is the mountinfo file of a node's mount
+	// namespace (/proc/<pid>/mountinfo of a process in it): a filesystem
+	// mounted on a Primary's device there holds the device open, as the
+	// kernel counts it, though this process does not see the mount.
+	NodeMountInfo func(node string) string
 	// DeviceWatchdog is how long a block device request may wait for the
 	// cluster lock before the FUSE connection is aborted (every device then
 	// fails IO with EIO; DeviceAborted says why). Default

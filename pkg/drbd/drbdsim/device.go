@@ -275,17 +275,38 @@ func (r *resource) setupDevice() error {
 		r.teardownDevice()
 		return fmt.Errorf("losetup --direct-io=on %s: the loop device does not use direct IO (loop/dio %q, %v)", file, strings.TrimSpace(string(b)), err)
 	}
-	dev.link = filepath.Join(c.opts.Dir, "dev", r.n.name, "drbd"+strconv.Itoa(r.cfg.Minor))
+	dev.link = c.devicePath(r.n.name, r.cfg.Minor)
 	if err := os.MkdirAll(filepath.Dir(dev.link), 0o755); err != nil {
 		r.teardownDevice()
 		return err
 	}
 	_ = os.Remove(dev.link)
+	if c.opts.DeviceNodes {
+		var st unix.Stat_t
+		if err := unix.Stat(dev.loop, &st); err != nil {
+			r.teardownDevice()
+			return fmt.Errorf("stat %s: %w", dev.loop, err)
+		}
+		if err := unix.Mknod(dev.link, unix.S_IFBLK|0o660, int(st.Rdev)); err != nil {
+			r.teardownDevice()
+			return fmt.Errorf("mknod %s: %w", dev.link, err)
+		}
+		return nil
+	}
 	if err := os.Symlink(dev.loop, dev.link); err != nil {
 		r.teardownDevice()
 		return err
 	}
 	return nil
+}
+
+// devicePath is DevicePath: <Options.DeviceDir(node)>/drbd<minor>.
+func (c *Cluster) devicePath(node string, minor int) string {
+	dir := filepath.Join(c.opts.Dir, "dev", node)
+	if c.opts.DeviceDir != nil {
+		dir = c.opts.DeviceDir(node)
+	}
+	return filepath.Join(dir, "drbd"+strconv.Itoa(minor))
 }
 
 // growDevice makes a Primary's device size bytes large after a resize
@@ -437,6 +458,7 @@ func (c *Cluster) Close() error {
 	// Loop devices of crashed Primaries were detached with auto-clear;
 	// they are gone once their filesystems were unmounted above. Any loop
 	// device still over the FUSE mount keeps it busy: detach it too.
+	held := false
 	for _, loop := range loopsUnder(d.mnt) {
 		if err := unmountAll(loop); err != nil {
 			errs = append(errs, err)
@@ -446,6 +468,16 @@ func (c *Cluster) Close() error {
 		_ = exec.Command("losetup", "-d", loop).Run()
 		if !waitDetached(loop, d.mnt, 10*time.Second) {
 			errs = append(errs, fmt.Errorf("drbdsim: %s is still attached to a file under %s (held open?)", loop, d.mnt))
+			held = true
+		}
+	}
+	if held {
+		// Something nobody can close from here holds a loop device over the FUSE
+		// mount (a filesystem unmounted lazily while its IO was suspended): the
+		// kernel keeps the FUSE connection for it, and the server's loops would
+		// wait for requests for ever. Abort the connection: its IO fails with EIO.
+		if err := d.abort(); err != nil {
+			errs = append(errs, fmt.Errorf("drbdsim: aborting the FUSE connection of %s: %w", d.mnt, err))
 		}
 	}
 	if d.stopDog != nil {

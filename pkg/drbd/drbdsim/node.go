@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/meshvol/meshvol/internal/mountinfo"
 	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
@@ -645,10 +648,34 @@ func (r *resource) openers() []drbd.Opener {
 		if op, err := drbd.DeviceOpeners(dev.loop); err == nil {
 			out = append(out, op...)
 		}
+		out = append(out, r.n.mountsInNamespace(dev.loop)...)
 	}
 	if len(out) == 0 && r.heldDev != nil {
 		// The last opener closed it: losetup -d's autoclear has freed it.
 		r.releaseHeld(true)
+	}
+	return out
+}
+
+// mountsInNamespace lists the mounts of the block device loop in the
+// node's own mount namespace (Options.NodeMountInfo).
+func (n *Node) mountsInNamespace(loop string) []drbd.Opener {
+	if n.c.opts.NodeMountInfo == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Stat(loop, &st) != nil {
+		return nil
+	}
+	ms, err := mountinfo.ReadFile(n.c.opts.NodeMountInfo(n.name))
+	if err != nil {
+		return nil
+	}
+	var out []drbd.Opener
+	for _, m := range ms {
+		if uint32(m.Major) == unix.Major(st.Rdev) && uint32(m.Minor) == unix.Minor(st.Rdev) {
+			out = append(out, drbd.Opener{Write: slices.Contains(m.MountOptions, "rw"), What: "mounted at " + m.MountPoint + " on " + n.name})
+		}
 	}
 	return out
 }
@@ -969,7 +996,7 @@ func (n *Node) DevicePath(name string) string {
 	} else if r := n.res[name]; r != nil {
 		minor = r.cfg.Minor
 	}
-	return filepath.Join(n.c.opts.Dir, "dev", n.name, "drbd"+strconv.Itoa(minor))
+	return n.c.devicePath(n.name, minor)
 }
 
 // Crash stops the node hard: resources vanish without a goodbye (peers see
