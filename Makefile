@@ -50,8 +50,9 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build bin/meshvol from ./cmd/meshvol
+build: ## Build bin/meshvol from ./cmd/meshvol and the kubectl plugin bin/kubectl-meshvol
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol ./cmd/meshvol
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kubectl-meshvol ./cmd/kubectl-meshvol
 
 .PHONY: sandbox
 sandbox: deps build k8s image ## Run a real Kubernetes cluster on this machine, `helm install` meshvol's chart and image on it, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
@@ -105,7 +106,7 @@ sanity: build k8s ## Run the real bin/k8s/csi-sanity against `meshvol controller
 	$(GO) run ./hack/sanity $(SANITY_ARGS)
 
 .PHONY: e2e-crash-2d1tb
-e2e-crash-2d1tb: deps k8s ## The e2e node crash on the default 2D+1TB class, which needs the sandbox's three nodes to itself (root; about 2 min)
+e2e-crash-2d1tb: deps k8s image ## The e2e node crash on the default 2D+1TB class, which needs the sandbox's three nodes to itself (root; about 2 min)
 	$(GO) test ./test/e2e -run 'TestNodeCrash$$' -count=1 -timeout $(TEST_TIMEOUT) -v -args -crash-class=meshvol-2d-1tb
 
 .PHONY: fuzz

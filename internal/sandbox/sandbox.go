@@ -452,7 +452,14 @@ func (s *Sandbox) stop() error {
 	}
 	if s.simd != nil {
 		// The node pods are gone with the kubelets (and their mounts with
-		// the nodes' namespaces): the simulated kernels go next.
+		// the nodes' namespaces): the simulated kernels go next, as the
+		// machines' power would take them — crashed first, so a device
+		// request still waiting in the simulator (I/O suspended without
+		// quorum) fails with EIO instead of holding the FUSE server, whose
+		// unmount waits for it.
+		for _, n := range s.Kube.Nodes {
+			s.Sim.Node(n.Name).Crash()
+		}
 		errs = append(errs, s.simd.Close())
 		s.stopClock()
 		errs = append(errs, s.Sim.Close())

@@ -225,16 +225,18 @@ func (l *Local) Stop() error {
 		l.cancel()
 	}
 	l.wg.Wait()
-	if l.Cluster != nil {
-		errs = append(errs, l.Cluster.Stop())
-	}
-	// What a failed scenario left mounted under the kubelet directories,
-	// the deepest first (a publish's bind mount before its staging mount).
+	// What is still mounted under the kubelet directories — a crashed
+	// node's volumes (no NodeUnstage reaches a dead node), a failed
+	// scenario's — the deepest first (a publish's bind mount before its
+	// staging mount), before the cluster detaches the devices under them.
 	ms, err := mountinfo.Read()
 	errs = append(errs, err)
 	under := mountinfo.Under(ms, l.dir)
 	for i := len(under) - 1; i >= 0; i-- {
 		errs = append(errs, unix.Unmount(under[i], unix.MNT_DETACH))
+	}
+	if l.Cluster != nil {
+		errs = append(errs, l.Cluster.Stop())
 	}
 	if l.dir != "" {
 		errs = append(errs, os.RemoveAll(l.dir))

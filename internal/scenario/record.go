@@ -39,8 +39,11 @@ type Step struct {
 
 // Row is one replica after a step: what its RVR status says and what DRBD
 // on its node runs (`drbdsetup status`), in the same words on both backends.
+// A replica is known by its DRBD node-id in the volume (Member, "#1"), not by
+// its node: the two backends' controllers may place a layout on different
+// nodes, and the node-ids, given in the order members join, still match.
 type Row struct {
-	Volume, Node string
+	Volume, Member, Node string
 	// RVR is the replica's status: type, role, disk state, quorum, revision.
 	RVR string
 	// Kernel is DRBD's status of the resource on the node: role, disk
@@ -48,7 +51,7 @@ type Row struct {
 	Kernel string
 }
 
-func (r Row) key() string { return r.Volume + " " + r.Node }
+func (r Row) key() string { return r.Volume + " " + r.Member }
 
 // snapshot records the step: every RVR of the volumes and DRBD's status of
 // them on every node.
@@ -63,6 +66,23 @@ func snapshot(ctx context.Context, b Backend, name string, volumes []string, dow
 		return rows[k]
 	}
 	for _, vol := range volumes {
+		ids := map[string]string{} // node → "#<node-id>"
+		rv := &v1.ReplicatedVolume{}
+		if err := b.Client().Get(ctx, client.ObjectKey{Name: vol}, rv); err == nil {
+			for _, m := range rv.Status.Datamesh.Members {
+				ids[m.NodeName] = fmt.Sprintf("#%d", m.NodeID)
+			}
+		}
+		row := func(vol, node string) *Row {
+			r := row(vol, node)
+			if r.Member == "" {
+				r.Member = ids[node]
+				if r.Member == "" {
+					r.Member = node // not (or no longer) a member
+				}
+			}
+			return r
+		}
 		var list v1.ReplicatedVolumeReplicaList
 		if err := b.Client().List(ctx, &list, client.MatchingLabels{v1.LabelVolume: vol}); err != nil {
 			return st, err
@@ -90,6 +110,9 @@ func snapshot(ctx context.Context, b Backend, name string, volumes []string, dow
 		}
 	}
 	for _, r := range rows {
+		if r.Member == "" {
+			r.Member = r.Node
+		}
 		st.Rows = append(st.Rows, *r)
 	}
 	sort.Slice(st.Rows, func(i, j int) bool { return st.Rows[i].key() < st.Rows[j].key() })
@@ -115,9 +138,9 @@ func kernelSummary(r drbd.StatusResource) string {
 		b.WriteString(" suspended")
 	}
 	conns := append([]drbd.StatusConnection(nil), r.Connections...)
-	sort.Slice(conns, func(i, j int) bool { return conns[i].Name < conns[j].Name })
+	sort.Slice(conns, func(i, j int) bool { return conns[i].PeerNodeID < conns[j].PeerNodeID })
 	for _, c := range conns {
-		fmt.Fprintf(&b, " %s:%s", c.Name, c.ConnectionState)
+		fmt.Fprintf(&b, " #%d:%s", c.PeerNodeID, c.ConnectionState)
 		if len(c.PeerDevices) > 0 {
 			fmt.Fprintf(&b, "/%s", c.PeerDevices[0].PeerDiskState)
 		}
@@ -138,7 +161,7 @@ func (r *Record) Print(w io.Writer) {
 	for _, s := range r.Steps {
 		fmt.Fprintf(w, "--- %s\n", s.Name)
 		for _, row := range s.Rows {
-			fmt.Fprintf(w, "    %-14s %-7s rvr: %-44s drbd: %s\n", row.Volume, row.Node, row.RVR, row.Kernel)
+			fmt.Fprintf(w, "    %-19s %-3s %-7s rvr: %-50s drbd: %s\n", row.Volume, row.Member, row.Node, row.RVR, row.Kernel)
 		}
 	}
 	for _, t := range r.Times {

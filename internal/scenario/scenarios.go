@@ -689,7 +689,7 @@ func (r *run) crash(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.down[node] = true
-	for _, id := range []string{two, three} {
+	for _, id := range []string{three, two} {
 		r.call(t, "ControllerUnpublishVolume "+id+" from the crashed "+node, func(ctx context.Context) error {
 			_, err := r.b.Controller().ControllerUnpublishVolume(ctx, &csipb.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: node})
 			return err

@@ -73,89 +73,138 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 }
 
 // converge moves this node's DRBD one step toward the datamesh and says what
-// to report.
+// to report. A replica that is not a member leaves (leave); a member's step
+// follows docs/contract.md's "What a confirmed revision means": its backing
+// volume, the configuration its revision renders, that configuration applied
+// and read back from the kernel, then the device's size and the DRBD role —
+// and only then the revision confirmed.
 func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) step {
-	now := metav1.Now().Rfc3339Copy()
-	gen := rvr.Generation
-	prev := rvr.Status.Conditions
-	s := step{st: v1.ReplicatedVolumeReplicaStatus{ObservedGeneration: gen, Addresses: a.addressStrings()}}
-	cond := func(typ string, status metav1.ConditionStatus, reason, msg string) {
-		s.st.Conditions = setCondition(s.st.Conditions, prev, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}, gen, now)
-	}
-	failed := func(what string, err error) step {
-		a.log.Info("replica step failed; will retry", "replica", rvr.Name, "step", what, "err", drbd.RedactSecrets(err.Error()))
-		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+drbd.RedactSecrets(err.Error()))
-		s.st.DatameshRevision = rvr.Status.DatameshRevision
-		s.retry = a.cfg.RetryInterval
-		a.fillKernel(ctx, &s.st, rv, rvr, s.acted)
-		return s
-	}
-
-	var member *v1.DatameshMember
-	if rv != nil {
-		for i := range rv.Status.Datamesh.Members {
-			if m := &rv.Status.Datamesh.Members[i]; m.Name == rvr.Name {
-				member = m
-			}
-		}
-	}
-	resName := rvr.Spec.ReplicatedVolumeName
-
+	r := &replicaStep{a: a, rvr: rvr, rv: rv, now: metav1.Now().Rfc3339Copy()}
+	r.st = v1.ReplicatedVolumeReplicaStatus{ObservedGeneration: rvr.Generation, Addresses: a.addressStrings()}
+	member := memberOf(rv, rvr.Name)
 	if member == nil {
-		// Not (or no longer) a member: nothing of this volume may run here.
-		if _, running := a.obs.Snapshot(resName); running {
-			if err := a.takeDown(ctx, resName); err != nil {
-				if errors.Is(err, drbd.ErrDeviceInUse) {
-					cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonDemoteRefused,
-						"Left the datamesh but the device is held open (mounted?); will retry, never forced: "+drbd.RedactSecrets(err.Error()))
-				}
-				return failed("taking down the resource of a replica that is not a datamesh member", err)
-			}
-		}
-		if rvr.DeletionTimestamp != nil {
-			if err := a.releaseReplica(ctx, rvr); err != nil {
-				return failed("tearing down the deleted replica", err)
-			}
-			s.gone = true
-			return s
-		}
-		msg := "Not a member of the datamesh"
-		switch {
-		case rv == nil:
-			msg = fmt.Sprintf("Volume %q not found", resName)
-		default:
-			msg += fmt.Sprintf(" (revision %d)", rv.Status.DatameshRevision)
-		}
-		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonPendingDatameshJoin, msg)
-		if v, ok := a.knownVolume(rvr); ok {
-			s.st.BackingVolume = backingStatus(&v)
-		}
+		return a.leave(ctx, r)
+	}
+	vol, err := a.backing(ctx, r, member)
+	if err != nil {
+		return r.failed(ctx, "backing volume", err)
+	}
+	want, what, err := a.desiredConfig(ctx, r, member, vol)
+	if err != nil {
+		return r.failed(ctx, what, err)
+	}
+	if done, s := a.applyConfig(ctx, r, want); done {
 		return s
 	}
+	return a.confirm(ctx, r, member, vol)
+}
 
-	rev := rv.Status.DatameshRevision
-	dm := &rv.Status.Datamesh
+// replicaStep is one converge of one replica in progress: the step it will
+// return and what it needs to set conditions and report failures.
+type replicaStep struct {
+	step
+	a   *Agent
+	rvr *v1.ReplicatedVolumeReplica
+	rv  *v1.ReplicatedVolume
+	now metav1.Time
+}
 
-	// Backing volume: every full-mesh member with storage holds one, the
-	// liminal ones too (provisioned but not attached to DRBD, docs/layouts.md §8.4).
+// cond sets a condition of the report, keeping its transition time while its
+// status stays what the replica last reported.
+func (r *replicaStep) cond(typ string, status metav1.ConditionStatus, reason, msg string) {
+	r.st.Conditions = setCondition(r.st.Conditions, r.rvr.Status.Conditions,
+		metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}, r.rvr.Generation, r.now)
+}
+
+// failed ends the step on an error of what: DRBDConfigured=False naming it,
+// the revision last confirmed, a retry, and the kernel's state.
+func (r *replicaStep) failed(ctx context.Context, what string, err error) step {
+	r.a.log.Info("replica step failed; will retry", "replica", r.rvr.Name, "step", what, "err", drbd.RedactSecrets(err.Error()))
+	r.cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonConfigurationFailed, what+": "+drbd.RedactSecrets(err.Error()))
+	return r.notConfirmed(ctx)
+}
+
+// notConfirmed ends the step without confirming the revision: the one last
+// confirmed, a retry, and the kernel's state.
+func (r *replicaStep) notConfirmed(ctx context.Context) step {
+	r.st.DatameshRevision = r.rvr.Status.DatameshRevision
+	r.retry = r.a.cfg.RetryInterval
+	r.a.fillKernel(ctx, &r.st, r.rv, r.rvr, r.acted)
+	return r.step
+}
+
+// memberOf is the datamesh's member named name, nil when there is none.
+func memberOf(rv *v1.ReplicatedVolume, name string) *v1.DatameshMember {
+	if rv == nil {
+		return nil
+	}
+	for i := range rv.Status.Datamesh.Members {
+		if m := &rv.Status.Datamesh.Members[i]; m.Name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// leave converges a replica that is not (or no longer) a member: nothing of
+// its volume may run here; a deleted one is released (backing volume,
+// finalizer); one waiting to join says so.
+func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
+	resName := r.rvr.Spec.ReplicatedVolumeName
+	if _, running := a.obs.Snapshot(resName); running {
+		if err := a.takeDown(ctx, resName); err != nil {
+			if errors.Is(err, drbd.ErrDeviceInUse) {
+				r.cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonDemoteRefused,
+					"Left the datamesh but the device is held open (mounted?); will retry, never forced: "+drbd.RedactSecrets(err.Error()))
+			}
+			return r.failed(ctx, "taking down the resource of a replica that is not a datamesh member", err)
+		}
+	}
+	if r.rvr.DeletionTimestamp != nil {
+		if err := a.releaseReplica(ctx, r.rvr); err != nil {
+			return r.failed(ctx, "tearing down the deleted replica", err)
+		}
+		r.gone = true
+		return r.step
+	}
+	msg := fmt.Sprintf("Volume %q not found", resName)
+	if r.rv != nil {
+		msg = fmt.Sprintf("Not a member of the datamesh (revision %d)", r.rv.Status.DatameshRevision)
+	}
+	r.cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonPendingDatameshJoin, msg)
+	if v, ok := a.knownVolume(r.rvr); ok {
+		r.st.BackingVolume = backingStatus(&v)
+	}
+	return r.step
+}
+
+// backing ensures the member's backing volume: every full-mesh member with
+// storage holds one, the liminal ones too (provisioned but not attached to
+// DRBD; docs/layouts.md §8.4). nil for a member without one.
+func (a *Agent) backing(ctx context.Context, r *replicaStep, member *v1.DatameshMember) (*storage.Volume, error) {
 	var vol *storage.Volume
-	if member.Type.ConnectsToAllPeers() && rvr.Spec.Storage != nil {
-		v, err := a.ensureVolume(ctx, rvr, rv)
+	if member.Type.ConnectsToAllPeers() && r.rvr.Spec.Storage != nil {
+		v, err := a.ensureVolume(ctx, r.rvr, r.rv)
 		if err != nil {
-			return failed("backing volume", err)
+			return nil, err
 		}
 		vol = &v
-		s.st.BackingVolume = backingStatus(vol)
+		r.st.BackingVolume = backingStatus(vol)
 	}
-	if member.Type.HasDisk() && vol == nil {
-		return failed("render", fmt.Errorf("member is %s but spec.storage is empty", member.Type))
-	}
+	return vol, nil
+}
 
+// desiredConfig renders what the member's revision asks this node's DRBD to
+// run. On an error, what names the step that failed.
+func (a *Agent) desiredConfig(ctx context.Context, r *replicaStep, member *v1.DatameshMember, vol *storage.Volume) (want *drbd.Resource, what string, err error) {
+	rv := r.rv
+	if member.Type.HasDisk() && vol == nil {
+		return nil, "render", fmt.Errorf("member is %s but spec.storage is empty", member.Type)
+	}
 	secret := ""
-	if ref := dm.SharedSecret; ref != nil {
-		var err error
+	if ref := rv.Status.Datamesh.SharedSecret; ref != nil {
 		if secret, err = a.sharedSecret(ctx, rv, ref); err != nil {
-			return failed("shared secret", err)
+			return nil, "shared secret", err
 		}
 	}
 	var rsc *v1.ReplicatedStorageClass
@@ -165,70 +214,77 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 			rsc = nil
 		}
 	}
-	in := renderInput{rv: rv, self: member, rvr: rvr, rsc: rsc, secret: secret, features: a.cfg.Features}
+	in := renderInput{rv: rv, self: member, rvr: r.rvr, rsc: rsc, secret: secret, features: a.cfg.Features}
 	if member.Type.HasDisk() {
 		in.backing = vol.DevicePath
 	}
-	want, err := render(in)
-	if err != nil {
-		return failed("render", err)
-	}
+	want, err = render(in)
+	return want, "render", err
+}
 
+// applyConfig brings the kernel to want when it runs something else, and
+// reads it back. done: the step ends here (a failure, or the kernel still
+// runs something else), with s to report.
+func (a *Agent) applyConfig(ctx context.Context, r *replicaStep, want *drbd.Resource) (done bool, s step) {
+	rev := r.rv.Status.DatameshRevision
 	diff, err := a.readBack(ctx, want)
 	if err != nil {
-		return failed("read back (drbdsetup show)", err)
+		return true, r.failed(ctx, "read back (drbdsetup show)", err)
 	}
 	if len(diff) > 0 {
-		a.log.Info("applying datamesh revision", "replica", rvr.Name, "revision", rev, "differences", strings.Join(diff, "; "))
-		s.acted = true
+		a.log.Info("applying datamesh revision", "replica", r.rvr.Name, "revision", rev, "differences", strings.Join(diff, "; "))
+		r.acted = true
 		if err := a.apply(ctx, want); err != nil {
-			return failed(fmt.Sprintf("applying revision %d", rev), err)
+			return true, r.failed(ctx, fmt.Sprintf("applying revision %d", rev), err)
 		}
 		if diff, err = a.readBack(ctx, want); err != nil {
-			return failed("read back (drbdsetup show)", err)
+			return true, r.failed(ctx, "read back (drbdsetup show)", err)
 		}
 	}
 	if len(diff) > 0 {
-		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration,
+		r.cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration,
 			fmt.Sprintf("Revision %d applied but the kernel runs something else: %s", rev, strings.Join(diff, "; ")))
-		s.st.DatameshRevision = rvr.Status.DatameshRevision
-		s.retry = a.cfg.RetryInterval
-		a.fillKernel(ctx, &s.st, rv, rvr, s.acted)
-		return s
+		return true, r.notConfirmed(ctx)
 	}
+	return false, step{}
+}
 
+// confirm finishes a member whose kernel runs its revision's configuration:
+// day 0, the device's size, the role; the revision is confirmed only when the
+// size and the role are what it asks.
+func (a *Agent) confirm(ctx context.Context, r *replicaStep, member *v1.DatameshMember, vol *storage.Volume) step {
+	rv, rev := r.rv, r.rv.Status.DatameshRevision
 	if a.dayZero(ctx, rv, member) {
-		s.acted = true
+		r.acted = true
 	}
 	resized, err := a.resizeDevice(ctx, rv, member, vol)
 	if err != nil {
-		return failed("resize", err)
+		return r.failed(ctx, "resize", err)
 	}
-
 	// The role is part of what a revision means: a member marked attached
 	// confirms only once it is Primary, a detached one only once it is
 	// Secondary, so a Detach is confirmed by a real demotion.
-	roleOK, retry, changed := a.applyRole(ctx, rv.Name, member, cond)
-	s.retry = retry
-	s.acted = s.acted || changed || resized
+	roleOK, retry, changed := a.applyRole(ctx, rv.Name, member, r.cond)
+	r.retry = retry
+	r.acted = r.acted || changed || resized
 	if roleOK && resized {
-		s.st.DatameshRevision = rev
-		cond(v1.ConditionDRBDConfigured, metav1.ConditionTrue, v1.ReasonConfigured, fmt.Sprintf("DRBD runs datamesh revision %d", rev))
+		r.st.DatameshRevision = rev
+		r.cond(v1.ConditionDRBDConfigured, metav1.ConditionTrue, v1.ReasonConfigured, fmt.Sprintf("DRBD runs datamesh revision %d", rev))
 	} else {
-		s.st.DatameshRevision = rvr.Status.DatameshRevision
+		r.st.DatameshRevision = r.rvr.Status.DatameshRevision
 		msg := fmt.Sprintf("Configuration of revision %d applied; waiting for the DRBD role", rev)
 		if !resized {
 			msg = fmt.Sprintf("Configuration of revision %d applied; waiting for the DRBD device to grow", rev)
-			s.retry = a.cfg.RetryInterval
+			r.retry = a.cfg.RetryInterval
 		}
-		cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration, msg)
+		r.cond(v1.ConditionDRBDConfigured, metav1.ConditionFalse, v1.ReasonApplyingConfiguration, msg)
 	}
 	// A newly confirmed revision is what marks an Attach done (RVA Attached) and
 	// NodeStage then trusts the role written with it: read that role from the
 	// kernel, as applyRole just did, not from an Observer that may lag it.
-	confirming := s.st.DatameshRevision != rvr.Status.DatameshRevision
-	a.fillKernel(ctx, &s.st, rv, rvr, s.acted || confirming)
-	return s
+	confirming := r.st.DatameshRevision != r.rvr.Status.DatameshRevision
+	a.fillKernel(ctx, &r.st, rv, r.rvr, r.acted || confirming)
+	return r.step
 }
 
 // readBack compares what the kernel runs with want.
@@ -390,8 +446,30 @@ func (a *Agent) resizeDevice(ctx context.Context, rv *v1.ReplicatedVolume, m *v1
 	if d == nil || d.SizeKiB == 0 || d.SizeKiB*1024 >= want {
 		return true, nil
 	}
+	// The event stream's size can be stale: DRBD 9.2 prints no events2 line
+	// when a device grows (test/vm/FINDINGS.md), so a grown device keeps its
+	// old size there until its state next changes. Ask the kernel.
+	if grown, err := a.kernelSizeAtLeast(ctx, rv.Name, want); err != nil || grown {
+		return grown, err
+	}
 	if err := a.drv.Resize(ctx, rv.Name); err != nil {
 		return false, err
+	}
+	return a.kernelSizeAtLeast(ctx, rv.Name, want)
+}
+
+// kernelSizeAtLeast reads the device's size from `drbdsetup status`.
+func (a *Agent) kernelSizeAtLeast(ctx context.Context, name string, want int64) (bool, error) {
+	st, err := a.drv.Status(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range st {
+		for _, d := range r.Devices {
+			if r.Name == name && d.Volume == drbd.VolumeNumber && d.Size*1024 >= want {
+				return true, nil
+			}
+		}
 	}
 	return false, nil
 }

@@ -37,8 +37,26 @@ type renderInput struct {
 // layout.NonVoterQuorum, so it is quorate only through a quorate UpToDate peer;
 // all run the published qmr. 0 means off.
 func render(in renderInput) (*drbd.Resource, error) {
-	dm := &in.rv.Status.Datamesh
-	self := in.self
+	r, err := renderHosts(in, connectedPeers(in))
+	if err != nil {
+		return nil, err
+	}
+	fixed, err := datameshOptions(in)
+	if err != nil {
+		return nil, err
+	}
+	chain := overrides(in)
+	// The datamesh's own settings come last: no override may change quorum,
+	// promotion or the secret.
+	chain = append(chain, fixed)
+	r.Options = drbd.Resolve(drbd.DefaultOptions(), chain...)
+	return r, nil
+}
+
+// connectedPeers are the members this one connects to: every other member for a
+// full-mesh member, the full-mesh members for a star member.
+func connectedPeers(in renderInput) []*v1.DatameshMember {
+	dm, self := &in.rv.Status.Datamesh, in.self
 	var peers []*v1.DatameshMember
 	for i := range dm.Members {
 		m := &dm.Members[i]
@@ -50,6 +68,12 @@ func render(in renderInput) (*drbd.Resource, error) {
 		}
 		peers = append(peers, m)
 	}
+	return peers
+}
+
+// renderHosts renders this node (address, minor, disk) and its peers.
+func renderHosts(in renderInput, peers []*v1.DatameshMember) (*drbd.Resource, error) {
+	dm, self := &in.rv.Status.Datamesh, in.self
 	selfIP, err := listenAddr(self, peers)
 	if err != nil {
 		return nil, err
@@ -79,7 +103,13 @@ func render(in renderInput) (*drbd.Resource, error) {
 			Diskless: !m.Type.ConnectsToAllPeers(),
 		})
 	}
+	return r, nil
+}
 
+// datameshOptions are the settings the datamesh decides and no override may change:
+// quorum, promotion, multiattach, the shared secret, non-voting.
+func datameshOptions(in renderInput) (drbd.OptionSet, error) {
+	dm, self := &in.rv.Status.Datamesh, in.self
 	q := drbd.QuorumCount(layout.NonVoterQuorum)
 	if self.Type.IsVoter() {
 		q = quorumSetting(dm.Quorum)
@@ -96,7 +126,7 @@ func render(in renderInput) (*drbd.Resource, error) {
 	}
 	if ref := dm.SharedSecret; ref != nil {
 		if in.secret == "" {
-			return nil, fmt.Errorf("datamesh names shared secret %s but it was not read", ref.SecretName)
+			return drbd.OptionSet{}, fmt.Errorf("datamesh names shared secret %s but it was not read", ref.SecretName)
 		}
 		fixed.Net.CramHMACAlg = drbd.Ptr(ref.Algorithm)
 		fixed.Net.SharedSecret = drbd.Ptr(in.secret)
@@ -105,6 +135,12 @@ func render(in renderInput) (*drbd.Resource, error) {
 		nv := self.Type == v1.MemberTypeShadowDiskful || self.Type == v1.MemberTypeLiminalShadowDiskful
 		fixed.Disk.NonVoting = &nv
 	}
+	return fixed, nil
+}
+
+// overrides are the DRBD option overrides of the class, the volume and the replica,
+// in that order (a later one wins).
+func overrides(in renderInput) []drbd.OptionSet {
 	var chain []drbd.OptionSet
 	if in.rsc != nil {
 		chain = append(chain, optionSet(in.rsc.Spec.DRBDOptions))
@@ -113,11 +149,7 @@ func render(in renderInput) (*drbd.Resource, error) {
 	if in.rvr != nil {
 		chain = append(chain, optionSet(in.rvr.Spec.DRBDOptions))
 	}
-	// The datamesh's own settings come last: no override may change quorum,
-	// promotion or the secret.
-	chain = append(chain, fixed)
-	r.Options = drbd.Resolve(drbd.DefaultOptions(), chain...)
-	return r, nil
+	return chain
 }
 
 func quorumSetting(n int32) drbd.Quorum {

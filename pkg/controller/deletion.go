@@ -59,67 +59,86 @@ func (c *Controller) deletionCondition(v *volume, work *v1.ReplicatedVolume) {
 	if len(names) > 0 {
 		msg = "Waiting for attachments to be removed: " + strings.Join(names, ", ")
 	}
-	setCondChanged(&work.Status.Conditions, v1.ConditionDeleting, true, reasonWaitingForDetach, msg, v.rv.Generation, v.now)
+	v.setCondition(work, v1.ConditionDeleting, true, reasonWaitingForDetach, msg)
 }
 
-func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (*ctrl.Result, error) {
-	rv := v.rv
-	st := &work.Status
-	if len(st.Datamesh.Members) > 0 || len(st.DatameshTransitions) > 0 || len(st.DatameshReplicaRequests) > 0 {
-		st.Datamesh.Members = nil
-		st.Datamesh.Quorum, st.Datamesh.QuorumMinimumRedundancy = 0, 0
-		st.Datamesh.Multiattach = false
-		st.DatameshTransitions = nil
-		st.DatameshReplicaRequests = nil
-		st.DatameshRevision++
-		c.recorder.Eventf(rv, corev1.EventTypeNormal, EventVolumeTornDown, "Datamesh torn down at revision %d: the volume is being deleted", st.DatameshRevision)
-	}
+// tearDown runs steps 2 to 4 above once nothing is attached.
+func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (ctrl.Result, error) {
+	c.tearDownDatamesh(v, work)
 	var pending []string
 	for _, r := range v.rvrs {
 		pending = append(pending, r.Name)
 	}
 	sort.Strings(pending)
 	if len(pending) > 0 {
-		setCondChanged(&st.Conditions, v1.ConditionDeleting, true, reasonWaitingReplicas,
-			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "), rv.Generation, v.now)
+		v.setCondition(work, v1.ConditionDeleting, true, reasonWaitingReplicas,
+			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	}
 	c.summarize(v, work, v.rvrs, "")
-	if err := c.writeStatus(ctx, rv, work); err != nil {
-		if apierrors.IsConflict(err) {
-			return &ctrl.Result{RequeueAfter: conflictRetry}, nil
-		}
-		return nil, err
+	if retry, err := c.publishStatus(ctx, v.rv, work); err != nil {
+		return ctrl.Result{}, err
+	} else if retry {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
 	// Only once the teardown revision is written do the replicas go: an agent must see
 	// its replica out of the datamesh before it sees the replica deleted.
+	if err := c.deleteReplicas(ctx, v); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(pending) > 0 {
+		return ctrl.Result{}, nil // the replicas' deletion brings the next reconcile
+	}
+	return ctrl.Result{}, c.releaseVolume(ctx, v.rv)
+}
+
+// tearDownDatamesh is step 2 on work: no members, no transitions, one new revision.
+func (c *Controller) tearDownDatamesh(v *volume, work *v1.ReplicatedVolume) {
+	st := &work.Status
+	if len(st.Datamesh.Members) == 0 && len(st.DatameshTransitions) == 0 && len(st.DatameshReplicaRequests) == 0 {
+		return
+	}
+	st.Datamesh.Members = nil
+	st.Datamesh.Quorum, st.Datamesh.QuorumMinimumRedundancy = 0, 0
+	st.Datamesh.Multiattach = false
+	st.DatameshTransitions = nil
+	st.DatameshReplicaRequests = nil
+	st.DatameshRevision++
+	c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventVolumeTornDown, "Datamesh torn down at revision %d: the volume is being deleted", st.DatameshRevision)
+}
+
+// deleteReplicas is step 3: every replica not yet being deleted is.
+func (c *Controller) deleteReplicas(ctx context.Context, v *volume) error {
 	var deleted []string
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp != nil {
 			continue
 		}
-		if err := c.client.Delete(ctx, r, client.Preconditions{UID: &r.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("deleting replica %s: %w", r.Name, err)
+		if err := c.deleteReplica(ctx, r); err != nil {
+			return fmt.Errorf("deleting replica %s: %w", r.Name, err)
 		}
 		deleted = append(deleted, r.Name)
 	}
 	c.waitForCache(ctx, deleted, false)
-	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
-		return nil, err
-	}
-	if len(pending) > 0 {
-		return nil, nil // the replicas' deletion brings the next reconcile
-	}
+	return nil
+}
+
+// releaseVolume is step 4, once no replica is left: the Secret, the port and minor,
+// then the finalizer.
+func (c *Controller) releaseVolume(ctx context.Context, rv *v1.ReplicatedVolume) error {
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: c.opts.Namespace, Name: SecretName(rv.Name)}}
 	if err := c.reader.Get(ctx, client.ObjectKeyFromObject(secret), &corev1.Secret{}); err == nil {
 		if err := c.client.Delete(ctx, secret); err != nil && !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("deleting Secret %s/%s: %s", c.opts.Namespace, secret.Name, apierrors.ReasonForError(err))
+			return fmt.Errorf("deleting Secret %s/%s: %s", c.opts.Namespace, secret.Name, apierrors.ReasonForError(err))
 		}
 	}
 	c.alloc.Release(rv.Name)
 	if slices.Contains(rv.Finalizers, v1.FinalizerController) {
 		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)); err != nil {
-			return nil, fmt.Errorf("removing finalizer: %w", err)
+			return fmt.Errorf("removing finalizer: %w", err)
 		}
 	}
-	return nil, nil
+	return nil
 }

@@ -55,20 +55,8 @@ func ComputePhase(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeR
 	if rv.DeletionTimestamp != nil {
 		return PhaseVerdict{Phase: v1.VolumePhaseDeleting, Message: "The volume is being deleted"}
 	}
-	for i := range st.DatameshTransitions {
-		if t := &st.DatameshTransitions[i]; t.Type == v1.TransitionFormation {
-			msg := "Forming the datamesh"
-			for _, s := range t.Steps {
-				if s.Status != v1.StepCompleted {
-					msg += ": " + s.Name
-					if s.Message != "" {
-						msg += ": " + s.Message
-					}
-					break
-				}
-			}
-			return PhaseVerdict{Phase: v1.VolumePhaseForming, Message: msg}
-		}
+	if msg, ok := forming(st); ok {
+		return PhaseVerdict{Phase: v1.VolumePhaseForming, Message: msg}
 	}
 	if st.Configuration == nil || len(st.Datamesh.Members) == 0 {
 		if st.DatameshRevision > 0 && st.Configuration != nil {
@@ -81,70 +69,109 @@ func ComputePhase(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeR
 	}
 	cfg := layout.Layout{FTT: int(st.Configuration.FailuresToTolerate), GMDR: int(st.Configuration.GuaranteedMinimumDataRedundancy)}
 	need := cfg.DiskfulCount()
+	h := judgeMembers(st.Datamesh.Members, rvrs, reporting)
+	detail := ""
+	if len(h.problems) > 0 {
+		detail = ": " + strings.Join(h.problems, "; ")
+	}
+	upToDate := strconv.Itoa(h.upToDate) + "/" + strconv.Itoa(need) + " Diskful UpToDate (layout " + cfg.String() + ")"
+	switch {
+	case !h.anyReporting:
+		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No replica's agent is reporting" + detail}
+	case h.upToDate == 0:
+		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No UpToDate Diskful copy is reachable" + detail}
+	case h.anyQuorumReport && !h.anyQuorate:
+		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No replica has quorum" + detail}
+	case h.upToDate < need:
+		return PhaseVerdict{Phase: v1.VolumePhaseDegraded, Message: upToDate + detail}
+	case len(st.DatameshTransitions) > 0:
+		return PhaseVerdict{Phase: v1.VolumePhaseReconfiguring, Message: "In flight: " + inFlight(st.DatameshTransitions)}
+	}
+	return PhaseVerdict{Phase: v1.VolumePhaseReady, Message: upToDate}
+}
 
-	var upToDate int
-	var problems []string // "r2: Inconsistent (syncing 40%)"
-	anyQuorumReport, anyQuorate, anyReporting := false, false, false
-	for _, m := range st.Datamesh.Members {
+// forming: the Formation transition runs; msg names its first step not completed.
+func forming(st *v1.ReplicatedVolumeStatus) (msg string, ok bool) {
+	for i := range st.DatameshTransitions {
+		t := &st.DatameshTransitions[i]
+		if t.Type != v1.TransitionFormation {
+			continue
+		}
+		msg := "Forming the datamesh"
+		for _, s := range t.Steps {
+			if s.Status != v1.StepCompleted {
+				msg += ": " + s.Name
+				if s.Message != "" {
+					msg += ": " + s.Message
+				}
+				break
+			}
+		}
+		return msg, true
+	}
+	return "", false
+}
+
+// memberHealth is what the members' replicas report, as the phase rules read it.
+type memberHealth struct {
+	upToDate int      // Diskful members whose disk is UpToDate
+	problems []string // sorted, "r2: Inconsistent (syncing 40%)"
+	// anyQuorumReport: some member that takes part in quorum reports it; anyQuorate: one
+	// reports it has quorum.
+	anyQuorumReport, anyQuorate bool
+	anyReporting                bool // some member's agent reports
+}
+
+func judgeMembers(members []v1.DatameshMember, rvrs map[string]*v1.ReplicatedVolumeReplica, reporting func(*v1.ReplicatedVolumeReplica) bool) memberHealth {
+	var h memberHealth
+	for _, m := range members {
 		r := rvrs[m.Name]
 		switch {
 		case r == nil:
 			if m.Type.IsVoter() {
-				problems = append(problems, m.Name+": replica object is gone")
+				h.problems = append(h.problems, m.Name+": replica object is gone")
 			}
 			continue
 		case !reporting(r):
-			problems = append(problems, m.Name+": agent on "+m.NodeName+" is not reporting")
+			h.problems = append(h.problems, m.Name+": agent on "+m.NodeName+" is not reporting")
 			continue
 		}
-		anyReporting = true
+		h.anyReporting = true
 		if r.Status.Quorum != nil && (m.Type.IsVoter() || m.Type == v1.MemberTypeTieBreaker || m.Type == v1.MemberTypeAccess) {
-			anyQuorumReport = true
-			anyQuorate = anyQuorate || *r.Status.Quorum
+			h.anyQuorumReport = true
+			h.anyQuorate = h.anyQuorate || *r.Status.Quorum
 		}
 		if m.Type != v1.MemberTypeDiskful {
 			if m.Type == v1.MemberTypeLiminalDiskful {
-				problems = append(problems, m.Name+": joining as Diskful")
+				h.problems = append(h.problems, m.Name+": joining as Diskful")
 			}
 			continue
 		}
 		if r.Status.DiskState == v1.DiskStateUpToDate {
-			upToDate++
+			h.upToDate++
 			continue
 		}
 		p := m.Name + ": " + string(orUnknown(r.Status.DiskState))
 		if pct, ok := resyncPercent(r); ok {
 			p += " (syncing " + strconv.Itoa(int(pct)) + "%)"
 		}
-		problems = append(problems, p)
+		h.problems = append(h.problems, p)
 	}
-	sort.Strings(problems)
-	detail := ""
-	if len(problems) > 0 {
-		detail = ": " + strings.Join(problems, "; ")
-	}
-	switch {
-	case !anyReporting:
-		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No replica's agent is reporting" + detail}
-	case upToDate == 0:
-		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No UpToDate Diskful copy is reachable" + detail}
-	case anyQuorumReport && !anyQuorate:
-		return PhaseVerdict{Phase: v1.VolumePhaseFailed, Message: "No replica has quorum" + detail}
-	case upToDate < need:
-		return PhaseVerdict{Phase: v1.VolumePhaseDegraded, Message: strconv.Itoa(upToDate) + "/" + strconv.Itoa(need) +
-			" Diskful UpToDate (layout " + cfg.String() + ")" + detail}
-	case len(st.DatameshTransitions) > 0:
-		var names []string
-		for _, t := range st.DatameshTransitions {
-			n := string(t.Type)
-			if t.ReplicaName != "" {
-				n += " " + t.ReplicaName
-			}
-			names = append(names, n)
+	sort.Strings(h.problems)
+	return h
+}
+
+// inFlight names the transitions, "Attach r1, Formation".
+func inFlight(ts []v1.DatameshTransition) string {
+	names := make([]string, 0, len(ts))
+	for _, t := range ts {
+		n := string(t.Type)
+		if t.ReplicaName != "" {
+			n += " " + t.ReplicaName
 		}
-		return PhaseVerdict{Phase: v1.VolumePhaseReconfiguring, Message: "In flight: " + strings.Join(names, ", ")}
+		names = append(names, n)
 	}
-	return PhaseVerdict{Phase: v1.VolumePhaseReady, Message: strconv.Itoa(upToDate) + "/" + strconv.Itoa(need) + " Diskful UpToDate (layout " + cfg.String() + ")"}
+	return strings.Join(names, ", ")
 }
 
 func orUnknown(d v1.DiskState) v1.DiskState {

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -113,6 +114,8 @@ func (v *volume) liveness(node string) Liveness {
 	return LeaseLiveness(v.leases[node], v.now, 0)
 }
 
+// read fills a volume from the caches: its replicas and attachments, its configuration
+// source and pool, the nodes and the agents' Leases, and the pool's eligible nodes.
 func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume, error) {
 	v := &volume{rv: rv, now: c.opts.Now(), nodes: map[string]*corev1.Node{}, leases: map[string]*coordinationv1.Lease{}}
 	var rvrs v1.ReplicatedVolumeReplicaList
@@ -131,42 +134,8 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 		v.rvas = append(v.rvas, &rvas.Items[i])
 	}
 	slices.SortFunc(v.rvas, func(a, b *v1.ReplicatedVolumeAttachment) int { return strings.Compare(a.Name, b.Name) })
-
-	if rv.Spec.ConfigurationMode != v1.ConfigurationModeManual && rv.Spec.ReplicatedStorageClassName != "" {
-		rsc := &v1.ReplicatedStorageClass{}
-		switch err := c.reader.Get(ctx, types.NamespacedName{Name: rv.Spec.ReplicatedStorageClassName}, rsc); {
-		case apierrors.IsNotFound(err):
-			v.configWhy = fmt.Sprintf("spec.replicatedStorageClassName: storage class %q does not exist", rv.Spec.ReplicatedStorageClassName)
-			v.configReason = reasonClassNotFound
-		case err != nil:
-			return nil, err
-		default:
-			v.rsc = rsc
-		}
-	}
-	switch {
-	case rv.Status.Configuration != nil:
-		v.poolName = rv.Status.Configuration.StoragePool
-	case rv.Spec.ConfigurationMode == v1.ConfigurationModeManual && rv.Spec.ManualConfiguration != nil:
-		v.poolName = rv.Spec.ManualConfiguration.StoragePool
-	case v.rsc != nil:
-		v.poolName = v.rsc.Spec.StoragePool
-	}
-	if v.poolName != "" {
-		rsp := &v1.ReplicatedStoragePool{}
-		switch err := c.reader.Get(ctx, types.NamespacedName{Name: v.poolName}, rsp); {
-		case apierrors.IsNotFound(err):
-			field := "spec.manualConfiguration.storagePool"
-			if v.rsc != nil {
-				field = "storage class " + v.rsc.Name + " spec.storagePool"
-			}
-			v.configWhy = fmt.Sprintf("%s: storage pool %q does not exist", field, v.poolName)
-			v.configReason = reasonPoolNotFound
-		case err != nil:
-			return nil, err
-		default:
-			v.rsp = rsp
-		}
+	if err := c.readConfiguration(ctx, v); err != nil {
+		return nil, err
 	}
 	var nodes corev1.NodeList
 	if err := c.reader.List(ctx, &nodes); err != nil {
@@ -194,166 +163,248 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 	return v, nil
 }
 
-func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
-	log := ctrl.LoggerFrom(ctx).WithValues("rv", req.Name)
-	rv := &v1.ReplicatedVolume{}
-	if err := c.reader.Get(ctx, req.NamespacedName, rv); err != nil {
-		if apierrors.IsNotFound(err) {
-			c.alloc.Release(req.Name)
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, err
-	}
-	if err := c.ensureAllocations(ctx); err != nil {
-		return ctrl.Result{}, err
-	}
-	v, err := c.read(ctx, rv)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	deleting := rv.DeletionTimestamp != nil
-	if !deleting && !slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, true, nil)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("adding finalizer: %w", err)
-		}
-		// The write changed the RV: its event brings the next reconcile, which works
-		// from the new resourceVersion (a status written now would only conflict).
-		return ctrl.Result{}, nil
-	}
-	if deleting && !slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		return ctrl.Result{}, nil // not ours any more
-	}
-	for _, a := range v.rvas {
-		if a.DeletionTimestamp == nil && !slices.Contains(a.Finalizers, v1.FinalizerController) {
-			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion, true, nil)); err != nil {
-				return ctrl.Result{}, fmt.Errorf("adding finalizer to attachment %s: %w", a.Name, err)
-			}
+// readConfiguration reads the volume's configuration source (its storage class unless
+// it is configured by hand) and its storage pool: the published configuration's pool,
+// else the manual configuration's, else the class's. One that does not exist is the
+// volume's configWhy, naming the field.
+func (c *Controller) readConfiguration(ctx context.Context, v *volume) error {
+	rv := v.rv
+	if rv.Spec.ConfigurationMode != v1.ConfigurationModeManual && rv.Spec.ReplicatedStorageClassName != "" {
+		rsc := &v1.ReplicatedStorageClass{}
+		switch err := c.reader.Get(ctx, types.NamespacedName{Name: rv.Spec.ReplicatedStorageClassName}, rsc); {
+		case apierrors.IsNotFound(err):
+			v.configWhy = fmt.Sprintf("spec.replicatedStorageClassName: storage class %q does not exist", rv.Spec.ReplicatedStorageClassName)
+			v.configReason = reasonClassNotFound
+		case err != nil:
+			return err
+		default:
+			v.rsc = rsc
 		}
 	}
+	switch {
+	case rv.Status.Configuration != nil:
+		v.poolName = rv.Status.Configuration.StoragePool
+	case rv.Spec.ConfigurationMode == v1.ConfigurationModeManual && rv.Spec.ManualConfiguration != nil:
+		v.poolName = rv.Spec.ManualConfiguration.StoragePool
+	case v.rsc != nil:
+		v.poolName = v.rsc.Spec.StoragePool
+	}
+	if v.poolName == "" {
+		return nil
+	}
+	rsp := &v1.ReplicatedStoragePool{}
+	switch err := c.reader.Get(ctx, types.NamespacedName{Name: v.poolName}, rsp); {
+	case apierrors.IsNotFound(err):
+		field := "spec.manualConfiguration.storagePool"
+		if v.rsc != nil {
+			field = "storage class " + v.rsc.Name + " spec.storagePool"
+		}
+		v.configWhy = fmt.Sprintf("%s: storage pool %q does not exist", field, v.poolName)
+		v.configReason = reasonPoolNotFound
+	case err != nil:
+		return err
+	default:
+		v.rsp = rsp
+	}
+	return nil
+}
 
+// reconcileVolume is one reconcile of a volume, in the order docs/controller.md gives:
+// read it and what it refers to from the caches, make sure of the finalizers, mark the
+// replicas' liveness, then compute the status — the configuration, the allocation, the
+// engine's step and the placement of what it wants — and publish it with the
+// attachments' statuses and the lost nodes' finalizers.
+func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
+	v, err := c.observe(ctx, req.Name)
+	if v == nil || err != nil {
+		return ctrl.Result{}, err
+	}
+	if done, err := c.ensureFinalizers(ctx, v); done || err != nil {
+		return ctrl.Result{}, err
+	}
 	// Liveness: AgentReady on every replica, and the engine's copies carry it.
 	engineRVRs, requeue, err := c.markLiveness(ctx, v)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-
-	work := rv.DeepCopy()
-	st := &work.Status
-	conds := &st.Conditions
-	gen := rv.Generation
-	setCond := func(t string, ok bool, reason, msg string) {
-		s := metav1.ConditionFalse
-		if ok {
-			s = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen,
-			LastTransitionTime: metav1.NewTime(v.now)})
+	work := v.rv.DeepCopy()
+	v.configuredCondition(work)
+	if v.deleting() && c.readyToTearDown(v) {
+		return c.tearDown(ctx, v, work)
 	}
-	if v.configWhy != "" {
-		setCond(v1.ConditionConfigured, false, v.configReason, v.configWhy)
-	} else if v.poolName != "" {
-		setCond(v1.ConditionConfigured, true, reasonResolved, "Configuration resolves; storage pool "+v.poolName)
-	}
-
-	var events []datamesh.Event
-	if deleting && c.readyToTearDown(v) {
-		res, err := c.tearDown(ctx, v, work)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if res != nil {
-			return *res, nil
-		}
-		return ctrl.Result{}, nil
-	}
-
-	// Allocation before the first member joins: port, minor, Secret, size.
-	pendingWhy := ""
-	allocated := true
-	if v.poolName != "" && v.rsp != nil && !deleting {
-		if why, reason, err := c.allocate(ctx, v, work); err != nil {
-			return ctrl.Result{}, err
-		} else if why != "" {
-			allocated = false
-			pendingWhy = why
-			if setCondChanged(conds, v1.ConditionAllocated, false, reason, why, gen, v.now) {
-				c.recorder.Event(rv, corev1.EventTypeWarning, EventAllocationFailed, why)
-			}
-		} else {
-			setCond(v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
-				st.Datamesh.Port, st.Datamesh.Minor, c.opts.Namespace, SecretName(rv.Name), st.Datamesh.SharedSecret.Algorithm))
-		}
-	}
-
-	var res datamesh.Result
-	var wanted []datamesh.WantedReplica
-	var atts []datamesh.AttachmentStatus
-	ranEngine := false
-	if allocated || st.DatameshRevision > 0 {
-		eng, release, err := c.takeEngine(ctx)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		forceLeave, forceDetach := c.lostMembers(v, engineRVRs)
-		in := &datamesh.Input{
-			RV: work, RSC: v.rsc, RVRs: engineRVRs, RVAs: v.rvas, Pool: c.enginePool(v), Now: v.now,
-			ForceLeave: forceLeave, ForceDetach: forceDetach,
-		}
-		res, err = eng.Process(in)
-		// Result's slices belong to the engine: copy what we keep before lending it on.
-		wanted = slices.Clone(res.Wanted)
-		atts = slices.Clone(res.Attachments)
-		events = slices.Clone(res.Events)
-		release()
-		if err != nil {
-			// Bad input (a status written by someone else): say so and wait for a change.
-			msg := err.Error()
-			if setCondChanged(conds, v1.ConditionConfigured, false, reasonInvalidInput, msg, gen, v.now) {
-				c.recorder.Event(rv, corev1.EventTypeWarning, EventConfigurationBad, msg)
-			}
-			work = rv.DeepCopy()
-			meta.SetStatusCondition(&work.Status.Conditions, metav1.Condition{Type: v1.ConditionConfigured, Status: metav1.ConditionFalse,
-				Reason: reasonInvalidInput, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.NewTime(v.now)})
-			return ctrl.Result{}, c.writeStatus(ctx, rv, work)
-		}
-		ranEngine = true
-		for _, n := range forceLeave {
-			log.Info("replica's node is lost: force-leave", "rvr", n)
-		}
-	}
-
-	// Placement acts on what the engine wants.
-	accessRefused := map[string]string{}
-	if ranEngine && !deleting {
-		why, err := c.place(ctx, v, work, wanted, accessRefused)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if why != "" && pendingWhy == "" {
-			pendingWhy = why
-		}
-	}
-	if deleting {
-		c.deletionCondition(v, work)
-	}
-
-	c.summarize(v, work, engineRVRs, pendingWhy)
-	prevPhase := rv.Status.Phase
-	if err := c.writeStatus(ctx, rv, work); err != nil {
-		if apierrors.IsConflict(err) {
-			// The RV changed since the cache showed it: the status computed here may rest
-			// on a stale revision, so it is dropped and computed again from the new one.
-			return ctrl.Result{RequeueAfter: conflictRetry}, nil
-		}
+	pendingWhy, allocated, err := c.allocation(ctx, v, work)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if work.Status.Phase != prevPhase {
+	var out engineOutput
+	if allocated || work.Status.DatameshRevision > 0 {
+		if out, err = c.runEngine(ctx, v, work, engineRVRs); err != nil {
+			return ctrl.Result{}, c.refuseInput(ctx, v, err)
+		}
+		if !v.deleting() {
+			// Placement acts on what the engine wants.
+			why, err := c.place(ctx, v, work, out.wanted, out.accessRefused)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			if pendingWhy == "" {
+				pendingWhy = why
+			}
+		}
+	}
+	if v.deleting() {
+		c.deletionCondition(v, work)
+	}
+	c.summarize(v, work, engineRVRs, pendingWhy)
+	return c.publish(ctx, v, work, out, requeue)
+}
+
+// observe reads the volume named name and what it refers to (volume), having rebuilt
+// the allocation tables once after a start. A volume that is gone releases its port
+// and minor and returns nil.
+func (c *Controller) observe(ctx context.Context, name string) (*volume, error) {
+	rv := &v1.ReplicatedVolume{}
+	if err := c.reader.Get(ctx, types.NamespacedName{Name: name}, rv); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.alloc.Release(name)
+			return nil, nil
+		}
+		return nil, err
+	}
+	if err := c.ensureAllocations(ctx); err != nil {
+		return nil, err
+	}
+	return c.read(ctx, rv)
+}
+
+// ensureFinalizers adds the controller's finalizer to the volume and its attachments.
+// done: the reconcile ends here — the finalizer was just added (its write brings the
+// next reconcile, which works from the new resourceVersion: a status written now would
+// only conflict), or the volume is being deleted and is no longer ours.
+func (c *Controller) ensureFinalizers(ctx context.Context, v *volume) (done bool, err error) {
+	rv := v.rv
+	if !slices.Contains(rv.Finalizers, v1.FinalizerController) {
+		if v.deleting() {
+			return true, nil
+		}
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, true, nil)); err != nil {
+			return true, fmt.Errorf("adding finalizer: %w", err)
+		}
+		return true, nil
+	}
+	for _, a := range v.rvas {
+		if a.DeletionTimestamp == nil && !slices.Contains(a.Finalizers, v1.FinalizerController) {
+			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion, true, nil)); err != nil {
+				return true, fmt.Errorf("adding finalizer to attachment %s: %w", a.Name, err)
+			}
+		}
+	}
+	return false, nil
+}
+
+// configuredCondition says whether the configuration source and its pool resolve.
+func (v *volume) configuredCondition(work *v1.ReplicatedVolume) {
+	if v.configWhy != "" {
+		v.setCondition(work, v1.ConditionConfigured, false, v.configReason, v.configWhy)
+	} else if v.poolName != "" {
+		v.setCondition(work, v1.ConditionConfigured, true, reasonResolved, "Configuration resolves; storage pool "+v.poolName)
+	}
+}
+
+// allocation gives the volume its port, minor, Secret and size before its first member
+// joins (allocate), and sets the Allocated condition. allocated is false, with why, when
+// something blocks it; a volume being deleted or without a resolved pool allocates
+// nothing and is not held back here.
+func (c *Controller) allocation(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (why string, allocated bool, err error) {
+	if v.poolName == "" || v.rsp == nil || v.deleting() {
+		return "", true, nil
+	}
+	why, reason, err := c.allocate(ctx, v, work)
+	if err != nil {
+		return "", false, err
+	}
+	if why != "" {
+		if v.setCondition(work, v1.ConditionAllocated, false, reason, why) {
+			c.recorder.Event(v.rv, corev1.EventTypeWarning, EventAllocationFailed, why)
+		}
+		return why, false, nil
+	}
+	dm := &work.Status.Datamesh
+	v.setCondition(work, v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
+		dm.Port, dm.Minor, c.opts.Namespace, SecretName(v.rv.Name), dm.SharedSecret.Algorithm))
+	return "", true, nil
+}
+
+// engineOutput is what the reconcile keeps of the engine's Result (copies: the Result's
+// slices belong to the engine), and what placement adds for the attachments.
+type engineOutput struct {
+	wanted      []datamesh.WantedReplica
+	attachments []datamesh.AttachmentStatus
+	events      []datamesh.Event
+	// accessRefused: node → why placement put no Access replica there.
+	accessRefused map[string]string
+}
+
+// invalidInputError is the engine's refusal of its input (a status written by someone
+// else).
+type invalidInputError struct{ err error }
+
+func (e *invalidInputError) Error() string { return e.err.Error() }
+
+// runEngine runs the engine's step on work, feeding it the members of lost nodes to
+// force out.
+func (c *Controller) runEngine(ctx context.Context, v *volume, work *v1.ReplicatedVolume, engineRVRs []*v1.ReplicatedVolumeReplica) (engineOutput, error) {
+	eng, release, err := c.takeEngine(ctx)
+	if err != nil {
+		return engineOutput{}, err
+	}
+	defer release()
+	forceLeave, forceDetach := c.lostMembers(v, engineRVRs)
+	res, err := eng.Process(&datamesh.Input{
+		RV: work, RSC: v.rsc, RVRs: engineRVRs, RVAs: v.rvas, Pool: c.enginePool(v), Now: v.now,
+		ForceLeave: forceLeave, ForceDetach: forceDetach,
+	})
+	if err != nil {
+		return engineOutput{}, &invalidInputError{err}
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("rv", v.rv.Name)
+	for _, n := range forceLeave {
+		log.Info("replica's node is lost: force-leave", "rvr", n)
+	}
+	return engineOutput{wanted: slices.Clone(res.Wanted), attachments: slices.Clone(res.Attachments),
+		events: slices.Clone(res.Events), accessRefused: map[string]string{}}, nil
+}
+
+// refuseInput publishes the engine's refusal of its input as Configured=False on the
+// cached status (nothing else of this reconcile is written) and waits for a change.
+// Other errors it returns as they are.
+func (c *Controller) refuseInput(ctx context.Context, v *volume, err error) error {
+	var bad *invalidInputError
+	if !errors.As(err, &bad) {
+		return err
+	}
+	work := v.rv.DeepCopy()
+	if v.setCondition(work, v1.ConditionConfigured, false, reasonInvalidInput, bad.Error()) {
+		c.recorder.Event(v.rv, corev1.EventTypeWarning, EventConfigurationBad, bad.Error())
+	}
+	return c.writeStatus(ctx, v.rv, work)
+}
+
+// publish writes the status computed for the volume (only when it changed), then the
+// engine's events, the attachments' statuses and the lost nodes' finalizers.
+func (c *Controller) publish(ctx context.Context, v *volume, work *v1.ReplicatedVolume, out engineOutput, requeue time.Duration) (ctrl.Result, error) {
+	if retry, err := c.publishStatus(ctx, v.rv, work); err != nil {
+		return ctrl.Result{}, err
+	} else if retry {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	if work.Status.Phase != v.rv.Status.Phase {
 		phaseChanges.WithLabelValues(string(work.Status.Phase)).Inc()
 	}
-	for _, e := range events {
-		c.recorder.Event(rv, string(e.Type), e.Reason, e.Message)
+	for _, e := range out.events {
+		c.recorder.Event(v.rv, string(e.Type), e.Reason, e.Message)
 	}
-	if err := c.writeAttachments(ctx, v, work, atts, accessRefused); err != nil {
+	if err := c.writeAttachments(ctx, v, work, out.attachments, out.accessRefused); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
@@ -362,19 +413,31 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
-// setCondChanged sets a condition and reports whether its status, reason or message
-// changed (events go out on a change, not on every reconcile).
-func setCondChanged(conds *[]metav1.Condition, t string, ok bool, reason, msg string, gen int64, now time.Time) bool {
-	s := metav1.ConditionFalse
-	if ok {
-		s = metav1.ConditionTrue
+// publishStatus writes work's status (writeStatus). retry: the RV changed since the
+// cache showed it, so the status computed here may rest on a stale revision; it is
+// dropped and computed again from the new one, soon (conflictRetry).
+func (c *Controller) publishStatus(ctx context.Context, rv, work *v1.ReplicatedVolume) (retry bool, err error) {
+	err = c.writeStatus(ctx, rv, work)
+	if apierrors.IsConflict(err) {
+		return true, nil
 	}
+	return false, err
+}
+
+// setCondition sets condition t of the volume's status — the one way every condition of
+// an RV is set — and reports whether its status, reason or message changed (events go
+// out on a change, not on every reconcile).
+func (v *volume) setCondition(work *v1.ReplicatedVolume, t string, ok bool, reason, msg string) bool {
+	conds := &work.Status.Conditions
 	old := meta.FindStatusCondition(*conds, t)
+	s := boolStatus(ok)
 	changed := old == nil || old.Status != s || old.Reason != reason || old.Message != msg
-	meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen,
-		LastTransitionTime: metav1.NewTime(now)})
+	meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg,
+		ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
 	return changed
 }
+
+func (v *volume) deleting() bool { return v.rv.DeletionTimestamp != nil }
 
 // writeStatus applies work's status if it differs from what rv (the cache) holds. The
 // apply carries rv's resourceVersion: a status computed from a stale read fails with a
@@ -400,18 +463,14 @@ func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs 
 	verdict := ComputePhase(work, byName, reportingAgent, pendingWhy)
 	st := &work.Status
 	st.Phase = verdict.Phase
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady,
-		Status: boolStatus(verdict.Phase == v1.VolumePhaseReady), Reason: string(verdict.Phase), Message: verdict.Message,
-		ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+	v.setCondition(work, v1.ConditionReady, verdict.Phase == v1.VolumePhaseReady, string(verdict.Phase), verdict.Message)
 	formed, reason, msg := Formed(st, verdict)
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionFormed, Status: boolStatus(formed), Reason: reason,
-		Message: msg, ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+	v.setCondition(work, v1.ConditionFormed, formed, reason, msg)
 	st.Layout = LayoutString(st.Datamesh.Members)
 	st.ReadyMembers = ReadyMembers(st.Datamesh.Members, byName, reportingAgent)
 	st.SyncProgress = SyncProgress(st.Datamesh.Members, byName)
 	if ok, reason, msg := FaultTolerance(st); reason != "" {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionFaultTolerance, Status: boolStatus(ok), Reason: reason,
-			Message: msg, ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
+		v.setCondition(work, ConditionFaultTolerance, ok, reason, msg)
 	}
 }
 

@@ -363,25 +363,43 @@ func (p *placer) anywhere() ([]Choice, error) {
 // replicas already use, else the zone that fits them all with the most room.
 func (p *placer) zonal() ([]Choice, error) {
 	existing := p.existingZones()
-	var zones []string
+	zones := p.zones()
 	if len(existing) > 0 {
 		zones = existing[:1] // the volume's zone (the first by name if it has several)
-	} else {
-		zones = p.zones()
 	}
-	type option struct {
-		zone       string
-		d, tb      int
-		free       int64
-		replicaSum int
-		pref       int // best preferred-segment rank of its nodes (requisite first when needed)
+	opts := p.zoneOptions(zones)
+	if len(opts) == 0 || !p.zoneFitsAll(opts[0]) {
+		return nil, p.zonalRefusal(opts, existing)
 	}
-	var opts []option
+	z := opts[0].zone
+	var out []Choice
+	for range p.in.Diskful {
+		out = p.take(p.candidates(true, &z)[0], v1.ReplicaTypeDiskful, out)
+	}
+	for range p.in.TieBreaker {
+		out = p.take(p.candidates(false, &z)[0], v1.ReplicaTypeTieBreaker, out)
+	}
+	return out, nil
+}
+
+// zoneOption is one zone as zonal placement weighs it.
+type zoneOption struct {
+	zone       string
+	d, tb      int // nodes that can take a Diskful replica, any replica
+	free       int64
+	replicaSum int
+	pref       int // best preferred-segment rank of its nodes (requisite first when needed)
+}
+
+// zoneOptions weighs the zones, best first: one that fits every replica, then the best
+// preferred segment, the most free space, the name.
+func (p *placer) zoneOptions(zones []string) []zoneOption {
+	var opts []zoneOption
 	for _, z := range zones {
 		zz := z
 		d := p.candidates(true, &zz)
 		tb := p.candidates(false, &zz)
-		o := option{zone: z, d: len(d), tb: len(tb), pref: len(p.in.Preferred) + 1}
+		o := zoneOption{zone: z, d: len(d), tb: len(tb), pref: len(p.in.Preferred) + 1}
 		for _, n := range d {
 			o.free += p.free[n.Name]
 			r := p.prefRank(n)
@@ -395,11 +413,8 @@ func (p *placer) zonal() ([]Choice, error) {
 		}
 		opts = append(opts, o)
 	}
-	// A zone fits when it has enough Diskful nodes and, beyond them, enough nodes for
-	// the TieBreakers (a TB may not share a node with a D of the volume).
-	fitsAll := func(o option) bool { return o.d >= p.in.Diskful && o.tb >= p.in.Diskful+p.in.TieBreaker }
 	sort.SliceStable(opts, func(i, j int) bool {
-		fi, fj := fitsAll(opts[i]), fitsAll(opts[j])
+		fi, fj := p.zoneFitsAll(opts[i]), p.zoneFitsAll(opts[j])
 		if fi != fj {
 			return fi
 		}
@@ -411,36 +426,36 @@ func (p *placer) zonal() ([]Choice, error) {
 		}
 		return opts[i].zone < opts[j].zone
 	})
-	if len(opts) == 0 || !fitsAll(opts[0]) {
-		var parts []string
-		for _, o := range opts {
-			parts = append(parts, "zone "+quoteZone(o.zone)+" has "+strconv.Itoa(o.d))
-		}
-		sort.Strings(parts)
-		where := "no zone has eligible nodes"
-		if len(parts) > 0 {
-			where = strings.Join(parts, ", ")
-		}
-		what := strconv.Itoa(p.in.Diskful) + " nodes with free capacity ≥ " + p.sizeString()
-		if p.in.TieBreaker > 0 {
-			what += " and " + strconv.Itoa(p.in.TieBreaker) + " more for a TieBreaker"
-		}
-		scope := "one zone"
-		if len(existing) > 0 {
-			scope = "zone " + quoteZone(existing[0]) + " (where the volume's replicas are)"
-		}
-		return nil, &Error{Constraint: ConstraintZonal,
-			Message: "Zonal needs " + what + " in " + scope + " in pool " + strconv.Quote(p.in.Config.StoragePool) + ": " + where + p.excluded()}
+	return opts
+}
+
+// zoneFitsAll: the zone has enough Diskful nodes and, beyond them, enough nodes for the
+// TieBreakers (a TB may not share a node with a D of the volume).
+func (p *placer) zoneFitsAll(o zoneOption) bool {
+	return o.d >= p.in.Diskful && o.tb >= p.in.Diskful+p.in.TieBreaker
+}
+
+// zonalRefusal says that no zone fits, with what each has.
+func (p *placer) zonalRefusal(opts []zoneOption, existing []string) error {
+	var parts []string
+	for _, o := range opts {
+		parts = append(parts, "zone "+quoteZone(o.zone)+" has "+strconv.Itoa(o.d))
 	}
-	z := opts[0].zone
-	var out []Choice
-	for range p.in.Diskful {
-		out = p.take(p.candidates(true, &z)[0], v1.ReplicaTypeDiskful, out)
+	sort.Strings(parts)
+	where := "no zone has eligible nodes"
+	if len(parts) > 0 {
+		where = strings.Join(parts, ", ")
 	}
-	for range p.in.TieBreaker {
-		out = p.take(p.candidates(false, &z)[0], v1.ReplicaTypeTieBreaker, out)
+	what := strconv.Itoa(p.in.Diskful) + " nodes with free capacity ≥ " + p.sizeString()
+	if p.in.TieBreaker > 0 {
+		what += " and " + strconv.Itoa(p.in.TieBreaker) + " more for a TieBreaker"
 	}
-	return out, nil
+	scope := "one zone"
+	if len(existing) > 0 {
+		scope = "zone " + quoteZone(existing[0]) + " (where the volume's replicas are)"
+	}
+	return &Error{Constraint: ConstraintZonal,
+		Message: "Zonal needs " + what + " in " + scope + " in pool " + strconv.Quote(p.in.Config.StoragePool) + ": " + where + p.excluded()}
 }
 
 // transZonal spreads Diskful replicas over zones (fewest Diskful first), then puts each
@@ -450,122 +465,149 @@ func (p *placer) transZonal() ([]Choice, error) {
 	// need: the zones over which losing any one keeps quorum and GMDR+1 copies
 	// (docs/layouts.md §7), the same count the engine refuses a configuration by.
 	// FTT 0 promises nothing about zones (1): its replicas spread as far as the
-	// zones allow.
+	// zones allow. needD of them must take a Diskful replica, the others a TieBreaker.
 	l := layout.Layout{FTT: int(p.in.Config.FailuresToTolerate), GMDR: int(p.in.Config.GuaranteedMinimumDataRedundancy)}
 	need := l.MinZones()
+	needD := max(need-layout.TieBreakerMin(l.DiskfulCount(), l.FTT), 1)
+	tally := p.existingTally()
 	zones := p.zones()
-	dCount := map[string]int{}
-	all := map[string]int{}
+	dZones, anyZones, lacking := p.transZonalZones(zones, tally)
+	if len(anyZones) < need || len(dZones) < needD {
+		return nil, p.transZonalRefusal(need, needD, len(zones), len(dZones), lacking)
+	}
+	var out []Choice
+	var err error
+	for range p.in.Diskful {
+		if out, err = p.takeInEmptiestZone(v1.ReplicaTypeDiskful, dZones, tally, out); err != nil {
+			return nil, err
+		}
+	}
+	for range p.in.TieBreaker {
+		if out, err = p.takeInEmptiestZone(v1.ReplicaTypeTieBreaker, anyZones, tally, out); err != nil {
+			return nil, err
+		}
+	}
+	if need > 1 {
+		if err := p.checkSpread(needD, dZones, tally.d); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// zoneTally counts the volume's replicas per zone, those it has and those this call
+// places: Diskful ones (d), and Diskful and TieBreaker ones (all).
+type zoneTally struct{ d, all map[string]int }
+
+func (p *placer) existingTally() zoneTally {
+	t := zoneTally{d: map[string]int{}, all: map[string]int{}}
 	for _, r := range p.in.Existing {
 		if r.Deleting {
 			continue
 		}
 		z := p.zoneOf(r.Node)
 		if r.Type == v1.ReplicaTypeDiskful {
-			dCount[z]++
+			t.d[z]++
 		}
 		if r.Type == v1.ReplicaTypeDiskful || r.Type == v1.ReplicaTypeTieBreaker {
-			all[z]++
+			t.all[z]++
 		}
 	}
-	// Zones that can take a Diskful replica now or already hold one, and zones that
-	// can take any replica (a TieBreaker needs no capacity).
-	needD := need - layout.TieBreakerMin(l.DiskfulCount(), l.FTT)
-	if needD < 1 {
-		needD = 1
-	}
-	var dZones, anyZones, lacking []string
+	return t
+}
+
+// transZonalZones sorts the zones: those that can take a Diskful replica now or already
+// hold one (dZones), those that can take any replica (anyZones: a TieBreaker needs no
+// capacity), and what the others lack.
+func (p *placer) transZonalZones(zones []string, tally zoneTally) (dZones, anyZones, lacking []string) {
 	for _, z := range zones {
 		zz := z
 		switch {
-		case len(p.candidates(true, &zz)) > 0 || dCount[z] > 0:
+		case len(p.candidates(true, &zz)) > 0 || tally.d[z] > 0:
 			dZones = append(dZones, z)
 			anyZones = append(anyZones, z)
-		case len(p.candidates(false, &zz)) > 0 || all[z] > 0:
+		case len(p.candidates(false, &zz)) > 0 || tally.all[z] > 0:
 			anyZones = append(anyZones, z)
 			lacking = append(lacking, "zone "+quoteZone(z)+" has none")
 		default:
 			lacking = append(lacking, "zone "+quoteZone(z)+" has none")
 		}
 	}
-	if len(anyZones) < need || len(dZones) < needD {
-		msg := "TransZonal needs " + strconv.Itoa(need) + " zones"
-		if needD < need {
-			msg += " (" + strconv.Itoa(needD) + " with free capacity ≥ " + p.sizeString() + ", one more for the TieBreaker)"
-		} else {
-			msg += " with free capacity ≥ " + p.sizeString()
-		}
-		msg += " in pool " + strconv.Quote(p.in.Config.StoragePool)
-		switch {
-		case need == 4:
-			msg = "TransZonal with failuresToTolerate=1, guaranteedMinimumDataRedundancy=2 (4D) needs 4 zones: over 3 zones one zone holds 2 of 4 Diskful and losing it leaves no quorum; " +
-				"zones with free capacity ≥ " + p.sizeString() + " in pool " + strconv.Quote(p.in.Config.StoragePool) + ": " + strconv.Itoa(len(dZones))
-		case len(zones) < need:
-			msg += ": the pool's usable nodes are in " + strconv.Itoa(len(zones)) + " zone(s)"
-		}
-		if len(lacking) > 0 {
-			msg += ": " + strings.Join(lacking, ", ")
-		}
-		return nil, &Error{Constraint: ConstraintTransZonal, Message: msg + p.excluded()}
+	return dZones, anyZones, lacking
+}
+
+// transZonalRefusal says there are too few zones: need in all, needD of them with room
+// for a Diskful replica; the pool's usable nodes are in zones zones, dZones of them
+// with room.
+func (p *placer) transZonalRefusal(need, needD, zones, dZones int, lacking []string) error {
+	msg := "TransZonal needs " + strconv.Itoa(need) + " zones"
+	if needD < need {
+		msg += " (" + strconv.Itoa(needD) + " with free capacity ≥ " + p.sizeString() + ", one more for the TieBreaker)"
+	} else {
+		msg += " with free capacity ≥ " + p.sizeString()
 	}
-	var out []Choice
-	pick := func(t v1.ReplicaType, count map[string]int) error {
-		order := slices.Clone(anyZones)
-		if t == v1.ReplicaTypeDiskful {
-			order = slices.Clone(dZones)
+	msg += " in pool " + strconv.Quote(p.in.Config.StoragePool)
+	switch {
+	case need == 4:
+		msg = "TransZonal with failuresToTolerate=1, guaranteedMinimumDataRedundancy=2 (4D) needs 4 zones: over 3 zones one zone holds 2 of 4 Diskful and losing it leaves no quorum; " +
+			"zones with free capacity ≥ " + p.sizeString() + " in pool " + strconv.Quote(p.in.Config.StoragePool) + ": " + strconv.Itoa(dZones)
+	case zones < need:
+		msg += ": the pool's usable nodes are in " + strconv.Itoa(zones) + " zone(s)"
+	}
+	if len(lacking) > 0 {
+		msg += ": " + strings.Join(lacking, ", ")
+	}
+	return &Error{Constraint: ConstraintTransZonal, Message: msg + p.excluded()}
+}
+
+// takeInEmptiestZone places a replica of type t in the first of zones, ordered by fewest
+// replicas of its kind (then, for a TieBreaker, fewest replicas; then name), that has a
+// candidate node.
+func (p *placer) takeInEmptiestZone(t v1.ReplicaType, zones []string, tally zoneTally, out []Choice) ([]Choice, error) {
+	count := tally.all
+	if t == v1.ReplicaTypeDiskful {
+		count = tally.d
+	}
+	order := slices.Clone(zones)
+	slices.SortStableFunc(order, func(a, b string) int {
+		if count[a] != count[b] {
+			return count[a] - count[b]
 		}
-		slices.SortStableFunc(order, func(a, b string) int {
-			if count[a] != count[b] {
-				return count[a] - count[b]
+		if t == v1.ReplicaTypeTieBreaker && tally.all[a] != tally.all[b] {
+			return tally.all[a] - tally.all[b]
+		}
+		return strings.Compare(a, b)
+	})
+	for _, z := range order {
+		zz := z
+		if c := p.candidates(t == v1.ReplicaTypeDiskful, &zz); len(c) > 0 {
+			if t == v1.ReplicaTypeDiskful {
+				tally.d[z]++
 			}
-			if t == v1.ReplicaTypeTieBreaker && all[a] != all[b] {
-				return all[a] - all[b]
-			}
-			return strings.Compare(a, b)
-		})
-		for _, z := range order {
-			zz := z
-			if c := p.candidates(t == v1.ReplicaTypeDiskful, &zz); len(c) > 0 {
-				out = p.take(c[0], t, out)
-				dCountAdd := 0
-				if t == v1.ReplicaTypeDiskful {
-					dCountAdd = 1
-				}
-				dCount[z] += dCountAdd
-				all[z]++
-				return nil
-			}
-		}
-		return p.shortage(t, 1, nil)
-	}
-	for range p.in.Diskful {
-		if err := pick(v1.ReplicaTypeDiskful, dCount); err != nil {
-			return nil, err
+			tally.all[z]++
+			return p.take(c[0], t, out), nil
 		}
 	}
-	for range p.in.TieBreaker {
-		if err := pick(v1.ReplicaTypeTieBreaker, all); err != nil {
-			return nil, err
+	return nil, p.shortage(t, 1, nil)
+}
+
+// checkSpread: greedy spreading can still pile up when a zone runs out of nodes, so no
+// zone may hold more Diskful replicas than an even spread over needD zones gives.
+func (p *placer) checkSpread(needD int, dZones []string, dCount map[string]int) error {
+	total := 0
+	for _, c := range dCount {
+		total += c
+	}
+	limit := (total + needD - 1) / needD
+	for _, z := range dZones {
+		if dCount[z] > limit {
+			return &Error{Constraint: ConstraintTransZonal,
+				Message: "TransZonal cannot spread " + strconv.Itoa(total) + " Diskful over " + strconv.Itoa(needD) +
+					" zones with at most " + strconv.Itoa(limit) + " per zone in pool " + strconv.Quote(p.in.Config.StoragePool) +
+					": zone " + quoteZone(z) + " would hold " + strconv.Itoa(dCount[z]) + p.excluded()}
 		}
 	}
-	// Greedy spreading can still pile up when a zone runs out of nodes: check that no
-	// zone holds more Diskful than an even spread over the needed zones gives.
-	if need > 1 {
-		total := 0
-		for _, c := range dCount {
-			total += c
-		}
-		limit := (total + needD - 1) / needD
-		for _, z := range dZones {
-			if dCount[z] > limit {
-				return nil, &Error{Constraint: ConstraintTransZonal,
-					Message: "TransZonal cannot spread " + strconv.Itoa(total) + " Diskful over " + strconv.Itoa(needD) +
-						" zones with at most " + strconv.Itoa(limit) + " per zone in pool " + strconv.Quote(p.in.Config.StoragePool) +
-						": zone " + quoteZone(z) + " would hold " + strconv.Itoa(dCount[z]) + p.excluded()}
-			}
-		}
-	}
-	return out, nil
+	return nil
 }
 
 // zones lists the zones of usable nodes (configuration's zones only), sorted.

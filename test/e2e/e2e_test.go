@@ -757,6 +757,67 @@ func backingFiles(volume string) []string {
 	return fs
 }
 
+// TestHelmUpgradeWhileWriting: `helm upgrade` to a second image while a pod
+// writes to a 2D+1TB and a 3D volume: the node DaemonSet rolls one node at a
+// time (maxUnavailable 1: the agent adopts the running DRBD resources, so one
+// node at a time keeps every volume's quorum), the controller Deployment
+// rolls, no write fails, and both volumes are Ready on the new image. The
+// second image is the first under another tag: this checks the rollout, not
+// a version skew between two builds.
+func TestHelmUpgradeWhileWriting(t *testing.T) {
+	ctx := ctxT(t, 10*time.Minute)
+	script := `i=0; while true; do i=$((i+1)); echo $i | dd of=/data/counter conv=fsync 2>/tmp/err || { echo "WRITE FAILED after $i: $(cat /tmp/err)"; exit 1; }; sleep 0.2; done`
+	var writers []string
+	for _, cls := range []string{"meshvol-2d-1tb", "meshvol-3d"} {
+		pvcName, podName := name(t, "-"+cls), name(t, "-w-"+cls)
+		if err := sb.Client.Create(ctx, sandbox.PVC(pvcName, cls, "32Mi", corev1.PersistentVolumeFilesystem)); err != nil {
+			t.Fatal(err)
+		}
+		pod(t, ctx, podName, pvcName, "", script, false)
+		waitRunning(t, ctx, podName)
+		t.Cleanup(func() { deletePod(t, context.Background(), podName) })
+		writers = append(writers, podName)
+	}
+	before := map[string]int{}
+	for _, w := range writers {
+		n, _ := strconv.Atoi(waitFile(t, ctx, w, "/data/counter"))
+		before[w] = n
+	}
+	archive, ref, err := sb.RetagImage("upgrade")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := sb.HelmUpgrade(ctx, archive, ref)
+	if up != nil {
+		for _, e := range up.Timeline {
+			t.Logf("+%5.1fs  %s (node pods Ready: %d)", e.At.Seconds(), e.What, e.Ready)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm upgrade %s → %s: the release Ready on the new image in %s; at least %d node pods Ready throughout",
+		up.From, up.To, up.Took.Round(100*time.Millisecond), up.MinNodeReady)
+	if live := len(sb.Kube.Nodes); up.MinNodeReady < live-1 {
+		t.Errorf("only %d of %d node pods were Ready at one moment: the DaemonSet rolled more than one node at a time", up.MinNodeReady, live)
+	}
+	for _, w := range writers {
+		var p corev1.Pod
+		if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: w}, &p); err != nil {
+			t.Fatal(err)
+		}
+		logs, _ := sb.Kube.Kubectl(ctx, "logs", w)
+		if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].RestartCount > 0 || strings.Contains(logs, "WRITE FAILED") {
+			t.Errorf("writer %s: phase %s, statuses %+v, log %q: a write failed during the upgrade", w, p.Status.Phase, p.Status.ContainerStatuses, logs)
+		}
+		n, _ := strconv.Atoi(waitFile(t, ctx, w, "/data/counter"))
+		if n <= before[w] {
+			t.Errorf("writer %s wrote %d before the upgrade and %d after: it stopped", w, before[w], n)
+		}
+		t.Logf("writer %s: %d writes before the upgrade, %d after, none failed", w, before[w], n)
+	}
+}
+
 // crashClass is TestNodeCrash's storage class. The suite's one sandbox has
 // three nodes and TestNodeCrash leaves one dead, so the run on the default
 // 2D+1TB class, which needs all three, is a run of its own: `make

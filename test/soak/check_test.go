@@ -93,9 +93,9 @@ func (w *world) checkEnd() {
 	// finding (liveness), reported with the seed's history; its acknowledged writes
 	// are still checked on its replicas (checkNow) and it must still delete cleanly.
 	ready := map[string]bool{}
-	// As long as the seed ran, between 45 s and 2 min: the short seed of `make test`
+	// As long as the seed ran, between 30 s and 2 min: the short seed of `make test`
 	// must stay short when a volume does not settle.
-	wait := min(2*time.Minute, max(45*time.Second, *flagDuration))
+	wait := min(2*time.Minute, max(30*time.Second, *flagDuration))
 	for _, v := range w.vols {
 		why := w.waitReady(v.name, wait)
 		ready[v.name] = why == "Ready"

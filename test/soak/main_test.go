@@ -29,8 +29,8 @@ import (
 
 var (
 	flagSeeds    = flag.Int("soak.seeds", 1, "number of seeds to run, from -soak.seed on")
-	flagSeed     = flag.Uint64("soak.seed", 1, "first seed, from 1 (replay one: -soak.seeds=1 -soak.seed=N)")
-	flagDuration = flag.Duration("soak.duration", 50*time.Second, "time each seed spends injecting faults and operations")
+	flagSeed     = flag.Uint64("soak.seed", 2, "first seed, from 1 (replay one: -soak.seeds=1 -soak.seed=N); the short form runs seed 2")
+	flagDuration = flag.Duration("soak.duration", 40*time.Second, "time each seed spends injecting faults and operations")
 	flagLogDir   = flag.String("soak.logdir", "", "directory for each seed's controller and agent log (default none)")
 )
 
@@ -113,8 +113,7 @@ func TestSoak(t *testing.T) {
 	for i := range *flagSeeds {
 		seed := *flagSeed + uint64(i)
 		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			s := runSeed(t, seed, *flagDuration)
-			total.add(s)
+			runSeed(t, seed, *flagDuration, &total)
 		})
 		if !ok {
 			failed = append(failed, seed)

@@ -34,6 +34,7 @@ import (
 // "Failed: No replica has quorum" for good, also after the lost node returns.
 func TestAttachMovesToSurvivorAfterVoterLoss(t *testing.T) {
 	needs(t)
+	t.Parallel()
 	if os.Getenv("MESHVOL_SOAK_KNOWN") == "" {
 		t.Skip("known deadlock, reported and not fixed yet (docs/soak.md, Findings): set MESHVOL_SOAK_KNOWN=1 to run it")
 	}
@@ -127,6 +128,7 @@ func startRepro(t *testing.T) *world {
 // Findings.)
 func TestProtectionChangedDuringFormation(t *testing.T) {
 	needs(t)
+	t.Parallel()
 	w := startRepro(t)
 	v := w.createLayout(layouts[2])
 	time.Sleep(700 * time.Millisecond)
@@ -156,6 +158,7 @@ func TestProtectionChangedDuringFormation(t *testing.T) {
 // modelled").
 func TestLoweringProtectionKeepsTheCurrentCopy(t *testing.T) {
 	needs(t)
+	t.Parallel()
 	w := startRepro(t)
 	for cut := range 2 {
 		v := w.createLayout(layouts[1]) // 2D

@@ -108,7 +108,8 @@ func (w *world) fail(format string, args ...any) {
 		w.t.Name(), fmt.Sprintf(format, args...), w.replay(), strings.Join(w.history, "\n  "), w.dump())
 }
 
-func runSeed(t *testing.T, seed uint64, d time.Duration) stats {
+// runSeed runs one seed for d and adds its figures to total, whether it passes or not.
+func runSeed(t *testing.T, seed uint64, d time.Duration, total *stats) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := logr.Discard()
@@ -147,6 +148,17 @@ func runSeed(t *testing.T, seed uint64, d time.Duration) stats {
 		t.Fatal(err)
 	}
 	w.step("seed %d: %d nodes, pool %s", seed, nodeCount, w.pool)
+	defer func() {
+		w.mu.Lock() // writers may still run when the seed failed
+		w.stats.seeds, w.stats.minutes = 1, d.Minutes()
+		s := w.stats
+		w.mu.Unlock()
+		t.Logf("seed %d: %s", seed, s.String())
+		total.add(s)
+		if l := seedLog.Load(); l != nil {
+			l.Info("soak history", "seed", seed, "steps", "\n"+strings.Join(w.history, "\n"))
+		}
+	}()
 	for time.Since(w.start) < d {
 		w.randomStep()
 		w.checkNow()
@@ -154,12 +166,6 @@ func runSeed(t *testing.T, seed uint64, d time.Duration) stats {
 	}
 	w.heal()
 	w.checkEnd()
-	w.stats.seeds, w.stats.minutes = 1, d.Minutes()
-	t.Logf("seed %d: %s", seed, w.stats.String())
-	if l := seedLog.Load(); l != nil {
-		l.Info("soak history", "seed", seed, "steps", "\n"+strings.Join(w.history, "\n"))
-	}
-	return w.stats
 }
 
 // randomStep picks the next operation or fault by the seed's generator; the choice

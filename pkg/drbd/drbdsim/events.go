@@ -92,7 +92,20 @@ func (o *object) change(prev *object) string {
 			return ""
 		}
 		fields(&b, st)
-	case "device", "peer-device":
+	case "device":
+		// DRBD 9.2 reports a device on a change of its state, not of its
+		// statistics: `drbdadm resize` grew a device by 8 MiB in the VM tier
+		// with no events2 line at all (test/vm/FINDINGS.md); the new size
+		// shows on the next line the device prints.
+		if !groupChanged && len(st) == 0 {
+			return ""
+		}
+		if groupChanged {
+			fields(&b, o.group)
+		}
+		fields(&b, st)
+		fields(&b, o.stats)
+	case "peer-device":
 		if !groupChanged && len(st) == 0 && !statsChanged {
 			return ""
 		}

@@ -1,0 +1,137 @@
+package cluster_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/kubectlmeshvol"
+)
+
+// TestPluginShowsDegraded2D1TB: `kubectl meshvol status` and `nodes`, run as the
+// plugin runs (a kubeconfig file, a context), on a formed 2D+1TB volume whose
+// non-attached Diskful node crashed with no node left to replace it: the output
+// names the volume Degraded, its effective protection below the configured one,
+// the lost node's agent Lost, and the member left UpToDate.
+func TestPluginShowsDegraded2D1TB(t *testing.T) {
+	r := newRig(t)
+	const vol = "plugin-2d1tb"
+	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
+	rv := r.ready(vol, 2*time.Minute)
+	var all, diskful []string
+	for _, m := range rv.Status.Datamesh.Members {
+		all = append(all, m.NodeName)
+		if m.Type == v1.MemberTypeDiskful {
+			diskful = append(diskful, m.NodeName)
+		}
+	}
+	r.cordonAllBut(all...)
+	attached, lost := diskful[0], diskful[1]
+	r.attach(vol, attached)
+	kubeconfig := r.kubeconfig()
+
+	ready := r.plugin(kubeconfig, "status", vol)
+	for _, want := range []string{"ReplicatedVolume " + vol, "Phase:      Ready", "configured 2D+1TB (FTT=1 GMDR=0), effective 2D+1TB (FTT=1 GMDR=0), 2/2 Diskful UpToDate\n", "Diskful,attached"} {
+		if !strings.Contains(ready, want) {
+			t.Errorf("status of the formed volume lacks %q:\n%s", want, ready)
+		}
+	}
+
+	r.must(r.c.CrashNode(lost))
+	r.t.Cleanup(func() { _ = r.c.RestartNode(lost) })
+	lostReplica := v1.ReplicaName(vol, lost)
+	r.eventually(vol+" degraded with "+lost+" lost", 2*time.Minute, func() string {
+		cur := r.rv(vol)
+		if cur.Status.Phase != v1.VolumePhaseDegraded {
+			return phase(cur)
+		}
+		rvr := &v1.ReplicatedVolumeReplica{}
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: lostReplica}, rvr); err != nil {
+			return err.Error()
+		}
+		if !meta.IsStatusConditionFalse(rvr.Status.Conditions, v1.ConditionAgentReady) {
+			return "the controller has not judged " + lost + " lost yet"
+		}
+		return ""
+	})
+	out := r.plugin(kubeconfig, "status", vol, "-o", "wide")
+	t.Logf("kubectl meshvol status %s -o wide, %s lost:\n%s", vol, lost, out)
+	for _, want := range []string{"Phase:      Degraded", "configured 2D+1TB (FTT=1 GMDR=0)", "1/2 Diskful UpToDate  DEGRADED", "Not True:", "Ready=False Degraded"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status of the degraded volume lacks %q", want)
+		}
+	}
+	if row := line(out, lostReplica); !strings.Contains(row, " Lost ") {
+		t.Errorf("the lost replica's row does not say its agent is Lost: %q", row)
+	}
+	if row := line(out, v1.ReplicaName(vol, attached)); !strings.Contains(row, "UpToDate") || !strings.Contains(row, "Primary") || !strings.Contains(row, " Live ") {
+		t.Errorf("the surviving attached replica's row is not Live, UpToDate, Primary: %q", row)
+	}
+
+	var view kubectlmeshvol.VolumeView
+	r.must(json.Unmarshal([]byte(r.plugin(kubeconfig, "status", vol, "-o", "json")), &view))
+	if !view.Degraded || view.Configured == nil || view.Configured.Layout != "2D+1TB" || view.Phase != string(v1.VolumePhaseDegraded) {
+		t.Errorf("json view: degraded %v, configured %v, phase %s", view.Degraded, view.Configured, view.Phase)
+	}
+
+	nodes := r.plugin(kubeconfig, "nodes")
+	t.Logf("kubectl meshvol nodes:\n%s", nodes)
+	if row := line(nodes, lost+" "); !strings.Contains(row, "Lost") {
+		t.Errorf("nodes: %s is not Lost: %q", lost, row)
+	}
+	if row := line(nodes, attached+" "); !strings.Contains(row, "Live") || !strings.Contains(row, vol) || !strings.Contains(row, pool+" ") {
+		t.Errorf("nodes: %s is not Live with %s attached and pool %s: %q", attached, vol, pool, row)
+	}
+	r.detach(vol, attached)
+	r.must(r.c.RestartNode(lost))
+	r.deleteVolume(vol)
+}
+
+// pluginConfig is a kubeconfig file for the plugin and the context in it that
+// reaches the cluster: the file's current context is another one, pointing
+// nowhere, so that only --context makes the plugin work.
+type pluginConfig struct{ path, context string }
+
+func (r *rig) kubeconfig() pluginConfig {
+	b, err := env.KubeConfig("kubectl-meshvol", "system:masters")
+	r.must(err)
+	cfg, err := clientcmd.Load(b)
+	r.must(err)
+	real := cfg.CurrentContext
+	cfg.Clusters["nowhere"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:1"}
+	cfg.Contexts["nowhere"] = &clientcmdapi.Context{Cluster: "nowhere", AuthInfo: cfg.Contexts[real].AuthInfo}
+	cfg.CurrentContext = "nowhere"
+	path := filepath.Join(r.t.TempDir(), "kubeconfig")
+	r.must(clientcmd.WriteToFile(*cfg, path))
+	return pluginConfig{path: path, context: real}
+}
+
+// plugin runs the plugin's main as `kubectl meshvol ARGS --kubeconfig PATH
+// --context NAME` does and returns its output.
+func (r *rig) plugin(kc pluginConfig, args ...string) string {
+	r.t.Helper()
+	var out, errOut bytes.Buffer
+	if err := kubectlmeshvol.Run(r.ctx, append(args, "--kubeconfig", kc.path, "--context", kc.context), &out, &errOut); err != nil {
+		r.t.Fatalf("kubectl meshvol %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String()
+}
+
+// line is the first line of out that contains s.
+func line(out, s string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	return ""
+}
