@@ -46,6 +46,7 @@ type controllerFlags struct {
 	minorRange     string
 	hmac           string
 	taintLostNodes bool
+	deleteLostPods bool
 	workers        int
 	shadowDiskful  bool
 	startTimeout   time.Duration
@@ -80,6 +81,8 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 		"DRBD cram-hmac-alg preference list; a volume gets the first its pool's nodes offer (their agents report what the kernel has)")
 	fs.BoolVar(&f.taintLostNodes, "taint-lost-nodes", false,
 		"taint a node meshvol decided is lost with node.kubernetes.io/out-of-service=nodeshutdown:NoExecute, so Kubernetes moves its pods and detaches its volumes, and remove the taint when the node is back and clean (docs/controller.md, --taint-lost-nodes: read the safety argument first)")
+	fs.BoolVar(&f.deleteLostPods, "delete-lost-pods", false,
+		"on a node meshvol decided is lost, force-delete the pods that use meshvol volumes and the node's meshvol VolumeAttachments once every such volume's surviving replicas hold quorum without the node, so the pods start elsewhere at once (docs/controller.md, --delete-lost-pods: the safety argument)")
 	fs.IntVar(&f.workers, "workers", 4, "volumes reconciled at once, each with its own datamesh engine")
 	fs.BoolVar(&f.shadowDiskful, "shadow-diskful", false,
 		"the cluster's DRBD has the non-voting disk option (ShadowDiskful replicas); upstream DRBD 9.2 does not")
@@ -106,7 +109,7 @@ func parseRange(name, s string) (int32, int32, error) {
 
 func (f *controllerFlags) options() (controller.Options, error) {
 	o := controller.Options{
-		Namespace: f.namespace, AgentGracePeriod: f.grace, TaintLostNodes: f.taintLostNodes, Workers: f.workers,
+		Namespace: f.namespace, AgentGracePeriod: f.grace, TaintLostNodes: f.taintLostNodes, DeleteLostPods: f.deleteLostPods, Workers: f.workers,
 		Features: datamesh.Features{ShadowDiskful: f.shadowDiskful},
 	}
 	var err error

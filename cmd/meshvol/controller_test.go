@@ -25,7 +25,7 @@ func TestControllerHelp(t *testing.T) {
 	if code := run([]string{"controller", "--help"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
-	for _, flag := range []string{"-agent-grace-period", "-taint-lost-nodes", "-leader-elect", "-metrics-bind-address",
+	for _, flag := range []string{"-agent-grace-period", "-taint-lost-nodes", "-delete-lost-pods", "-leader-elect", "-metrics-bind-address",
 		"-health-probe-bind-address", "-port-range", "-minor-range", "-hmac-algorithms", "-namespace", "-kubeconfig"} {
 		if !strings.Contains(out.String(), flag) {
 			t.Errorf("--help does not explain %s", flag)

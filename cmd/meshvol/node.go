@@ -68,6 +68,9 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	csiEndpoint := fs.String("csi-endpoint", "", csiEndpointUsage)
 	regDir := fs.String("kubelet-registration-dir", "", "register the CSI node service with the kubelet through a socket in this directory (the kubelet's <root-dir>/plugins_registry, e.g. "+pluginreg.DefaultDir+"), as node-driver-registrar would; needs --csi-endpoint; empty registers nothing")
 	regPath := fs.String("kubelet-csi-path", "", "the CSI socket's path as the kubelet sees it, when it differs from --csi-endpoint's (in a container); default --csi-endpoint's path")
+	leaseDuration := fs.Duration("lease-duration", 10*time.Second,
+		"how long the node's agent Lease is valid after each renewal, in whole seconds; the controller's --agent-grace-period adds to it before the node is lost (docs/controller.md, \"Detection\")")
+	renewInterval := fs.Duration("lease-renew-interval", 3*time.Second, "how often the agent renews its Lease; at most half of --lease-duration, so one failed renewal does not expire it")
 	maxVolumes := fs.Int64("max-volumes", 0, "max_volumes_per_node the CSI node service reports; 0 leaves the limit to Kubernetes")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: meshvol node [flags]\n\nRuns the node agent: renders each volume's datamesh into DRBD on this node, reports\nwhat the kernel runs in ReplicatedVolumeReplica status, renews the node's Lease.\n\nflags:")
@@ -85,6 +88,10 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	}
 	if *regDir != "" && *csiEndpoint == "" {
 		fmt.Fprintln(stderr, "meshvol node: --kubelet-registration-dir registers the CSI node service: it needs --csi-endpoint")
+		return 2
+	}
+	if *leaseDuration < time.Second || *leaseDuration%time.Second != 0 || *renewInterval <= 0 || 2**renewInterval > *leaseDuration {
+		fmt.Fprintf(stderr, "meshvol node: --lease-duration %s, --lease-renew-interval %s: the duration must be whole seconds (a Lease holds seconds) and the interval positive and at most half of it\n", *leaseDuration, *renewInterval)
 		return 2
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(stderr, prefix, args) }, funcr.Options{Verbosity: *verbose})
@@ -132,6 +139,8 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		VerifyAlgorithms: verify,
 		Version:          version.Get().Version,
 		CommandTimeout:   *cmdTimeout,
+		LeaseDuration:    *leaseDuration,
+		RenewInterval:    *renewInterval,
 		MetricsAddr:      *metrics,
 		Log:              logr.New(log.GetSink()),
 	})

@@ -39,3 +39,16 @@ func TestKernelAlgorithms(t *testing.T) {
 		t.Fatalf("hmac %v verify %v", hmac, verify)
 	}
 }
+
+func TestNodeLeaseFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--lease-duration", "1500ms"}, {"--lease-duration", "0s"}, {"--lease-renew-interval", "0s"},
+		{"--lease-duration", "4s", "--lease-renew-interval", "3s"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(append([]string{"node", "--node-name", "n1"}, args...), &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), "--lease-duration") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 naming --lease-duration", args, code, errb.String())
+		}
+	}
+}

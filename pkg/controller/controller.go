@@ -63,6 +63,10 @@ type Options struct {
 	// a node meshvol decided is lost, and removes it once the node is back and clean
 	// (docs/controller.md, "--taint-lost-nodes": read the safety argument first).
 	TaintLostNodes bool
+	// DeleteLostPods force-deletes, on a node meshvol decided is lost, the pods that use
+	// meshvol volumes and the node's meshvol VolumeAttachments, once every such volume's
+	// survivors hold quorum without the node (docs/controller.md, "--delete-lost-pods").
+	DeleteLostPods bool
 	// Workers is the number of concurrent volume reconciles (default 4), each with its
 	// own engine.
 	Workers int
@@ -222,6 +226,7 @@ type Controller struct {
 	opts      Options
 	client    client.Client // writes counted; reads from the manager's cache
 	reader    client.Reader
+	api       client.Reader // uncached: pods are read only for a lost node, never watched
 	alloc     *Allocator
 	volumes   chan event.GenericEvent
 	pools     chan event.GenericEvent
@@ -240,6 +245,7 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 		opts:    o,
 		client:  &countingClient{Client: mgr.GetClient(), scheme: mgr.GetScheme(), onWrite: o.OnWrite},
 		reader:  mgr.GetClient(),
+		api:     mgr.GetAPIReader(),
 		alloc:   NewAllocator(o.PortMin, o.PortMax, o.MinorMin, o.MinorMax),
 		volumes: make(chan event.GenericEvent, 1024),
 		pools:   make(chan event.GenericEvent, 64),

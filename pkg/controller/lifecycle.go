@@ -77,16 +77,35 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 		default:
 		}
 	}
+	var freed ctrl.Result
+	if c.opts.DeleteLostPods && lv.Lost {
+		settled, err := c.freeLostPods(ctx, node, lv)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		// Not settled: a pod stays because a volume's survivors do not hold quorum
+		// without the node yet, and their agents report within a second of DRBD
+		// deciding. Settled: a pod bound to the node later, before Kubernetes marks it
+		// unreachable, is found on the next look.
+		freed.RequeueAfter = c.opts.AgentGracePeriod
+		if !settled {
+			freed.RequeueAfter = time.Second
+		}
+	}
 	if c.opts.TaintLostNodes {
 		settled, err := c.taint(ctx, node, lv)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		if !settled {
+		if !settled && freed.IsZero() {
 			// Lost but still reached by a peer, or back but not clean yet: the replicas'
-			// reports decide, so look again (no write until it changes).
+			// reports decide, so look again (no write until it changes; freed, when
+			// set, looks again as soon or sooner).
 			return ctrl.Result{RequeueAfter: c.opts.AgentGracePeriod}, nil
 		}
+	}
+	if !freed.IsZero() {
+		return freed, nil
 	}
 	if !lv.Next.IsZero() {
 		return ctrl.Result{RequeueAfter: lv.Next.Sub(now) + 100*time.Millisecond}, nil
@@ -138,15 +157,9 @@ func (c *Controller) nodeReachable(ctx context.Context, node string) (bool, erro
 	if err := c.reader.List(ctx, &on, client.MatchingFields{indexNode: node}); err != nil {
 		return false, err
 	}
-	var leases coordinationv1.LeaseList
-	if err := c.reader.List(ctx, &leases, client.InNamespace(c.opts.Namespace)); err != nil {
+	byNode, err := c.leasesByNode(ctx)
+	if err != nil {
 		return false, err
-	}
-	byNode := map[string]*coordinationv1.Lease{}
-	for i := range leases.Items {
-		if n := NodeNameOfLease(&leases.Items[i]); n != "" {
-			byNode[n] = &leases.Items[i]
-		}
 	}
 	now := c.opts.Now()
 	for i := range on.Items {

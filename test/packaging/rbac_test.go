@@ -88,10 +88,12 @@ var rbacMatrix = map[string][]access{
 		deny("get", "", "secrets", "", other),
 		deny("list", "", "secrets", "", ""),
 		deny("create", "", "secrets", "", other),
+		allow("list", "", "pods", "", ""),                              // a lost node's (controller.deleteLostPods)
+		allow("delete", "", "pods", "", other),                         // the same
+		allow("delete", "storage.k8s.io", "volumeattachments", "", ""), // the same
 		deny("get", "", "pods", "", other),
-		deny("list", "", "pods", "", ""),
-		deny("delete", "", "pods", "", namespace),
 		deny("create", "", "pods", "", namespace),
+		deny("update", "", "pods", "", other),
 		deny("patch", "", "nodes", "", ""), // only with controller.taintLostNodes
 		deny("update", meshvolGroup, "replicatedstorageclasses", "", ""),
 		deny("delete", meshvolGroup, "replicatedstoragepools", "", ""),
@@ -120,6 +122,18 @@ func TestRBACMatrix(t *testing.T) {
 	applyRBAC(t, render(t, "controller:\n  taintLostNodes: true\n"))
 	if !may(t, "meshvol-controller", allow("patch", "", "nodes", "", "")) {
 		t.Error("controller.taintLostNodes=true: the controller may not patch nodes")
+	}
+
+	// Without controller.deleteLostPods the controller may neither list nor delete
+	// Pods, nor delete VolumeAttachments.
+	applyRBAC(t, render(t, "controller:\n  deleteLostPods: false\n"))
+	for _, a := range []access{
+		deny("list", "", "pods", "", ""), deny("delete", "", "pods", "", other),
+		deny("delete", "storage.k8s.io", "volumeattachments", "", ""),
+	} {
+		if may(t, "meshvol-controller", a) {
+			t.Errorf("controller.deleteLostPods=false: the controller may %s", a)
+		}
 	}
 	applyRBAC(t, render(t, ""))
 }

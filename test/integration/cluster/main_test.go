@@ -69,7 +69,7 @@ func cluster(t *testing.T) *localcluster.Cluster {
 		// A Primary's device is a real loop device, as in the sandbox, so a
 		// scenario can mount a file system on it as NodeStage does.
 		LoopDevices: true,
-		Controller:  localcluster.Controller(controller.Options{AgentGracePeriod: 3 * time.Second}),
+		Controller:  localcluster.Controller(controller.Options{AgentGracePeriod: 3 * time.Second, DeleteLostPods: true}),
 	})
 	if err != nil {
 		t.Fatal(err)
