@@ -70,6 +70,11 @@ func TestPublishAnswersOnlyWhenAttached(t *testing.T) {
 	const vol = "publish-safety"
 	r.volume(vol, r.class(0, 1, v1.TopologyIgnored), 1)
 	rv := r.ready(vol, 2*time.Minute)
+	t.Cleanup(func() {
+		if t.Failed() {
+			r.deleteVolume(vol) // the suite's later scenarios check for leftovers
+		}
+	})
 	node := rv.Status.Datamesh.Members[0].NodeName
 	cs := r.csiController()
 	req := &csipb.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: node, VolumeCapability: singleWriterMount}
@@ -129,29 +134,42 @@ func (r *rig) expandKept(vol string, want int64, err error) error {
 
 // ControllerExpandVolume with one diskful replica lagging — each of the three in
 // turn — does not report success; once it catches up, it does, and then every replica
-// has confirmed the new size and every device has grown. The laggard's resize hangs
-// (drbdsim's injected fault, until the agent's command timeout): its backing volume
-// has grown, so the other two replicas' resize grows the connected resource and they
-// confirm, and only a check of every diskful replica sees the one that did not.
+// has confirmed the new size and every device has grown. The laggard's agent cannot
+// read back what its kernel runs (drbdsetup show hangs, injected), so it confirms
+// nothing; its backing volume grows all the same, so the other two replicas' resize
+// grows the connected resource and they confirm, and only a check of every diskful
+// replica sees the one that did not.
 func TestExpandAnswersOnlyWhenEveryReplicaGrew(t *testing.T) {
 	r := newRig(t)
 	const vol = "expand-safety-3d"
 	r.volume(vol, r.class(1, 1, v1.TopologyIgnored), 1)
 	rv := r.ready(vol, 2*time.Minute)
+	t.Cleanup(func() {
+		if t.Failed() {
+			r.deleteVolume(vol) // the suite's later scenarios check for leftovers
+		}
+	})
 	cs := r.csiController()
-	size := rv.Spec.Size.Value()
 	for i, m := range rv.Status.Datamesh.Members {
 		if !m.Type.HasDisk() {
 			continue
 		}
-		size += 16 << 20
+		// 16 MiB beyond the largest DRBD device now, so that every replica must
+		// resize (a backing volume may hold more than the volume's size).
+		size := r.rv(vol).Spec.Size.Value()
+		for _, d := range rv.Status.Datamesh.Members {
+			if st, err := r.c.Node(d.NodeName).Sim.Status(r.ctx, vol); err == nil && len(st) == 1 && len(st[0].Devices) == 1 && d.Type.HasDisk() {
+				size = max(size, st[0].Devices[0].Size*1024)
+			}
+		}
+		size = (size>>20 + 16) << 20
 		req := &csipb.ControllerExpandVolumeRequest{VolumeId: vol, CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, VolumeCapability: singleWriterMount}
 		sim := r.c.Node(m.NodeName).Sim
-		sim.InjectFault("resize", drbdsim.Fault{Hang: true})
+		sim.InjectFault("show", drbdsim.Fault{Hang: true})
 		ctx, cancel := context.WithTimeout(r.ctx, 6*time.Second)
 		_, err := cs.ControllerExpandVolume(ctx, req)
 		cancel()
-		sim.ClearFault("resize")
+		sim.ClearFault("show")
 		if bad := r.expandKept(vol, size, err); bad != nil {
 			t.Fatalf("member %d (%s) lagging: %v", i, m.Name, bad)
 		}

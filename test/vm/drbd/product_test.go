@@ -245,7 +245,12 @@ func (p *product) startController(meshvol string) error {
 	}
 	sock := filepath.Join(p.out, "controller.sock")
 	_ = os.Remove(sock)
-	p.ctrl = exec.Command(meshvol, "controller", "--kubeconfig", kcPath, "--leader-elect=false",
+	// --agent-grace-period 60s, not 10s: under emulation on a loaded machine a
+	// guest's agent missed its Lease renewals for tens of seconds, the
+	// controller declared the node lost and force-removed the only copy of
+	// the 1D volume (test/vm/FINDINGS.md). Scenario 5's time to published
+	// elsewhere includes this grace.
+	p.ctrl = exec.Command(meshvol, "controller", "--kubeconfig", kcPath, "--leader-elect=false", "--agent-grace-period", "60s",
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--taint-lost-nodes=false",
 		"--csi-endpoint", "unix://"+sock, "-v", "1")
 	p.ctrl.Stdout, p.ctrl.Stderr = p.ctrlLog, p.ctrlLog
