@@ -497,6 +497,9 @@ func (s *Sandbox) PoolFiles() []string {
 		}
 		return out
 	}
+	if s.Kube == nil {
+		return nil // the cluster never started
+	}
 	for _, n := range s.Kube.Nodes {
 		_ = filepath.Walk(filepath.Join(n.StateDir(), "pool"), func(p string, info os.FileInfo, err error) error {
 			if err == nil && info.Mode().IsRegular() {

@@ -456,8 +456,10 @@ func (s *Sandbox) stop() error {
 		// request still waiting in the simulator (I/O suspended without
 		// quorum) fails with EIO instead of holding the FUSE server, whose
 		// unmount waits for it.
-		for _, n := range s.Kube.Nodes {
-			s.Sim.Node(n.Name).Crash()
+		if s.Kube != nil {
+			for _, n := range s.Kube.Nodes {
+				s.Sim.Node(n.Name).Crash()
+			}
 		}
 		errs = append(errs, s.simd.Close())
 		s.stopClock()

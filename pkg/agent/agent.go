@@ -44,6 +44,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -153,6 +154,8 @@ type Agent struct {
 	pools    map[string]poolEntry
 	volumes  map[types.UID]storage.Volume
 	capDirty bool // a backing volume was created or deleted since the last Lease
+
+	poolMetrics poolStats // the pools' last measured capacity, for metrics.go
 }
 
 type writtenStatus struct {
@@ -175,7 +178,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 	a := &Agent{
 		cfg:     cfg,
 		log:     cfg.Log.WithValues("node", cfg.NodeName),
-		drv:     deadlineDriver{d: cfg.Driver, timeout: cfg.CommandTimeout},
+		drv:     deadlineDriver{d: timedDriver{d: cfg.Driver}, timeout: cfg.CommandTimeout},
 		written: map[types.UID]writtenStatus{},
 		secrets: map[string]string{},
 		pools:   map[string]poolEntry{},
@@ -236,6 +239,15 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 	}
 	if err := mgr.Add(manager.RunnableFunc(a.runGC)); err != nil {
 		return err
+	}
+	col := newNodeCollector(cfg.NodeName, a.cacheSource, &a.poolMetrics, func(err error) { a.log.V(1).Info("metrics", "err", err.Error()) })
+	// Metrics are no reason to leave a node's volumes unmanaged: an agent whose series
+	// cannot be registered (another agent of the same node name in this process) runs
+	// without them and says so.
+	if err := metrics.Registry.Register(col); err != nil {
+		a.log.Error(err, "node metrics not served")
+	} else {
+		defer metrics.Registry.Unregister(col)
 	}
 	a.log.Info("node agent starting", "addresses", cfg.Addresses, "zone", cfg.Zone)
 	return mgr.Start(ctx)

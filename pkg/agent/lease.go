@@ -115,6 +115,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map
 				continue
 			}
 			served[rsp.Name] = true
+			a.poolMetrics.set(rsp.Name, c.TotalBytes, c.FreeBytes)
 			key := v1.AnnotationPoolCapacityPrefix + rsp.Name
 			last, ok := caps[rsp.Name]
 			if !ok || dirty || moved(last, c.TotalBytes, c.FreeBytes) {
@@ -126,6 +127,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map
 			if pool, ok := strings.CutPrefix(k, v1.AnnotationPoolCapacityPrefix); ok && !served[pool] {
 				delete(ann, k)
 				delete(caps, pool)
+				a.poolMetrics.forget(pool)
 			}
 		}
 	}

@@ -56,8 +56,9 @@
 // # One call, pass by pass
 //
 // Process builds a reconcile value for the call (the input, the status, the resolved
-// configuration and the member ↔ replica index, rebuilt whenever the member list
-// changes), then runs the passes docs/datamesh.md "One Process call" lists:
+// configuration, the replicas in name order; members and replicas are found by name
+// with a scan, so no index has to follow the member list), then runs the passes
+// docs/datamesh.md "One Process call" lists:
 // resolveConfiguration, syncRequests (which reports whether requests are open and
 // whether one is a ForceLeave), backward, then formation — or, on a formed volume,
 // emergency, changeQuorum (which reports whether a ChangeQuorum waits), membership,

@@ -123,7 +123,6 @@ func (rc *reconcile) startForceRemovals(names []string) (started []int) {
 		rc.recordNodeID(ti)
 		st := rc.st
 		st.Datamesh.Members = append(st.Datamesh.Members[:mi], st.Datamesh.Members[mi+1:]...)
-		rc.index()
 		started = append(started, ti)
 	}
 	return started
@@ -247,7 +246,7 @@ func (rc *reconcile) awaitReplacement(mi int) string {
 		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) || r.Spec.Type != v1.ReplicaTypeDiskful {
 			continue
 		}
-		if rc.rvrMember[j] >= 0 {
+		if rc.memberOfRVR(j) >= 0 {
 			stay++
 		} else if rc.joinReady(r, nil) == "" {
 			return ""
@@ -409,7 +408,7 @@ func (rc *reconcile) staleAgent(name string) string {
 		if r.Name == name || !agentNotReady(r) {
 			continue
 		}
-		if rc.rvrMember[j] < 0 && rc.transitionOf(r.Name, true) < 0 {
+		if rc.memberOfRVR(j) < 0 && rc.transitionOf(r.Name, true) < 0 {
 			continue
 		}
 		if rc.forceLeaving(r.Name) {
@@ -419,7 +418,7 @@ func (rc *reconcile) staleAgent(name string) string {
 	}
 	for mi := range rc.st.Datamesh.Members {
 		m := &rc.st.Datamesh.Members[mi]
-		if rc.memberRVR[mi] >= 0 || m.Name == name || rc.forceLeaving(m.Name) {
+		if rc.rvrOfMember(mi) != nil || m.Name == name || rc.forceLeaving(m.Name) {
 			continue
 		}
 		return m.Name

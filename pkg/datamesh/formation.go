@@ -189,7 +189,6 @@ func (rc *reconcile) formationPublish() {
 		}
 		rc.st.Datamesh.Members = slices.Insert(rc.st.Datamesh.Members, rc.memberInsertAt(m.Name), m)
 	}
-	rc.index()
 	eff := layout.Formed(rc.cfg)
 	rc.setEffective(eff)
 	c := rc.counts()
@@ -202,7 +201,6 @@ func (rc *reconcile) restartFormation(ti int, lost string) {
 	rc.st.Datamesh.Quorum = 0
 	rc.st.Datamesh.QuorumMinimumRedundancy = 0
 	rc.st.Datamesh.Multiattach = false
-	rc.index()
 	rc.setEffective(layout.Reset())
 	rc.bump()
 	t := &rc.st.DatameshTransitions[ti]

@@ -11,8 +11,10 @@ import (
 )
 
 // reconcile is one Process call: the input, the status it writes, and what the call
-// derived from them (the configuration, the member ↔ replica index). It lives for the
-// call only; nothing of it is kept between calls.
+// derived from them (the configuration, the replicas' name order). It lives for the
+// call only; nothing of it is kept between calls. Members and replicas are found by
+// name with a scan: a datamesh has at most 32 members, and there is no index to keep
+// in step with the member list.
 type reconcile struct {
 	reg      *Registry
 	features Features
@@ -24,11 +26,7 @@ type reconcile struct {
 	cfg    layout.Layout // target layout (status.configuration)
 	hasCfg bool
 
-	rvrOrd       []int          // RVR indexes in name order
-	rvrByName    map[string]int // RVR name → index (the first of equal names)
-	memberByName map[string]int // member name → index (the first of equal names)
-	memberRVR    []int          // member index → RVR index, -1 when the member has no RVR
-	rvrMember    []int          // RVR index → member index, -1 when not a member
+	rvrOrd []int // RVR indexes in name order
 
 	overrideLive bool // spec.quorumOverride is what the datamesh ran when the call began (pin keeps it)
 
@@ -60,7 +58,6 @@ func (e *Engine) Process(in *Input) (Result, error) {
 	if err := rc.resolveConfiguration(); err != nil {
 		return Result{}, err
 	}
-	rc.index()
 	open, anyForce := rc.syncRequests()
 	rc.backward()
 	var wanted []WantedReplica
@@ -121,10 +118,8 @@ func validateInput(in *Input) error {
 // runs spec.quorumOverride (pin keeps it then).
 func (e *Engine) newReconcile(in *Input) *reconcile {
 	rc := &reconcile{reg: e.reg, features: e.features, in: in, st: &in.RV.Status, stamp: metav1.Time{Time: in.Now}}
-	rc.rvrByName = make(map[string]int, len(in.RVRs))
 	rc.rvrOrd = make([]int, len(in.RVRs))
-	for j := len(in.RVRs) - 1; j >= 0; j-- { // backwards, so the first of equal names wins
-		rc.rvrByName[in.RVRs[j].Name] = j
+	for j := range rc.rvrOrd {
 		rc.rvrOrd[j] = j
 	}
 	slices.SortStableFunc(rc.rvrOrd, func(a, b int) int { return strings.Compare(in.RVRs[a].Name, in.RVRs[b].Name) })
@@ -145,42 +140,18 @@ func (rc *reconcile) bump() int64 {
 	return rc.st.DatameshRevision
 }
 
-// index maps members to RVRs and back. Every change of the member list calls it again.
-func (rc *reconcile) index() {
-	ms := rc.st.Datamesh.Members
-	rc.memberByName = make(map[string]int, len(ms))
-	rc.memberRVR = make([]int, len(ms))
-	rc.rvrMember = make([]int, len(rc.in.RVRs))
-	for j := range rc.rvrMember {
-		rc.rvrMember[j] = -1
-	}
-	for i := len(ms) - 1; i >= 0; i-- {
-		rc.memberByName[ms[i].Name] = i
-	}
-	for i := range ms {
-		j := rc.rvrIndex(ms[i].Name)
-		rc.memberRVR[i] = j
-		if j >= 0 {
-			rc.rvrMember[j] = i
-		}
-	}
-}
-
-// rvrIndex returns the index of the RVR called name, or -1.
+// rvrIndex returns the index of the first RVR called name, or -1.
 func (rc *reconcile) rvrIndex(name string) int {
-	if j, ok := rc.rvrByName[name]; ok {
-		return j
-	}
-	return -1
+	return slices.IndexFunc(rc.in.RVRs, func(r *v1.ReplicatedVolumeReplica) bool { return r.Name == name })
 }
 
-// memberIndex returns the index of the member called name, or -1.
+// memberIndex returns the index of the first member called name, or -1.
 func (rc *reconcile) memberIndex(name string) int {
-	if i, ok := rc.memberByName[name]; ok {
-		return i
-	}
-	return -1
+	return slices.IndexFunc(rc.st.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == name })
 }
+
+// memberOfRVR returns the index of the member RVR j is, or -1.
+func (rc *reconcile) memberOfRVR(j int) int { return rc.memberIndex(rc.in.RVRs[j].Name) }
 
 // memberInsertAt is where a member called name goes: in name order when the members
 // are in name order (as the engine keeps them), else at the end (a status written by
@@ -206,11 +177,12 @@ func (rc *reconcile) rstate(j int) (State, bool) {
 	return StateOfReplicaType(rc.in.RVRs[j].Spec.Type)
 }
 
+// rvrOfMember returns member mi's RVR, or nil when it has none.
 func (rc *reconcile) rvrOfMember(mi int) *v1.ReplicatedVolumeReplica {
-	if mi < 0 || mi >= len(rc.memberRVR) || rc.memberRVR[mi] < 0 {
+	if mi < 0 || mi >= len(rc.st.Datamesh.Members) {
 		return nil
 	}
-	return rc.in.RVRs[rc.memberRVR[mi]]
+	return rc.rvrNamed(rc.st.Datamesh.Members[mi].Name)
 }
 
 func (rc *reconcile) rvrNamed(name string) *v1.ReplicatedVolumeReplica {

@@ -99,7 +99,7 @@ func (rc *reconcile) syncRequests() (open, anyForce bool) {
 	// A member whose RVR is gone can only leave.
 	for mi := range rc.st.Datamesh.Members {
 		name := rc.st.Datamesh.Members[mi].Name
-		if rc.memberRVR[mi] >= 0 || rc.transitionOf(name, true) >= 0 || rc.forceLeaving(name) {
+		if rc.rvrOfMember(mi) != nil || rc.transitionOf(name, true) >= 0 || rc.forceLeaving(name) {
 			continue
 		}
 		open = true
@@ -129,7 +129,7 @@ func (rc *reconcile) syncReplicaRequest(j int) (open bool) {
 	if rc.transitionOf(r.Name, true) >= 0 {
 		return false
 	}
-	mi := rc.rvrMember[j]
+	mi := rc.memberOfRVR(j)
 	deleting := r.DeletionTimestamp != nil
 	var op v1.ReplicaOperation
 	var t v1.ReplicaType

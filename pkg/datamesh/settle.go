@@ -36,7 +36,7 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 	if anyForce {
 		// A force-removed replica's object stays until placement deletes it.
 		for j, r := range rc.in.RVRs {
-			if r.DeletionTimestamp == nil && rc.rvrMember[j] < 0 && rc.forceLeaving(r.Name) && !rc.forceInFlight(r.Name) {
+			if r.DeletionTimestamp == nil && rc.memberOfRVR(j) < 0 && rc.forceLeaving(r.Name) && !rc.forceInFlight(r.Name) {
 				wanted = append(wanted, WantedReplica{Action: WantDelete, Type: r.Spec.Type, Replica: r.Name,
 					Reason: r.Name + " was force-removed from the datamesh (its node is lost)"})
 			}
@@ -179,7 +179,7 @@ func (rc *reconcile) addsLanded() bool {
 			continue
 		}
 		want, ok := rc.rstate(j)
-		mi := rc.rvrMember[j]
+		mi := rc.memberOfRVR(j)
 		if !ok || mi < 0 || rc.mstate(mi) != want {
 			return false
 		}

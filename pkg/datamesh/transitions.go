@@ -202,11 +202,9 @@ func (rc *reconcile) applyMember(name string, from, to State) {
 			}
 		}
 		st.Datamesh.Members = slices.Insert(st.Datamesh.Members, rc.memberInsertAt(name), m)
-		rc.index()
 	case to == StateGone:
 		if mi := rc.memberIndex(name); mi >= 0 {
 			st.Datamesh.Members = slices.Delete(st.Datamesh.Members, mi, mi+1)
-			rc.index()
 		}
 	default:
 		if mi := rc.memberIndex(name); mi >= 0 {
@@ -730,7 +728,6 @@ func (e *Engine) WaitSetOf(rv *v1.ReplicatedVolume, rvrs []*v1.ReplicatedVolumeR
 		return w, false
 	}
 	rc := e.newReconcile(&Input{RV: rv, RVRs: rvrs})
-	rc.index()
 	t := &rv.Status.DatameshTransitions[ti]
 	p, found := rc.planOf(t)
 	si := activeStep(t)

@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/kubectlmeshvol"
@@ -91,9 +94,75 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 	if row := line(nodes, attached+" "); !strings.Contains(row, "Live") || !strings.Contains(row, vol) || !strings.Contains(row, pool+" ") {
 		t.Errorf("nodes: %s is not Live with %s attached and pool %s: %q", attached, vol, pool, row)
 	}
+	r.agentMetrics(vol, attached, lost)
 	r.detach(vol, attached)
 	r.must(r.c.RestartNode(lost))
 	r.deleteVolume(vol)
+}
+
+// agentMetrics checks the agents' series of the degraded volume in the
+// registry every in-process agent serves (docs/operating.md, "Agent
+// metrics"): the attached survivor is Primary and UpToDate with quorum and
+// the current revision, its connection to the lost node is down, the lost
+// node's agent exports nothing any more, DRBD commands were timed, and every
+// meshvol_agent_ name passes the Prometheus linter.
+func (r *rig) agentMetrics(vol, attached, lost string) {
+	r.t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	r.must(err)
+	series := map[string]float64{}
+	var names []string
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "meshvol_agent_") {
+			continue
+		}
+		names = append(names, mf.GetName())
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+				if l.GetName() == "node" && l.GetValue() == lost {
+					r.t.Errorf("the lost node's agent still exports %s", mf.GetName())
+				}
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			series[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
+		}
+	}
+	for key, want := range map[string]float64{
+		"meshvol_agent_replica_role{node=" + attached + ",role=Primary,volume=" + vol + "}":                                    1,
+		"meshvol_agent_replica_disk_state{node=" + attached + ",state=UpToDate,volume=" + vol + "}":                            1,
+		"meshvol_agent_replica_quorum{node=" + attached + ",volume=" + vol + "}":                                               1,
+		"meshvol_agent_replica_io_suspended{node=" + attached + ",volume=" + vol + "}":                                         0,
+		"meshvol_agent_replica_revision_current{node=" + attached + ",volume=" + vol + "}":                                     1,
+		"meshvol_agent_peer_connection_state{node=" + attached + ",peer_node=" + lost + ",state=Connected,volume=" + vol + "}": -1,
+	} {
+		got, ok := series[key]
+		switch {
+		case want < 0 && ok:
+			r.t.Errorf("%s = %v: the connection to the lost node is not Connected", key, got)
+		case want >= 0 && (!ok || got != want):
+			r.t.Errorf("%s = %v (exported %v), want %v", key, got, ok, want)
+		}
+	}
+	var pool bool
+	var timed []string
+	for key, v := range series {
+		pool = pool || strings.HasPrefix(key, "meshvol_agent_pool_free_bytes{node="+attached+",") && v > 0
+		if c, ok := strings.CutPrefix(key, "meshvol_agent_drbd_command_duration_seconds{command="); ok && v > 0 {
+			timed = append(timed, strings.TrimSuffix(c, "}"))
+		}
+	}
+	// Every volume's replicas were brought up and made Primary somewhere.
+	if !pool || !slices.Contains(timed, "up") || !slices.Contains(timed, "primary") {
+		r.t.Errorf("pool free bytes of %s exported: %v; DRBD commands timed: %v, want up and primary among them", attached, pool, timed)
+	}
+	problems, err := testutil.GatherAndLint(metrics.Registry, names...)
+	r.must(err)
+	for _, p := range problems {
+		r.t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+	r.t.Logf("%d agent metric families, %d series", len(names), len(series))
 }
 
 // pluginConfig is a kubeconfig file for the plugin and the context in it that
