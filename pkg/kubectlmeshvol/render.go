@@ -118,7 +118,11 @@ func renderMembers(w io.Writer, v VolumeView, wide bool) {
 		if !m.Current {
 			rev += " (behind)"
 		}
-		row := fmt.Sprintf("%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", branch(i, len(v.Members)), m.Name, m.Node, typ, m.Agent, m.Disk, m.Role, m.Sync, m.Quorum, rev)
+		agent := m.Agent
+		if m.Stale {
+			agent += " (stale report)"
+		}
+		row := fmt.Sprintf("%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", branch(i, len(v.Members)), m.Name, m.Node, typ, agent, m.Disk, m.Role, m.Sync, m.Quorum, rev)
 		if wide {
 			io := "running"
 			if m.IOSuspended {

@@ -117,7 +117,7 @@ func TestBuildVolumeDegraded2D1TB(t *testing.T) {
 	if a.Agent != "Live" || !a.Attached || a.Sync != "100%" || !a.Current || a.Role != "Primary" || len(a.Peers) != 2 {
 		t.Errorf("the attached survivor: %+v", a)
 	}
-	if b.Agent != "Lost" || b.Current {
+	if b.Agent != "Lost" || !b.Stale || b.Current || a.Stale {
 		t.Errorf("the lost Diskful must be Lost and behind revision 9: %+v", b)
 	}
 	if c.Sync != "-" || c.Type != string(v1.MemberTypeTieBreaker) {
@@ -164,7 +164,7 @@ func TestRenderVolumeDegraded2D1TB(t *testing.T) {
 			t.Errorf("row %q lacks %q", row, c.want)
 		}
 	}
-	if row := lineOf(s, "├─ pvc-1-node-b"); !strings.Contains(row, " Lost ") || !strings.Contains(row, "7 (behind)") {
+	if row := lineOf(s, "├─ pvc-1-node-b"); !strings.Contains(row, " Lost (stale report) ") || !strings.Contains(row, "7 (behind)") {
 		t.Errorf("the lost node's row: %q", row)
 	}
 }

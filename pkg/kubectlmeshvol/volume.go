@@ -84,7 +84,10 @@ type MemberView struct {
 	Attached bool   `json:"attached,omitempty"`
 	// Agent is the node agent's liveness from its Lease: Live, Expired (within
 	// the grace period nothing is decided yet) or Lost.
-	Agent       string `json:"agent"`
+	Agent string `json:"agent"`
+	// Stale: the agent is not Live, so disk, role, quorum and sync are its last
+	// report, not the node's state now.
+	Stale       bool   `json:"stale,omitempty"`
 	Disk        string `json:"disk"`
 	Role        string `json:"role"`
 	Sync        string `json:"sync"`
@@ -236,6 +239,7 @@ func fillReplica(mv *MemberView, r *v1.ReplicatedVolumeReplica, o VolumeObjects,
 		return
 	}
 	st := &r.Status
+	mv.Stale = mv.Agent != "Live"
 	if st.DiskState != "" {
 		mv.Disk = string(st.DiskState)
 	}

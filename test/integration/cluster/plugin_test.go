@@ -73,7 +73,7 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 			t.Errorf("status of the degraded volume lacks %q", want)
 		}
 	}
-	if row := line(out, lostReplica); !strings.Contains(row, " Lost ") {
+	if row := line(out, lostReplica); !strings.Contains(row, " Lost (stale report) ") {
 		t.Errorf("the lost replica's row does not say its agent is Lost: %q", row)
 	}
 	if row := line(out, v1.ReplicaName(vol, attached)); !strings.Contains(row, "UpToDate") || !strings.Contains(row, "Primary") || !strings.Contains(row, " Live ") {
