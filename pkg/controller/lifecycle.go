@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -37,6 +38,23 @@ import (
 // TaintOutOfService is the taint Kubernetes' non-graceful node shutdown reads.
 var TaintOutOfService = corev1.Taint{Key: "node.kubernetes.io/out-of-service", Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}
 
+// TaintLost keeps new pods off a node whose pods DeleteLostPods frees: until Kubernetes
+// marks the node NotReady (tens of seconds later) the scheduler would place a freed
+// pod's replacement right back on it.
+var TaintLost = corev1.Taint{Key: "storage.meshvol.io/lost", Effect: corev1.TaintEffectNoSchedule}
+
+// nodeTaints are the taints the controller manages on lost nodes, by option.
+func (c *Controller) nodeTaints() []corev1.Taint {
+	var ts []corev1.Taint
+	if c.opts.DeleteLostPods {
+		ts = append(ts, TaintLost)
+	}
+	if c.opts.TaintLostNodes {
+		ts = append(ts, TaintOutOfService)
+	}
+	return ts
+}
+
 func (c *Controller) setupLifecycle(mgr ctrl.Manager) error {
 	agentLease := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		l, ok := o.(*coordinationv1.Lease)
@@ -45,7 +63,7 @@ func (c *Controller) setupLifecycle(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("node-lifecycle").
 		For(&coordinationv1.Lease{}, builder.WithPredicates(agentLease))
-	if c.opts.TaintLostNodes {
+	if len(c.nodeTaints()) > 0 {
 		b = b.Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: c.opts.Namespace, Name: v1.AgentLeasePrefix + o.GetName()}}}
 		}))
@@ -77,35 +95,8 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 		default:
 		}
 	}
-	var freed ctrl.Result
-	if c.opts.DeleteLostPods && lv.Lost {
-		settled, err := c.freeLostPods(ctx, node, lv)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		// Not settled: a pod stays because a volume's survivors do not hold quorum
-		// without the node yet, and their agents report within a second of DRBD
-		// deciding. Settled: a pod bound to the node later, before Kubernetes marks it
-		// unreachable, is found on the next look.
-		freed.RequeueAfter = c.opts.AgentGracePeriod
-		if !settled {
-			freed.RequeueAfter = time.Second
-		}
-	}
-	if c.opts.TaintLostNodes {
-		settled, err := c.taint(ctx, node, lv)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if !settled && freed.IsZero() {
-			// Lost but still reached by a peer, or back but not clean yet: the replicas'
-			// reports decide, so look again (no write until it changes; freed, when
-			// set, looks again as soon or sooner).
-			return ctrl.Result{RequeueAfter: c.opts.AgentGracePeriod}, nil
-		}
-	}
-	if !freed.IsZero() {
-		return freed, nil
+	if res, err := c.actOnLostNode(ctx, node, lv); err != nil || !res.IsZero() {
+		return res, err
 	}
 	if !lv.Next.IsZero() {
 		return ctrl.Result{RequeueAfter: lv.Next.Sub(now) + 100*time.Millisecond}, nil
@@ -113,39 +104,88 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 	return ctrl.Result{}, nil
 }
 
-// taint applies or removes the out-of-service taint on node. settled=false: the taint
-// should change but the replicas' state does not allow it yet.
-func (c *Controller) taint(ctx context.Context, node string, lv Liveness) (settled bool, err error) {
+// actOnLostNode applies the node taints the options ask for (TaintLost first, so no
+// replacement lands on the node) and frees the lost node's pods. A zero result: nothing
+// to look at again sooner than the Lease's own next change.
+func (c *Controller) actOnLostNode(ctx context.Context, node string, lv Liveness) (ctrl.Result, error) {
+	var res ctrl.Result
+	if ts := c.nodeTaints(); len(ts) > 0 {
+		settled, err := c.taint(ctx, node, lv, ts)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if !settled {
+			// Lost but still reached by a peer, or back but not clean yet: the replicas'
+			// reports decide, so look again (no write until it changes); pods are freed
+			// only from a node already tainted.
+			res.RequeueAfter = c.opts.AgentGracePeriod
+			if c.opts.DeleteLostPods && lv.Lost {
+				res.RequeueAfter = time.Second
+			}
+			return res, nil
+		}
+	}
+	if c.opts.DeleteLostPods && lv.Lost {
+		settled, err := c.freeLostPods(ctx, node, lv)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		// Not settled: a pod stays because a volume's survivors do not hold quorum
+		// without the node yet, and their agents report within a second of DRBD
+		// deciding. Settled: a pod bound to the node later is found on the next look.
+		res.RequeueAfter = c.opts.AgentGracePeriod
+		if !settled {
+			res.RequeueAfter = time.Second
+		}
+	}
+	return res, nil
+}
+
+// taint applies the taints ts to node when it is lost and no live peer reaches it, and
+// removes them once its agent is back and the node clean, in one patch each way.
+// settled=false: the taints should change but the replicas' state does not allow it yet.
+func (c *Controller) taint(ctx context.Context, node string, lv Liveness, ts []corev1.Taint) (settled bool, err error) {
 	n := &corev1.Node{}
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: node}, n); err != nil {
 		return true, client.IgnoreNotFound(err)
 	}
-	has := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintOutOfService.Key })
+	ours := func(t corev1.Taint) bool {
+		return slices.ContainsFunc(ts, func(o corev1.Taint) bool { return o.Key == t.Key })
+	}
+	var missing []corev1.Taint
+	for _, t := range ts {
+		if !slices.ContainsFunc(n.Spec.Taints, func(h corev1.Taint) bool { return h.Key == t.Key }) {
+			missing = append(missing, t)
+		}
+	}
+	has := slices.ContainsFunc(n.Spec.Taints, ours)
+	patched := n.DeepCopy()
 	switch {
-	case !has && lv.Lost:
+	case len(missing) > 0 && lv.Lost:
 		reachable, err := c.nodeReachable(ctx, node)
 		if err != nil || reachable {
 			return false, err
 		}
-		patched := n.DeepCopy()
-		t := TaintOutOfService
-		t.TimeAdded = &metav1.Time{Time: c.opts.Now()}
-		patched.Spec.Taints = append(patched.Spec.Taints, t)
+		var names []string
+		for _, t := range missing {
+			t.TimeAdded = &metav1.Time{Time: c.opts.Now()}
+			patched.Spec.Taints = append(patched.Spec.Taints, t)
+			names = append(names, t.ToString())
+		}
 		if err := c.client.Patch(ctx, patched, client.MergeFromWithOptions(n, client.MergeFromWithOptimisticLock{}), client.FieldOwner(v1.FieldManagerController)); err != nil {
 			return false, fmt.Errorf("tainting lost node %s: %w", node, err)
 		}
-		c.recorder.Eventf(n, corev1.EventTypeWarning, EventNodeLost, "meshvol decided node %s is lost (%s; no live peer reaches its replicas): tainted %s", node, lv.Message, TaintOutOfService.ToString())
+		c.recorder.Eventf(n, corev1.EventTypeWarning, EventNodeLost, "meshvol decided node %s is lost (%s; no live peer reaches its replicas): tainted %s", node, lv.Message, strings.Join(names, ", "))
 	case has && lv.Live:
 		clean, err := c.nodeClean(ctx, node)
 		if err != nil || !clean {
 			return false, err
 		}
-		patched := n.DeepCopy()
-		patched.Spec.Taints = slices.DeleteFunc(patched.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintOutOfService.Key })
+		patched.Spec.Taints = slices.DeleteFunc(patched.Spec.Taints, ours)
 		if err := c.client.Patch(ctx, patched, client.MergeFromWithOptions(n, client.MergeFromWithOptimisticLock{}), client.FieldOwner(v1.FieldManagerController)); err != nil {
-			return false, fmt.Errorf("removing the out-of-service taint from node %s: %w", node, err)
+			return false, fmt.Errorf("removing meshvol's taints from node %s: %w", node, err)
 		}
-		c.recorder.Eventf(n, corev1.EventTypeNormal, "NodeBack", "The meshvol agent of node %s is back and the node holds no stale replica: removed %s", node, TaintOutOfService.ToString())
+		c.recorder.Eventf(n, corev1.EventTypeNormal, "NodeBack", "The meshvol agent of node %s is back and the node holds no stale replica: removed meshvol's taints", node)
 	}
 	return true, nil
 }

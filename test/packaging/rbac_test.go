@@ -94,7 +94,7 @@ var rbacMatrix = map[string][]access{
 		deny("get", "", "pods", "", other),
 		deny("create", "", "pods", "", namespace),
 		deny("update", "", "pods", "", other),
-		deny("patch", "", "nodes", "", ""), // only with controller.taintLostNodes
+		allow("patch", "", "nodes", "", ""), // the taints of a lost node (controller.deleteLostPods)
 		deny("update", meshvolGroup, "replicatedstorageclasses", "", ""),
 		deny("delete", meshvolGroup, "replicatedstoragepools", "", ""),
 		deny("create", "coordination.k8s.io", "leases", "", other),
@@ -117,17 +117,17 @@ func TestRBACMatrix(t *testing.T) {
 		}
 	}
 
-	// With the opt-in out-of-service taint the controller may patch Nodes, and only
-	// then.
-	applyRBAC(t, render(t, "controller:\n  taintLostNodes: true\n"))
+	// With the out-of-service taint alone the controller may patch Nodes.
+	applyRBAC(t, render(t, "controller:\n  taintLostNodes: true\n  deleteLostPods: false\n"))
 	if !may(t, "meshvol-controller", allow("patch", "", "nodes", "", "")) {
 		t.Error("controller.taintLostNodes=true: the controller may not patch nodes")
 	}
 
-	// Without controller.deleteLostPods the controller may neither list nor delete
-	// Pods, nor delete VolumeAttachments.
+	// Without controller.deleteLostPods (nor taintLostNodes) the controller may neither
+	// list nor delete Pods, nor delete VolumeAttachments, nor patch Nodes.
 	applyRBAC(t, render(t, "controller:\n  deleteLostPods: false\n"))
 	for _, a := range []access{
+		deny("patch", "", "nodes", "", ""),
 		deny("list", "", "pods", "", ""), deny("delete", "", "pods", "", other),
 		deny("delete", "storage.k8s.io", "volumeattachments", "", ""),
 	} {

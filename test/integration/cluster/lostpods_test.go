@@ -10,6 +10,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -146,6 +147,11 @@ func TestLostNodePodDeleted(t *testing.T) {
 	// The agents' default 10 s Lease and this cluster's 3 s grace period make
 	// most of it (docs/controller.md, "Detection").
 	t.Logf("crash of %s → pod and VolumeAttachment deleted in %s", node, time.Since(crashed).Round(100*time.Millisecond))
+	n := &corev1.Node{}
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: node}, n))
+	if !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == controller.TaintLost.Key }) {
+		t.Fatalf("node %s is not tainted %s, so a replacement may land on it: %v", node, controller.TaintLost.ToString(), n.Spec.Taints)
+	}
 	if !r.exists(other) {
 		t.Fatalf("pod %s, which uses no meshvol volume, was deleted", other.Name)
 	}
@@ -165,20 +171,21 @@ func TestLostNodePodDeleted(t *testing.T) {
 // but the survivors still reach it, so nothing of it is deleted.
 func TestLostNodeReachedKeepsPods(t *testing.T) {
 	r := newRig(t)
-	r.keepsPods("lostpod-reached", 1, 1, "a node its peers still reach", r.c.StopAgent, r.c.RestartAgent)
+	r.keepsPods("lostpod-reached", 1, 1, "a node its peers still reach", true, r.c.StopAgent, r.c.RestartAgent)
 }
 
 // A crashed node holding the only replica of a 1D volume: no survivor holds
 // quorum, so its pod and VolumeAttachment stay.
 func TestLostNodeWithoutQuorumKeepsPods(t *testing.T) {
 	r := newRig(t)
-	r.keepsPods("lostpod-1d", 0, 0, "a node whose volume has no quorum without it", r.c.CrashNode, r.c.RestartNode)
+	r.keepsPods("lostpod-1d", 0, 0, "a node whose volume has no quorum without it", false, r.c.CrashNode, r.c.RestartNode)
 }
 
 // keepsPods runs a pod on a member node of a new volume of the layout, cuts
 // the node with cut, and checks that once the node is lost, and for a few of
-// the controller's one-second looks after, its pod and VolumeAttachment stay.
-func (r *rig) keepsPods(vol string, ftt, gmdr int32, what string, cut, restore func(node string) error) {
+// the controller's one-second looks after, its pod and VolumeAttachment stay;
+// a node its peers still reach (reached) is not tainted either.
+func (r *rig) keepsPods(vol string, ftt, gmdr int32, what string, reached bool, cut, restore func(node string) error) {
 	r.t.Helper()
 	r.volume(vol, r.class(ftt, gmdr, v1.TopologyIgnored), 1)
 	node := memberNode(r.ready(vol, 2*time.Minute))
@@ -190,6 +197,13 @@ func (r *rig) keepsPods(vol string, ftt, gmdr int32, what string, cut, restore f
 	time.Sleep(4 * time.Second)
 	if !r.exists(pod) || !r.exists(va) {
 		r.t.Fatalf("%s lost its pod (there %v) or VolumeAttachment (there %v)", what, r.exists(pod), r.exists(va))
+	}
+	if reached {
+		n := &corev1.Node{}
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: node}, n))
+		if slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == controller.TaintLost.Key }) {
+			r.t.Fatalf("%s is tainted %s", what, controller.TaintLost.ToString())
+		}
 	}
 	r.must(restore(node))
 	r.detach(vol, node)
