@@ -184,10 +184,39 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		pools:   map[string]poolEntry{},
 		volumes: map[types.UID]storage.Volume{},
 	}
+	mgr, err := newManager(restCfg, scheme, cfg, a.log)
+	if err != nil {
+		return err
+	}
+	a.client = mgr.GetClient()
+	a.reader = mgr.GetAPIReader()
+	a.cache = mgr.GetCache()
+	a.obs = drbd.NewObserver(a.cfg.Driver.Events, drbd.ObserverOptions{Log: nil, OnError: func(err error) {
+		a.log.V(1).Info("events2", "err", err.Error())
+	}})
+	if err := a.addRunnables(mgr); err != nil {
+		return err
+	}
+	col := newNodeCollector(cfg.NodeName, a.cacheSource, &a.poolMetrics, func(err error) { a.log.V(1).Info("metrics", "err", err.Error()) })
+	// Metrics are no reason to leave a node's volumes unmanaged: an agent whose series
+	// cannot be registered (another agent of the same node name in this process) runs
+	// without them and says so.
+	if err := metrics.Registry.Register(col); err != nil {
+		a.log.Error(err, "node metrics not served")
+	} else {
+		defer metrics.Registry.Unregister(col)
+	}
+	a.log.Info("node agent starting", "addresses", cfg.Addresses, "zone", cfg.Zone)
+	return mgr.Start(ctx)
+}
+
+// newManager is the agent's controller-runtime manager: a cache of this node's
+// replicas only, Secrets and Leases read directly.
+func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log logr.Logger) (manager.Manager, error) {
 	grace := 5 * time.Second
 	mgr, err := ctrl.NewManager(restCfg, manager.Options{
 		Scheme: scheme,
-		Logger: a.log,
+		Logger: log,
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			// Only this node's replicas (docs/contract.md: by label, never by name).
 			&v1.ReplicatedVolumeReplica{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelNode: cfg.NodeName})},
@@ -204,20 +233,20 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		Controller:              config.Controller{SkipNameValidation: drbd.Ptr(true)},
 	})
 	if err != nil {
-		return fmt.Errorf("agent: manager: %w", err)
+		return nil, fmt.Errorf("agent: manager: %w", err)
 	}
-	a.client = mgr.GetClient()
-	a.reader = mgr.GetAPIReader()
-	a.cache = mgr.GetCache()
-	a.obs = drbd.NewObserver(a.cfg.Driver.Events, drbd.ObserverOptions{Log: nil, OnError: func(err error) {
-		a.log.V(1).Info("events2", "err", err.Error())
-	}})
+	return mgr, nil
+}
 
+// addRunnables wires the agent's pieces into mgr: the replica reconciler
+// (triggered by RVR and RV changes and by the kernel's events), the events2
+// Observer, the Lease and the garbage collector of backing volumes.
+func (a *Agent) addRunnables(mgr manager.Manager) error {
 	kernel := make(chan event.TypedGenericEvent[string], 64)
 	byVolume := handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, volume string) []reconcile.Request {
 		return a.replicasOf(ctx, volume)
 	})
-	err = ctrl.NewControllerManagedBy(mgr).
+	err := ctrl.NewControllerManagedBy(mgr).
 		Named("meshvol-agent").
 		For(&v1.ReplicatedVolumeReplica{}).
 		Watches(&v1.ReplicatedVolume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
@@ -237,20 +266,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 	if err := mgr.Add(manager.RunnableFunc(a.runLease)); err != nil {
 		return err
 	}
-	if err := mgr.Add(manager.RunnableFunc(a.runGC)); err != nil {
-		return err
-	}
-	col := newNodeCollector(cfg.NodeName, a.cacheSource, &a.poolMetrics, func(err error) { a.log.V(1).Info("metrics", "err", err.Error()) })
-	// Metrics are no reason to leave a node's volumes unmanaged: an agent whose series
-	// cannot be registered (another agent of the same node name in this process) runs
-	// without them and says so.
-	if err := metrics.Registry.Register(col); err != nil {
-		a.log.Error(err, "node metrics not served")
-	} else {
-		defer metrics.Registry.Unregister(col)
-	}
-	a.log.Info("node agent starting", "addresses", cfg.Addresses, "zone", cfg.Zone)
-	return mgr.Start(ctx)
+	return mgr.Add(manager.RunnableFunc(a.runGC))
 }
 
 // runObserver runs the events2 Observer and turns each change into a

@@ -8,15 +8,15 @@ package cluster_test
 
 import (
 	"context"
-
 	"fmt"
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -32,6 +32,11 @@ import (
 var (
 	env *testenv.Env
 	lc  *localcluster.Cluster
+	// dir holds the cluster's pools and drbdsim's files, on a tmpfs of the
+	// suite's own: a file pool reports the free space of its file system, so
+	// on a shared disk every other process's writes would change the pools'
+	// status and TestWritesPerOperation's steady minute would count them.
+	dir string
 )
 
 const pool = "pool"
@@ -43,7 +48,25 @@ func run(m *testing.M) int {
 		fmt.Println("SKIP: the cluster's file pools need loop devices (root)")
 		return 0
 	}
-	return testenv.Main(m, &env, testenv.Options{})
+	var err error
+	if dir, err = os.MkdirTemp("", "meshvol-cluster-suite-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=16g,mode=0755"); err != nil {
+		fmt.Fprintln(os.Stderr, "tmpfs for the cluster's files:", err)
+		return 1
+	}
+	code := testenv.Main(m, &env, testenv.Options{})
+	if err := unix.Unmount(dir, 0); err != nil {
+		// Detach it anyway so no mount outlives the suite, and fail: what
+		// still holds it (a loop device, a FUSE device) is a leftover.
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		fmt.Fprintln(os.Stderr, "unmount the cluster's tmpfs (something still holds it):", err)
+		return 1
+	}
+	return code
 }
 
 // cluster starts the shared cluster on first use (testenv.Main owns the
@@ -65,7 +88,7 @@ func cluster(t *testing.T) *localcluster.Cluster {
 		log = funcr.New(func(prefix, args string) { fmt.Fprintln(f, time.Now().Format("15:04:05.000"), prefix, args) }, funcr.Options{Verbosity: 1})
 	}
 	lc, err = localcluster.Start(ctx, localcluster.Options{
-		Env: env, Nodes: 9, Zones: 3, Log: log,
+		Env: env, Nodes: 9, Zones: 3, Log: log, Dir: dir,
 		// A Primary's device is a real loop device, as in the sandbox, so a
 		// scenario can mount a file system on it as NodeStage does.
 		LoopDevices: true,
