@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,11 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "tmpfs for the cluster's files:", err)
 		return 1
 	}
+	if err := os.Mkdir(filepath.Join(dir, "cluster"), 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		_ = unix.Unmount(dir, 0)
+		return 1
+	}
 	code := testenv.Main(m, &env, testenv.Options{})
 	if err := unix.Unmount(dir, 0); err != nil {
 		// Detach it anyway so no mount outlives the suite, and fail: what
@@ -88,7 +94,9 @@ func cluster(t *testing.T) *localcluster.Cluster {
 		log = funcr.New(func(prefix, args string) { fmt.Fprintln(f, time.Now().Format("15:04:05.000"), prefix, args) }, funcr.Options{Verbosity: 1})
 	}
 	lc, err = localcluster.Start(ctx, localcluster.Options{
-		Env: env, Nodes: 9, Zones: 3, Log: log, Dir: dir,
+		// A directory inside the tmpfs, not its mount point: the cluster
+		// counts any mount under its Dir as left behind.
+		Env: env, Nodes: 9, Zones: 3, Log: log, Dir: filepath.Join(dir, "cluster"),
 		// A Primary's device is a real loop device, as in the sandbox, so a
 		// scenario can mount a file system on it as NodeStage does.
 		LoopDevices: true,
