@@ -27,6 +27,7 @@
 package kubecluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -481,14 +482,19 @@ func (c *Cluster) Node(name string) *Node {
 }
 
 // Kubectl runs bin/k8s/kubectl with the administrator's kubeconfig and
-// returns its output.
+// returns its standard output (its standard error goes only into the error).
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	// Only stdout is the answer: kubectl logs client-side complaints to
+	// stderr even when it succeeds (an exec's websocket "Unknown stream
+	// id", say), and a caller parsing df's output must not read them.
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err,
+			strings.TrimSpace(stdout.String()+"\n"+stderr.String()))
 	}
-	return string(out), nil
+	return stdout.String(), nil
 }
 
 // Stop tears the cluster down and checks that nothing of it is left on the
