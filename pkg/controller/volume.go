@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh"
 )
@@ -110,8 +111,8 @@ type volume struct {
 	now                     time.Time
 }
 
-func (v *volume) liveness(node string) Liveness {
-	return LeaseLiveness(v.leases[node], v.now, 0)
+func (v *volume) liveness(node string) agentlease.Liveness {
+	return agentlease.Judge(v.leases[node], v.now, 0)
 }
 
 // read fills a volume from the caches: its replicas and attachments, its configuration
@@ -149,7 +150,7 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 		return nil, err
 	}
 	for i := range leases.Items {
-		if n := NodeNameOfLease(&leases.Items[i]); n != "" {
+		if n := agentlease.NodeName(&leases.Items[i]); n != "" {
 			v.leases[n] = &leases.Items[i]
 		}
 	}
