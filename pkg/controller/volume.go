@@ -355,13 +355,8 @@ func (e *invalidInputError) Error() string { return e.err.Error() }
 // runEngine runs the engine's step on work, feeding it the members of lost nodes to
 // force out.
 func (c *Controller) runEngine(ctx context.Context, v *volume, work *v1.ReplicatedVolume, engineRVRs []*v1.ReplicatedVolumeReplica) (engineOutput, error) {
-	eng, release, err := c.takeEngine(ctx)
-	if err != nil {
-		return engineOutput{}, err
-	}
-	defer release()
 	forceLeave, forceDetach := c.lostMembers(v, engineRVRs)
-	res, err := eng.Process(&datamesh.Input{
+	res, err := c.engine.Process(&datamesh.Input{
 		RV: work, RSC: v.rsc, RVRs: engineRVRs, RVAs: v.rvas, Pool: c.enginePool(v), Now: v.now,
 		ForceLeave: forceLeave, ForceDetach: forceDetach,
 	})
@@ -372,8 +367,8 @@ func (c *Controller) runEngine(ctx context.Context, v *volume, work *v1.Replicat
 	for _, n := range forceLeave {
 		log.Info("replica's node is lost: force-leave", "rvr", n)
 	}
-	return engineOutput{wanted: slices.Clone(res.Wanted), attachments: slices.Clone(res.Attachments),
-		events: slices.Clone(res.Events), accessRefused: map[string]string{}}, nil
+	return engineOutput{wanted: res.Wanted, attachments: res.Attachments,
+		events: res.Events, accessRefused: map[string]string{}}, nil
 }
 
 // refuseInput publishes the engine's refusal of its input as Configured=False on the
