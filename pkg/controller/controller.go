@@ -262,6 +262,9 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 	if err := c.setupLifecycle(mgr); err != nil {
 		return nil, err
 	}
+	if err := c.setupStateMetrics(mgr); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
