@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -21,6 +23,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+	"github.com/meshvol/meshvol/pkg/placement"
 )
 
 // annotationReadonly on an RVA records ControllerPublish's readonly flag, so a retry
@@ -194,7 +197,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if rv, err = c.waitFormed(ctx, r.rvName, created); err != nil {
 		return nil, err
 	}
-	top, err := c.accessibleTopology(ctx, rv, rsc)
+	top, err := c.accessibleTopology(ctx, rv, rsc, r.hints)
 	if err != nil {
 		return nil, err
 	}
@@ -314,9 +317,15 @@ func (c *Controller) agentNodes(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// accessibleTopology: for volumeAccess Local the nodes with a diskful member; else
-// every node with an agent (an Access replica can be made there) plus the members.
-func (c *Controller) accessibleTopology(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass) ([]*csipb.Topology, error) {
+// accessibleTopology is where the volume can be used (docs/csi.md, "Accessible
+// topology"): for volumeAccess Local the nodes with a diskful member; else every node
+// with an agent (an Access replica can be made there) plus the members. With
+// requisite segments in the request (a StorageClass's allowedTopologies), only the
+// nodes inside one of them: Kubernetes writes this list into the PersistentVolume's
+// node affinity, and a volume provisioned under allowedTopologies must be usable only
+// inside them. None left is an error: an empty list would make the volume usable
+// everywhere.
+func (c *Controller) accessibleTopology(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass, hints *v1.PlacementHints) ([]*csipb.Topology, error) {
 	set := map[string]bool{}
 	for _, m := range rv.Status.Datamesh.Members {
 		if m.Type == v1.MemberTypeDiskful || volumeAccessOf(rv, rsc) != v1.VolumeAccessLocal {
@@ -337,11 +346,76 @@ func (c *Controller) accessibleTopology(ctx context.Context, rv *v1.ReplicatedVo
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	if hints != nil && len(hints.Requisite) > 0 {
+		zones, err := c.nodeZones(ctx, rv, rsc, hints.Requisite, names)
+		if err != nil {
+			return nil, err
+		}
+		var inside []string
+		for _, n := range names {
+			if slices.ContainsFunc(hints.Requisite, func(s v1.TopologySegment) bool { return placement.SegmentMatches(s, n, zones[n]) }) {
+				inside = append(inside, n)
+			}
+		}
+		if len(inside) == 0 {
+			return nil, status.Errorf(codes.ResourceExhausted, "accessibility_requirements.requisite: volume %q would be usable on %s, none of them inside the requisite segments %s",
+				rv.Name, strings.Join(names, ", "), describeSegments(hints.Requisite))
+		}
+		names = inside
+	}
 	out := make([]*csipb.Topology, 0, len(names))
 	for _, n := range names {
 		out = append(out, &csipb.Topology{Segments: map[string]string{v1.TopologyKeyNode: n}})
 	}
 	return out, nil
+}
+
+// nodeZones returns the zones of nodes as the volume's members, the class's pool and,
+// for the nodes neither knows, the Node's topology.kubernetes.io/zone label say. Only
+// a requisite segment that names a zone needs them; without one it reads nothing.
+func (c *Controller) nodeZones(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass, requisite []v1.TopologySegment, nodes []string) (map[string]string, error) {
+	zones := map[string]string{}
+	if !slices.ContainsFunc(requisite, func(s v1.TopologySegment) bool { return s.Zone != "" }) {
+		return zones, nil
+	}
+	known := map[string]bool{}
+	for _, m := range rv.Status.Datamesh.Members {
+		zones[m.NodeName], known[m.NodeName] = m.Zone, true
+	}
+	eligible, err := c.eligibleNodes(ctx, rsc.Spec.StoragePool)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range eligible {
+		zones[e.NodeName], known[e.NodeName] = e.Zone, true
+	}
+	for _, n := range nodes {
+		if known[n] {
+			continue
+		}
+		var node corev1.Node
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &node); err != nil && !apierrors.IsNotFound(err) {
+			return nil, internal("reading Node "+n, err)
+		}
+		zones[n] = node.Labels[v1.LabelZone]
+	}
+	return zones, nil
+}
+
+// describeSegments lists topology segments for a message.
+func describeSegments(segs []v1.TopologySegment) string {
+	var out []string
+	for _, s := range segs {
+		var parts []string
+		if s.NodeName != "" {
+			parts = append(parts, v1.TopologyKeyNode+"="+s.NodeName)
+		}
+		if s.Zone != "" {
+			parts = append(parts, v1.LabelZone+"="+s.Zone)
+		}
+		out = append(out, "{"+strings.Join(parts, ", ")+"}")
+	}
+	return strings.Join(out, " ")
 }
 
 func (c *Controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {

@@ -155,6 +155,47 @@ func TestControllerService(t *testing.T) {
 			}
 			return err
 		}, codes.OK, ""},
+		// A StorageClass's allowedTopologies reach CreateVolume as requisite segments
+		// (external-provisioner): the PersistentVolume's node affinity, which is this
+		// list, must keep the volume inside them whatever its volumeAccess.
+		{"Create: requisite node narrows the topology (allowedTopologies)", func(ctx context.Context) error {
+			req := createVol(pfx+"-allowed", r1, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{{Segments: map[string]string{v1.TopologyKeyNode: n2}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n2 {
+				return errors.New("PreferablyLocal under requisite " + n2 + ": got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		{"Create: requisite zones narrow the topology", func(ctx context.Context) error {
+			req := createVol(pfx+"-allowed-zones", r2, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{
+				{Segments: map[string]string{v1.LabelZone: "zone-" + n1}}, {Segments: map[string]string{v1.LabelZone: "zone-" + n3}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n1+","+n3 {
+				return errors.New("Any under requisite zones of " + n1 + " and " + n3 + ": got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		{"Create: Local topology is the diskful nodes inside requisite", func(ctx context.Context) error {
+			req := createVol(pfx+"-loc-req", local, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{
+				{Segments: map[string]string{v1.TopologyKeyNode: n1}}, {Segments: map[string]string{v1.TopologyKeyNode: n2}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n1 {
+				return errors.New("got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		// The play controller puts a Local volume's diskful replica on n1 whatever the
+		// request says: a volume usable nowhere inside requisite is refused, not
+		// returned with an empty (unrestricted) topology.
+		{"Create: no node inside requisite", func(ctx context.Context) error {
+			req := createVol(pfx+"-loc-out", local, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{{Segments: map[string]string{v1.TopologyKeyNode: n3}}}}
+			_, err := cs.CreateVolume(ctx, req)
+			return err
+		}, codes.ResourceExhausted, "accessibility_requirements.requisite"},
 		{"Create: 3D does not fit", func(ctx context.Context) error {
 			_, err := cs.CreateVolume(ctx, createVol(pfx+"-big3", r3, 2*gib))
 			return err
