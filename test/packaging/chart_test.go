@@ -67,8 +67,8 @@ var valueSets = []struct {
 			if n := count(objs, "StorageClass"); n != 0 {
 				t.Errorf("default values render %d StorageClasses, want none", n)
 			}
-			if n := count(objs, "CustomResourceDefinition"); n != 6 {
-				t.Errorf("%d CRDs rendered, want meshvol's 6", n)
+			if n := count(objs, "CustomResourceDefinition"); n != 7 {
+				t.Errorf("%d CRDs rendered, want meshvol's 7", n)
 			}
 		},
 	},
