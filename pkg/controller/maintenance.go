@@ -282,7 +282,8 @@ func (c *Controller) reconcileMaintenance(ctx context.Context, req reconcile.Req
 	}
 	if err := applyStatus(ctx, c.client, "ReplicatedNodeMaintenance", m.Name, m.ResourceVersion, st); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			return ctrl.Result{Requeue: true}, nil
+			// Judged from a stale cache, or deleted meanwhile: judge again.
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("writing the status of maintenance %s: %w", m.Name, err)
 	}
