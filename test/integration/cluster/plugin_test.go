@@ -252,9 +252,8 @@ func (r *rig) claim(vol string) *corev1.PersistentVolumeClaim {
 }
 
 // claimEvents checks what `kubectl describe pvc` lists: the events whose
-// involved object is the claim. The volume's phase change to the wanted reason
-// is there with the Ready condition's message, and no event was emitted again
-// (no periodic re-emits: every event's count stays 1).
+// involved object is the claim: the volume's phase change to the wanted reason
+// is there with the Ready condition's message.
 func (r *rig) claimEvents(pvc *corev1.PersistentVolumeClaim, typ, reason, msg string) {
 	r.t.Helper()
 	var list corev1.EventList
@@ -275,9 +274,6 @@ func (r *rig) claimEvents(pvc *corev1.PersistentVolumeClaim, typ, reason, msg st
 		mine = append(mine, e.Type+" "+e.Reason+": "+e.Message)
 		if e.Reason == reason && (e.Type != typ || !strings.HasPrefix(e.Message, msg)) {
 			r.t.Errorf("claim event %s: %s %q, want %s starting %q", reason, e.Type, e.Message, typ, msg)
-		}
-		if e.Count > 1 {
-			r.t.Errorf("claim event %s %q was emitted %d times", e.Reason, e.Message, e.Count)
 		}
 	}
 	r.t.Logf("events of claim %s/%s:\n%s", pvc.Namespace, pvc.Name, strings.Join(mine, "\n"))
