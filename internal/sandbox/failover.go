@@ -471,7 +471,7 @@ func (s *Sandbox) WaitNodeBack(ctx context.Context, node string, timeout time.Du
 				why = append(why, "tainted "+t.Key)
 			}
 		}
-		pods, err := s.releasePods(ctx, "node")
+		pods, err := s.ReleasePods(ctx, "node")
 		if err != nil {
 			return err
 		}
