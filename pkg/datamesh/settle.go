@@ -64,10 +64,13 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 }
 
 // layoutReplicas counts the Diskful and TieBreaker replica objects that stay (not
-// being deleted, not force-leaving).
+// being deleted, not force-leaving). A force-leaving member that holds the last copy
+// stays (lastCopy): no replacement is asked for it, since a new Diskful would have
+// nothing to sync from, and once the node is back it would be a peer the returning
+// disk must first reach before DRBD calls it UpToDate again.
 func (rc *reconcile) layoutReplicas() (d, tb int) {
 	for _, r := range rc.in.RVRs {
-		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) {
+		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) && !rc.heldAsLastCopy(r.Name) {
 			continue
 		}
 		switch r.Spec.Type {
