@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh"
 	"github.com/meshvol/meshvol/pkg/placement"
@@ -149,7 +151,7 @@ func (c *Controller) retype(ctx context.Context, v *volume, r *v1.ReplicatedVolu
 func (c *Controller) deleteNeverJoined(ctx context.Context, v *volume, work *v1.ReplicatedVolume, w *replicaWrites) error {
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp != nil || r.Spec.NodeName == "" || inDatamesh(work, r.Name) ||
-			!LeaseLiveness(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+			!agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if err := c.deleteReplica(ctx, r); err != nil {
@@ -224,13 +226,21 @@ func (c *Controller) placementInput(ctx context.Context, v *volume, work *v1.Rep
 	return in, nil
 }
 
-// createPlaced creates the replicas Place chose, with the engine's first reason in the
-// events.
+// createPlaced creates the replicas Place chose and says so in one Event for the
+// decision, not one per replica (docs/controller.md, "Write budget"), with the engine's
+// first reason.
 func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []placement.Choice, reasons []string, w *replicaWrites) error {
-	why := ""
-	if len(reasons) > 0 {
-		why = ": " + reasons[0]
-	}
+	var done []string
+	defer func() {
+		if len(done) == 0 {
+			return
+		}
+		why := ""
+		if len(reasons) > 0 {
+			why = ": " + reasons[0]
+		}
+		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed %s%s", strings.Join(done, ", "), why)
+	}()
 	for _, p := range placed {
 		var storage *v1.ReplicaStorage
 		if p.Type == v1.ReplicaTypeDiskful {
@@ -241,7 +251,7 @@ func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []place
 		}
 		name := v1.ReplicaName(v.rv.Name, p.Node)
 		w.created = append(w.created, name)
-		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed %s replica %s on node %s%s", p.Type, name, p.Node, why)
+		done = append(done, fmt.Sprintf("%s replica %s on node %s", p.Type, name, p.Node))
 	}
 	return nil
 }

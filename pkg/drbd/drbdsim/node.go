@@ -313,7 +313,7 @@ func (n *Node) up(name string) error {
 		k.nextTry = n.c.now
 		r.publish()
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -439,7 +439,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 	case r.cfg.Disk != nil && old.Disk != nil && r.cfg.Disk.BackingDevice != old.Disk.BackingDevice:
 		return fmt.Errorf("drbdsim: adjust %s: changing the backing device of an attached volume needs detach first", name)
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -503,7 +503,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		n.c.disconnect(r, k)
 	}
 	if held {
-		n.c.settle()
+		n.c.settleResource(name)
 		return stateErr(drbd.ErrDeviceInUse, "down", name, -2, "Need access to UpToDate data", r.openedDetail(op))
 	}
 	if r.attached() {
@@ -513,7 +513,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		r.publish()
 	}
 	n.destroy(r)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -589,7 +589,7 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 		}
 	}
 	c.pending = append(c.pending, r)
-	c.settle()
+	c.settleResource(name)
 	return nil
 }
 
@@ -611,7 +611,7 @@ func (n *Node) Secondary(ctx context.Context, name string) error {
 		return err
 	}
 	n.c.pending = append(n.c.pending, r)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -733,6 +733,51 @@ func (c *Cluster) disconnect(r *resource, k *conn) {
 // NewCurrentUUIDClearBitmap starts a new generation without a resync: on
 // this node and every connected diskful peer whose metadata is also just
 // created, all become UpToDate (formation of a brand-new volume).
+// SuspendIO is `drbdadm suspend-io`: the resource's writes (write,
+// zero-out, flush) wait from now until ResumeIO, on this node, whatever
+// its role and quorum. Writes hold the cluster lock while they replicate,
+// so when SuspendIO returns no write is half-way: every write acknowledged
+// before it is on every connected diskful replica, and none after it
+// reaches any (the point a snapshot across replicas is taken at,
+// docs/snapshots.md). Reads go on (DRBD holds them too; a snapshot does
+// not need it). Suspending a suspended resource is a success.
+func (n *Node) SuspendIO(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "suspend-io", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("suspend-io", name)
+	}
+	if !r.suspendedUser {
+		r.suspendedUser = true
+		r.publish()
+	}
+	return nil
+}
+
+// ResumeIO is `drbdadm resume-io`: the writes SuspendIO held go on (or
+// keep waiting for quorum under on-no-quorum suspend-io, which resume-io
+// does not lift). Resuming a resource that is not suspended is a success,
+// as in DRBD.
+func (n *Node) ResumeIO(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "resume-io", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("resume-io", name)
+	}
+	if r.suspendedUser {
+		r.suspendedUser = false
+		r.publish()
+		n.c.cond.Broadcast()
+	}
+	return nil
+}
+
 func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "new-current-uuid", name, "--clear-bitmap"); err != nil {
 		return err
@@ -767,7 +812,7 @@ func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 		x.setDisk(DiskUpToDate)
 		x.publish()
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -839,7 +884,7 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 				}
 			}
 		}
-		n.c.settle()
+		n.c.settleResource(name)
 		return nil
 	}
 	old := map[*resource]int64{}
@@ -867,7 +912,7 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -938,7 +983,7 @@ func (n *Node) ForgetPeer(ctx context.Context, name string, peerNodeID int) erro
 	}
 	delete(r.outdated(), peerNodeID)
 	delete(r.members, peerNodeID)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -979,7 +1024,7 @@ func (n *Node) Verify(ctx context.Context, name string, peerNodeID int) error {
 	k.rsStarted, pk.rsStarted = n.c.now, n.c.now
 	r.publish()
 	pr.publish()
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -1053,7 +1098,7 @@ func (n *Node) FailDisk(name string) error {
 		}
 	}
 	r.detach(DiskFailed)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
