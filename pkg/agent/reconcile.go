@@ -161,7 +161,7 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 		}
 	}
 	if r.rvr.DeletionTimestamp != nil {
-		if err := a.releaseReplica(ctx, r.rvr, a.releasePool(ctx, r.rvr, r.rv)); err != nil {
+		if err := a.releaseReplica(ctx, r.rvr); err != nil {
 			return r.failed(ctx, "tearing down the deleted replica", err)
 		}
 		r.gone = true
@@ -183,84 +183,15 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 // DRBD; docs/layouts.md §8.4). nil for a member without one.
 func (a *Agent) backing(ctx context.Context, r *replicaStep, member *v1.DatameshMember) (*storage.Volume, error) {
 	var vol *storage.Volume
-	if pool := storagePool(r.rvr, r.rv); member.Type.ConnectsToAllPeers() && pool != "" {
-		v, err := a.ensureVolume(ctx, r.rvr, r.rv, pool)
+	if member.Type.ConnectsToAllPeers() && r.rvr.Spec.Storage != nil {
+		v, err := a.ensureVolume(ctx, r.rvr, r.rv)
 		if err != nil {
 			return nil, err
 		}
 		vol = &v
 		r.st.BackingVolume = backingStatus(vol)
-	} else if !member.Type.ConnectsToAllPeers() && r.rvr.Spec.Storage == nil {
-		// A Diskful retyped to a diskless type keeps no backing volume once its member
-		// has none: free it (nothing of DRBD holds it from the step that detached it).
-		if err := a.freeRetypedVolume(ctx, r.rvr, r.rv); err != nil {
-			return nil, err
-		}
 	}
 	return vol, nil
-}
-
-// storagePool is the pool rvr's backing volume lives in: spec.storage's, or, for a
-// replica retyped from Diskful to Access or TieBreaker, the volume's configured pool —
-// the CRD keeps spec.storage off diskless replicas while the member keeps its disk until
-// its ChangeReplicaType has taken it off (docs/datamesh.md, "Configuration → replicas").
-// "" when it has none.
-func storagePool(rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) string {
-	if rvr.Spec.Storage != nil {
-		return rvr.Spec.Storage.Pool
-	}
-	if rv == nil || rv.Status.Configuration == nil || rvr.Spec.Type == v1.ReplicaTypeDiskful || rvr.Spec.Type == v1.ReplicaTypeShadowDiskful {
-		return ""
-	}
-	return rv.Status.Configuration.StoragePool
-}
-
-// freeRetypedVolume deletes the backing volume of a replica retyped to a diskless type
-// whose member no longer has a disk, if the pool still holds one. It looks only when
-// this agent knows of one (a restart in between leaves it to the replica's deletion,
-// releaseReplica), so a diskless replica costs no pool listing per reconcile.
-func (a *Agent) freeRetypedVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) error {
-	if _, known := a.knownVolume(rvr); !known {
-		return nil
-	}
-	if err := a.deleteBacking(ctx, rvr, storagePool(rvr, rv)); err != nil {
-		return err
-	}
-	a.mu.Lock()
-	delete(a.volumes, rvr.UID)
-	a.mu.Unlock()
-	return nil
-}
-
-// releasePool is the pool to free a deleted replica's backing volume from: spec.storage's,
-// or for a replica retyped from Diskful whose agent restarted before it freed the volume
-// (freeRetypedVolume), the volume's pool when this node serves it. An Access or
-// TieBreaker replica on a node without the pool has nothing to free there.
-func (a *Agent) releasePool(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) string {
-	pool := storagePool(rvr, rv)
-	if rvr.Spec.Storage != nil || pool == "" {
-		return pool
-	}
-	if _, err := a.provider(ctx, pool); err != nil {
-		return ""
-	}
-	return pool
-}
-
-// deleteBacking deletes rvr's backing volume from pool, if it is there.
-func (a *Agent) deleteBacking(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, pool string) error {
-	if pool == "" {
-		return nil
-	}
-	p, err := a.provider(ctx, pool)
-	if err != nil {
-		return err
-	}
-	if err := p.Delete(ctx, rvr.Name); err != nil { // one that is not there is a success
-		return err
-	}
-	a.markCapacity()
-	return nil
 }
 
 // desiredConfig renders what the member's revision asks this node's DRBD to
@@ -580,7 +511,7 @@ func (a *Agent) kernelSizeAtLeast(ctx context.Context, name string, want int64) 
 }
 
 // ensureVolume creates (or grows) the replica's backing volume.
-func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume, pool string) (storage.Volume, error) {
+func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) (storage.Volume, error) {
 	// Enough for DRBD's internal metadata on top of the volume's size, so that
 	// the device offers at least the size (the agent confirms no less).
 	need := drbd.BackingBytes(rv.DeviceSize(), v1.DRBDMaxPeers)
@@ -590,7 +521,7 @@ func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplic
 	if known && v.SizeBytes >= need {
 		return v, nil
 	}
-	p, err := a.provider(ctx, pool)
+	p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
 	if err != nil {
 		return storage.Volume{}, err
 	}
@@ -722,12 +653,19 @@ func (a *Agent) takeDown(ctx context.Context, name string) error {
 // releaseReplica finishes a deleted replica that is no longer a member: its
 // DRBD resource is down (the caller saw to it), its configuration and backing
 // volume go, then the agent's finalizer.
-func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, pool string) error {
+func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeReplica) error {
 	if err := a.drv.RemoveConfig(ctx, rvr.Spec.ReplicatedVolumeName); err != nil {
 		return err
 	}
-	if err := a.deleteBacking(ctx, rvr, pool); err != nil {
-		return err
+	if rvr.Spec.Storage != nil {
+		p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
+		if err != nil {
+			return err
+		}
+		if err := p.Delete(ctx, rvr.Name); err != nil {
+			return err
+		}
+		a.markCapacity()
 	}
 	a.mu.Lock()
 	delete(a.volumes, rvr.UID)

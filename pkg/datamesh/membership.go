@@ -218,10 +218,7 @@ func (rc *reconcile) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
 			return msg
 		}
 	}
-	if p.From == StateTB && !p.To.IsVoter() {
-		// A TB that becomes a D (TB → D∅ → D) takes its tiebreaker away only by making
-		// the voters odd, where none is needed: the guards below are about a TB that
-		// leaves the voters even.
+	if p.From == StateTB {
 		if msg := rc.leavingTBGuards(mi); msg != "" {
 			return msg
 		}
@@ -309,18 +306,13 @@ func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 	if ok, msg := layout.GuardFTT(c.voters, rc.cfg); !ok {
 		return msg
 	}
-	tbAfter := c.tb
-	if p.To == StateTB {
-		tbAfter++ // D → D∅ → TB: the leaving voter is the TieBreaker, in the same step
-	}
-	if after := c.voters - 1; tbAfter < layout.TieBreakerMin(after, rc.cfg.FTT) {
+	if after := c.voters - 1; c.tb < layout.TieBreakerMin(after, rc.cfg.FTT) {
 		// The voters left would be an even set that survives FTT failures only through
 		// DRBD's tiebreaker, and there is no TieBreaker yet: the TieBreaker joins first
-		// (add before remove). Without this, 3D → 2D+1TB by a retype of a D to anything
-		// but the TieBreaker itself drops the effective FTT below the configuration for
-		// as long as placement needs to create the TB (model checker, R-ratchet). A D
-		// retyped to TB (what the layout asks for, wantDiskfulAsTieBreaker) is that
-		// TieBreaker: its last step takes a voter away and adds the TB at once.
+		// (add before remove). Without this, 3D → 2D+1TB by a retype (not by the
+		// layout, which creates the TB first) drops the effective FTT below the
+		// configuration for as long as placement needs to create the TB (model checker,
+		// R-ratchet).
 		return "Would violate FTT: " + strconv.Itoa(after) + " voters need a TieBreaker for FTT=" + strconv.Itoa(rc.cfg.FTT) + " (TB_count=" + strconv.Itoa(c.tb) + "); waiting for a TieBreaker to join first"
 	}
 	if cfg != nil && cfg.Topology == v1.TopologyTransZonal {

@@ -15,15 +15,9 @@ import (
 // (and every D is UpToDate), so redundancy never dips:
 //
 //	FTT 1→2 (3D → 4D+1TB): create D, create TB.
-//	2D+1TB → 3D:            retype the TB to D: TB → D∅ → D.
-//	3D → 2D+1TB:            retype one D (not attached) to TB: D → D∅ → TB.
+//	2D+1TB → 3D:            create D; once it is an UpToDate member, delete the TB.
+//	3D → 2D+1TB:            create TB; once it is a member, delete one D.
 //
-// The last two are not add-before-remove: the layout ends with the same members either
-// way, and a new replica beside the three of 2D+1TB or 3D needs a fourth node, which
-// three nodes do not have (3D → 2D+1TB never completed there). Where a retype cannot
-// be asked for (only attached D to give up, a TieBreaker on a node the pool cannot
-// store on), it is create, then delete, as before (wantDiskfulAsTieBreaker,
-// wantTieBreakerAsDiskful).
 // An attached member is never deleted: it is retyped (D → sD with shadow support, else
 // D → A), the attached-member strategy. When the members already match the layout but
 // q/qmr lag the configuration (a GMDR change with the same D count, or a qmr↑ that had
@@ -34,8 +28,6 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 		return wanted
 	}
 	d, tb := rc.layoutReplicas()
-	wanted, d, tb = rc.wantDiskfulAsTieBreaker(d, tb, wanted)
-	wanted, d, tb = rc.wantTieBreakerAsDiskful(d, tb, wanted)
 	wanted = rc.wantAdds(d, tb, wanted)
 	settled := !slices.ContainsFunc(wanted, func(w WantedReplica) bool { return w.Action == WantCreate }) && rc.addsLanded()
 	if settled {
@@ -89,70 +81,6 @@ func (rc *reconcile) layoutReplicas() (d, tb int) {
 		}
 	}
 	return d, tb
-}
-
-// wantDiskfulAsTieBreaker turns a Diskful the configuration has too many into the
-// TieBreaker it lacks (3D → 2D+1TB: FTT 1, GMDR 1 → 0), instead of a new TieBreaker
-// beside it and the Diskful's removal: the retype needs no further node (on three nodes
-// there is none, and the change never completed), keeps the member's node and zone, and
-// ends in the same layout by one transition (D → D∅ → TB). The Diskful given up is
-// pickDiskfulVictim's among the ones not attached (a TieBreaker cannot serve the
-// attachment), and only while the Diskfuls that stay are UpToDate copies enough for the
-// configuration; otherwise the usual add-then-remove order applies. It returns the
-// counts as they will be once the retype is done.
-func (rc *reconcile) wantDiskfulAsTieBreaker(d, tb int, wanted []WantedReplica) ([]WantedReplica, int, int) {
-	needD := rc.cfg.DiskfulCount()
-	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
-	if d <= needD || tb >= needTB {
-		return wanted, d, tb
-	}
-	mi := rc.pickDiskfulVictim()
-	if mi < 0 || rc.st.Datamesh.Members[mi].Attached {
-		return wanted, d, tb
-	}
-	staying := rc.counts().upToDateD
-	if upToDate(rc.rvrOfMember(mi)) {
-		staying--
-	}
-	if staying < needD {
-		return wanted, d, tb
-	}
-	m := &rc.st.Datamesh.Members[mi]
-	wanted = append(wanted, WantedReplica{Action: WantRetype, Type: v1.ReplicaTypeTieBreaker, Replica: m.Name,
-		Reason: rc.layoutNeeds(needD, needTB, d, tb) + "; " + m.Name + " becomes the TieBreaker"})
-	return wanted, d - 1, tb + 1
-}
-
-// wantTieBreakerAsDiskful is wantDiskfulAsTieBreaker's converse (2D+1TB → 3D): a
-// TieBreaker the configuration no longer needs becomes the Diskful it lacks (TB → D∅ →
-// D), when its node is a ready, schedulable eligible node of the pool; otherwise the
-// usual create-then-delete order applies. The TieBreaker is not needed from the first
-// step on: with the D∅ the voters are odd. It returns the counts as they will be once
-// the retype is done.
-func (rc *reconcile) wantTieBreakerAsDiskful(d, tb int, wanted []WantedReplica) ([]WantedReplica, int, int) {
-	needD := rc.cfg.DiskfulCount()
-	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
-	if d >= needD || tb <= needTB {
-		return wanted, d, tb
-	}
-	mi := rc.pickTBVictim()
-	if mi < 0 {
-		return wanted, d, tb
-	}
-	m := &rc.st.Datamesh.Members[mi]
-	if n := rc.in.Pool.FindNode(m.NodeName); n == nil || !n.Ready || n.Unschedulable {
-		return wanted, d, tb
-	}
-	wanted = append(wanted, WantedReplica{Action: WantRetype, Type: v1.ReplicaTypeDiskful, Replica: m.Name,
-		Reason: rc.layoutNeeds(needD, needTB, d, tb) + "; " + m.Name + " becomes a Diskful"})
-	return wanted, d + 1, tb - 1
-}
-
-// layoutNeeds says what the configured layout needs and what there is, for a retype's
-// reason.
-func (rc *reconcile) layoutNeeds(needD, needTB, d, tb int) string {
-	return "configuration " + rc.cfg.String() + " (FTT=" + strconv.Itoa(rc.cfg.FTT) + ", GMDR=" + strconv.Itoa(rc.cfg.GMDR) + ") needs " +
-		strconv.Itoa(needD) + " Diskful and " + strconv.Itoa(needTB) + " TieBreaker, have " + strconv.Itoa(d) + " and " + strconv.Itoa(tb)
 }
 
 // wantAdds asks for the Diskful and TieBreaker replicas the configuration lacks.
