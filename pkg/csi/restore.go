@@ -157,4 +157,3 @@ func (c *Controller) dropCloneSnapshot(ctx context.Context, r createRequest) err
 	}
 	return nil
 }
-

@@ -166,23 +166,31 @@ func (r *rig) createFrom(cs *csi.Controller, name, class string, src *csipb.Volu
 	}
 }
 
-// holds waits until the volume is Ready (every replica in sync) and checks that every
-// diskful replica's disk holds want at offset 0, read through a Primary on each in turn.
+// holds waits until the volume is Ready (every replica in sync) and reads want at
+// offset 0 on a diskful replica other than the seeded one when there is one: its data
+// came by DRBD's sync from the seed.
 func (r *rig) holds(vol string, want []byte) {
 	r.t.Helper()
 	rv := r.ready(vol, 3*time.Minute)
-	if rv.Spec.DataSource == nil {
+	ds := rv.Spec.DataSource
+	if ds == nil {
 		r.t.Fatalf("%s has no spec.dataSource", vol)
 	}
-	for _, n := range diskfulNodes(rv) {
-		r.attach(vol, n)
-		got, err := r.c.Node(n).Sim.Read(r.ctx, vol, 0, len(want))
-		r.must(err)
-		if !bytes.Equal(got, want) {
-			r.t.Fatalf("%s read on %s: %x..., want %x...", vol, n, got[:8], want[:8])
-		}
-		r.detach(vol, n)
+	nodes := diskfulNodes(rv)
+	if !slices.Contains(nodes, ds.NodeName) {
+		r.t.Fatalf("%s: no diskful replica on %s, the node of its source's copy (diskful on %v)", vol, ds.NodeName, nodes)
 	}
+	n := nodes[0]
+	if len(nodes) > 1 && n == ds.NodeName {
+		n = nodes[1]
+	}
+	r.attach(vol, n)
+	got, err := r.c.Node(n).Sim.Read(r.ctx, vol, 0, len(want))
+	r.must(err)
+	if !bytes.Equal(got, want) {
+		r.t.Fatalf("%s read on %s (seeded on %s): %x..., want %x...", vol, n, ds.NodeName, got[:8], want[:8])
+	}
+	r.detach(vol, n)
 }
 
 // suspendedAnywhere names the nodes where the volume's IO is suspended by suspend-io.
@@ -217,7 +225,6 @@ func (r *rig) noSnapshotFiles(snap string) {
 		return ""
 	})
 }
-
 
 // The IO suspension a snapshot costs a writer: a 2D+1TB volume attached on a diskful
 // node takes small writes in a loop while five snapshots are taken; the longest write
