@@ -110,6 +110,13 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 // to look at again sooner than the Lease's own next change.
 func (c *Controller) actOnLostNode(ctx context.Context, node string, lv agentlease.Liveness) (ctrl.Result, error) {
 	var res ctrl.Result
+	if lv.Reason == v1.ReasonAgentLeaseMissing {
+		// No agent ever held a Lease for this node: meshvol does not run there (the
+		// DaemonSet does not select it), or not yet (a cluster starting, whose agents
+		// are slow to their first Lease). There is nothing of meshvol to fence, and the
+		// out-of-service taint would evict every pod of a node that is up.
+		lv.Lost = false
+	}
 	if ts := c.nodeTaints(); len(ts) > 0 {
 		settled, err := c.taint(ctx, node, lv, ts)
 		if err != nil {
