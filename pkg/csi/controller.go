@@ -531,6 +531,9 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "volume_id: volume %q is published to node(s) %s; unpublish it first", id, strings.Join(nodes, ", "))
 	}
+	if err := c.dropUnreadySnapshots(ctx, id); err != nil {
+		return nil, err
+	}
 	if rv.DeletionTimestamp == nil {
 		if err := c.Client.Delete(ctx, rv, client.Preconditions{UID: &rv.UID}); err != nil && !apierrors.IsNotFound(err) {
 			if apierrors.IsConflict(err) {

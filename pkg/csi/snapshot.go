@@ -262,3 +262,23 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csipb.ListSnapshots
 	}
 	return resp, nil
 }
+
+// dropUnreadySnapshots deletes the snapshots of a volume being deleted that were never
+// taken: they can no longer be (docs/snapshots.md, "Deleting"), and a CreateSnapshot that
+// gave up on one leaves nobody to delete it. Ready snapshots outlive the volume.
+func (c *Controller) dropUnreadySnapshots(ctx context.Context, volume string) error {
+	var l v1.ReplicatedVolumeSnapshotList
+	if err := c.Client.List(ctx, &l); err != nil {
+		return internal("listing ReplicatedVolumeSnapshots", err)
+	}
+	for i := range l.Items {
+		s := &l.Items[i]
+		if s.Spec.ReplicatedVolumeName != volume || s.Status.ReadyToUse || s.DeletionTimestamp != nil {
+			continue
+		}
+		if err := c.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+			return internal("deleting the unready snapshot "+s.Name, err)
+		}
+	}
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,7 +21,8 @@ import (
 	"github.com/meshvol/meshvol/pkg/csi"
 )
 
-// Scenario: snapshot, restore and clone (docs/snapshots.md) for 1D, 2D+1TB and 3D. A
+// Scenario: snapshot, restore and clone (docs/snapshots.md) for 1D and 2D+1TB (3D in
+// csi-sanity). A
 // volume attached on a diskful node holds data A; CreateSnapshot; the volume is
 // overwritten with B; a volume restored from the snapshot holds A on every diskful
 // replica once in sync, a clone of the source holds B; the snapshot has a copy on
@@ -30,7 +32,7 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		ftt, gmdr int32
-	}{{"1d", 0, 0}, {"2d1tb", 1, 0}, {"3d", 1, 1}} {
+	}{{"1d", 0, 0}, {"2d1tb", 1, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			cs := r.csiController()
@@ -231,6 +233,9 @@ func (r *rig) noSnapshotFiles(snap string) {
 // of each snapshot is its suspend window as the application sees it. Every write
 // completes (IO resumes) and no window outlasts the suspension's deadline.
 func TestSnapshotSuspendWindow(t *testing.T) {
+	if os.Getenv("MESHVOL_SNAPSHOT_WINDOW") == "" {
+		t.Skip("a measurement (docs/benchmarks.md, \"Snapshots\"): set MESHVOL_SNAPSHOT_WINDOW=1 to run it")
+	}
 	r := newRig(t)
 	cs := r.csiController()
 	const vol = "snap-window"
@@ -282,4 +287,46 @@ func TestSnapshotSuspendWindow(t *testing.T) {
 	for i := range 5 {
 		r.noSnapshotFiles(fmt.Sprintf("snap-window-%d", i))
 	}
+}
+
+// Fault: the agent of the volume's node restarts while a snapshot holds the volume's IO
+// suspended (a crash between suspend-io and resume-io). The snapshot is still taken (or
+// its attempt aborted and retried), IO resumes, and a writer's write completes. Then a
+// suspension no snapshot holds (an agent that died after suspend-io, its snapshot gone
+// meanwhile) is resumed by the restarted agent.
+func TestSnapshotAgentRestart(t *testing.T) {
+	r := newRig(t)
+	cs := r.csiController()
+	const vol, snap = "snap-restart", "snap-restart"
+	r.volume(vol, r.class(0, 0, v1.TopologyIgnored), 1)
+	node := diskfulNodes(r.ready(vol, 2*time.Minute))[0]
+	r.attach(vol, node)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CreateSnapshot(r.ctx, &csipb.CreateSnapshotRequest{Name: snap, SourceVolumeId: vol})
+		done <- err
+	}()
+	r.eventually("IO suspended on "+node, time.Minute, func() string {
+		if r.suspendedAnywhere(vol) == "" {
+			return "not suspended yet"
+		}
+		return ""
+	})
+	r.must(r.c.RestartAgent(node))
+	wrote := make(chan error, 1)
+	go func() { wrote <- r.c.Node(node).Sim.Write(r.ctx, vol, 0, pattern("after-restart")) }()
+	r.must(<-done)
+	r.must(<-wrote)
+	r.eventually("IO resumed on "+vol, time.Minute, func() string { return r.suspendedAnywhere(vol) })
+
+	r.must(r.c.Node(node).Sim.SuspendIO(r.ctx, vol))
+	r.must(r.c.RestartAgent(node))
+	r.eventually("a suspension no snapshot holds resumed", time.Minute, func() string { return r.suspendedAnywhere(vol) })
+	r.must(r.c.Node(node).Sim.Write(r.ctx, vol, 0, pattern("after-second-restart")))
+
+	r.detach(vol, node)
+	_, err := cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
+	r.must(err)
+	r.deleteVolume(vol)
+	r.noSnapshotFiles(snap)
 }
