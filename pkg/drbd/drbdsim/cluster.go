@@ -82,6 +82,11 @@ type Cluster struct {
 	// twoWriters records, per resource, the moments two unconnected nodes
 	// could both write it (writers.go).
 	twoWriters map[string][]string
+	// scope limits a settle to the resources of these names (nil: all).
+	scope map[string]bool
+	// wakes holds, per resource name, when the clock next changes
+	// something of it (recordWakes); names at rest have no entry.
+	wakes map[string]time.Time
 }
 
 type link struct{ a, b string }
@@ -114,6 +119,7 @@ func NewCluster(opts Options) *Cluster {
 		nodes: map[string]*Node{},
 		cut:   map[link]bool{},
 		acked: map[string]map[int64]uint64{},
+		wakes: map[string]time.Time{},
 	}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -150,8 +156,13 @@ func (c *Cluster) Advance(d time.Duration) {
 		step := min(d, 100*time.Millisecond)
 		d -= step
 		c.now = c.now.Add(step)
+		due := c.dueScope()
+		if due == nil {
+			continue // nothing depends on the clock now: at rest
+		}
+		c.scope = due
 		c.progressResyncs(step)
-		c.settle()
+		c.settleScope(due)
 	}
 }
 
