@@ -93,7 +93,7 @@ func (p *Pool) CreateSnapshot(ctx context.Context, req storage.SnapshotRequest) 
 	if _, err := p.ownedFile(op, req.Replica); err != nil {
 		return storage.Snapshot{}, err
 	}
-	if err := flushLoop(p.path(req.Replica)); err != nil {
+	if err := p.flushLoop(req.Replica); err != nil {
 		return storage.Snapshot{}, p.err(op, req.Name, nil, "flushing the volume's loop device", err)
 	}
 	marks := map[string]string{snapshotXattr: req.Name, originXattr: req.Replica}
@@ -152,11 +152,11 @@ func (p *Pool) ListSnapshots(ctx context.Context, replica string) ([]storage.Sna
 	return out, nil
 }
 
-// flushLoop writes out what a writer of the file's loop device left in the device's
+// flushLoop writes out what a writer of the replica's loop device left in the device's
 // page cache (a process writing the block device rather than submitting bios, as the
-// DRBD simulator does), so that the file holds every completed write.
-func flushLoop(path string) error {
-	d, found, err := findLoop(path)
+// DRBD simulator does), so that the file holds every completed write. Callers hold p.mu.
+func (p *Pool) flushLoop(replica string) error {
+	d, found, err := p.device(replica)
 	if err != nil || !found {
 		return err
 	}
