@@ -136,10 +136,23 @@ type ManagerOptions struct {
 	// LeaderElectionID in Options.Namespace.
 	LeaderElection   bool
 	LeaderElectionID string
+	// LeaseDuration, RenewDeadline and RetryPeriod time the election (zero:
+	// controller-runtime's 15 s, 10 s and 2 s). A new leader takes over at most
+	// LeaseDuration + RetryPeriod after the old one's last renewal; the old one stops
+	// leading RenewDeadline after its last renewal, before the Lease can pass on.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
 // LeaderElectionID is the default name of the controller's leader-election Lease.
 const LeaderElectionID = "meshvol-controller"
+
+// nonZero is d's address, or nil (controller-runtime's default) for zero.
+func nonZero(d time.Duration) *time.Duration {
+	if d == 0 {
+		return nil
+	}
+	return &d
+}
 
 // CacheOptions restricts the cache's Secrets and Leases to the controller's namespace:
 // the controller reads no other Secret, and every agent Lease lives there.
@@ -179,6 +192,9 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		LeaderElection:          mo.LeaderElection,
 		LeaderElectionID:        mo.LeaderElectionID,
 		LeaderElectionNamespace: o.Namespace,
+		LeaseDuration:           nonZero(mo.LeaseDuration),
+		RenewDeadline:           nonZero(mo.RenewDeadline),
+		RetryPeriod:             nonZero(mo.RetryPeriod),
 		// Step down cleanly on SIGTERM so the next controller starts at once.
 		LeaderElectionReleaseOnCancel: true,
 		// Tests and the sandbox run a controller again in the same process (a restart);
