@@ -137,6 +137,13 @@ type ManagerOptions struct {
 	// LeaderElectionID in Options.Namespace.
 	LeaderElection   bool
 	LeaderElectionID string
+	// LeaseDuration, RenewDeadline and RetryPeriod time the election (zero:
+	// controller-runtime's 15 s, 10 s and 2 s).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// KeepLeaseOnStop keeps the Lease when the manager's context ends, as a
+	// crashed leader does: the next leader waits for it to expire. Without it the
+	// leader steps down at once (a SIGTERM). Tests of a leader's crash set it.
+	KeepLeaseOnStop bool
 }
 
 // LeaderElectionID is the default name of the controller's leader-election Lease.
@@ -173,6 +180,9 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		mo.LeaderElectionID = LeaderElectionID
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		LeaseDuration:           durationOrNil(mo.LeaseDuration),
+		RenewDeadline:           durationOrNil(mo.RenewDeadline),
+		RetryPeriod:             durationOrNil(mo.RetryPeriod),
 		Scheme:                  scheme,
 		Cache:                   CacheOptions(o.Namespace),
 		Metrics:                 metricsserver.Options{BindAddress: mo.MetricsAddr},
@@ -181,7 +191,7 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		LeaderElectionID:        mo.LeaderElectionID,
 		LeaderElectionNamespace: o.Namespace,
 		// Step down cleanly on SIGTERM so the next controller starts at once.
-		LeaderElectionReleaseOnCancel: true,
+		LeaderElectionReleaseOnCancel: !mo.KeepLeaseOnStop,
 		// Tests and the sandbox run a controller again in the same process (a restart);
 		// controller-runtime would refuse the second manager's controller names.
 		Controller: config.Controller{SkipNameValidation: &skipNameValidation},
@@ -209,6 +219,14 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 }
 
 var skipNameValidation = true
+
+// durationOrNil is d for controller-runtime's options, nil (its default) for zero.
+func durationOrNil(d time.Duration) *time.Duration {
+	if d == 0 {
+		return nil
+	}
+	return &d
+}
 
 // Run builds a manager for cfg (no metrics or probe endpoints, no leader election) and
 // runs the controller until ctx ends: the one-call form for a process that runs the

@@ -376,8 +376,8 @@ func (rc *reconcile) wantAccessReplicas(sv serving) (wanted []WantedReplica) {
 // waits for it (attachBlocked): the Attach's revision would carry that step too, and
 // mi confirms a revision only once it is Primary, so a member that cannot be promoted
 // yet — a survivor whose quorum a lost voter took, until the removal's q↓ or the
-// replacement's join that the step belongs to — would confirm neither (docs/soak.md,
-// "Attach of the survivor during a voter's loss").
+// replacement's join that the step belongs to — would confirm neither (docs/datamesh.md,
+// "An Attach its member cannot promote").
 func (rc *reconcile) stepAwaiting(mi int) string {
 	m := &rc.st.Datamesh.Members[mi]
 	bit := uint32(1) << uint(m.NodeID&31)
@@ -435,10 +435,10 @@ func (rc *reconcile) lossPending() bool {
 // waits behind it: another transition's step the member must confirm (stepAwaiting),
 // or a lost member's removal or the q↓ after it (lossPending) — often the very steps
 // that would give the member its quorum back. The member confirms a revision only once
-// it is Primary, so those would wait for good (docs/soak.md, "Attach of the survivor
-// during a voter's loss"). The Attach is cancelled and a Detach publishes the member not
-// attached; it is Secondary, so that takes nothing from anyone: no RVA was Attached,
-// nothing opened the device. The RVA waits, saying why (attachBlocked,
+// it is Primary, so those would wait for good (docs/datamesh.md, "An Attach its
+// member cannot promote"). The Attach is cancelled and a Detach publishes the member
+// not attached; it is Secondary, so that takes nothing from anyone: no RVA was
+// Attached, nothing opened the device. The RVA waits, saying why (attachBlocked,
 // attachmentBlocked), and attaches once the member has confirmed what it waited for.
 // With nothing behind it the Attach stays: quorum may come back by itself (a partition
 // heals), and withdrawing would only churn revisions.

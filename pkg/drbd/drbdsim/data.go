@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -58,7 +59,20 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 			return fmt.Errorf("%s %s at offset %d: device is Secondary (not opened for writing): %w", op, name, off, syscall.EROFS)
 		}
 		if r.cfg.Options.Resource.Quorum == drbd.QuorumOff || r.quorate {
-			return do(r)
+			err := do(r)
+			if d := c.replicationDelay(r); err == nil && d > 0 {
+				// A slow link: the replicas have the change, the writer hears of it d
+				// later. c.mu is released meanwhile, so the rest of the cluster runs on.
+				c.mu.Unlock()
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+				}
+				c.mu.Lock()
+			}
+			return err
 		}
 		if r.cfg.Options.Resource.OnNoQuorum != drbd.OnNoQuorumSuspendIO {
 			return ioErr(op, name, off, "no quorum (on-no-quorum io-error)")
