@@ -217,7 +217,7 @@ func preflight(ctx context.Context, cfg *rest.Config, timeout time.Duration) err
 		return err
 	}
 	deadline := time.Now().Add(timeout)
-	want := []string{"replicatedvolumes", "replicatedvolumereplicas", "replicatedvolumeattachments", "replicatedstorageclasses", "replicatedstoragepools"}
+	want := []string{"replicatedvolumes", "replicatedvolumereplicas", "replicatedvolumeattachments", "replicatedstorageclasses", "replicatedstoragepools", "replicatedvolumesnapshots"}
 	for {
 		var last error
 		if _, err := dc.ServerVersion(); err != nil {

@@ -277,6 +277,10 @@ func (s *Service) drbdadm(ctx context.Context, node string, args []string, files
 		err = n.NewCurrentUUIDClearBitmap(ctx, r.Name)
 	case cmd == "resize" && flags == "":
 		err = n.Resize(ctx, r.Name)
+	case cmd == "suspend-io" && flags == "":
+		err = n.SuspendIO(ctx, r.Name)
+	case cmd == "resume-io" && flags == "":
+		err = n.ResumeIO(ctx, r.Name)
 	default:
 		return unsupported(stderr, "drbdadm", args)
 	}

@@ -200,17 +200,9 @@ func (s *Sandbox) startInstalled(ctx context.Context, specs []kubecluster.NodeSp
 	s.simd = drbdsimd.New(s.Sim)
 
 	began := time.Now()
-	s.Kube, err = kubecluster.Start(ctx, kubecluster.Options{
-		Dir:         opts.Dir,
-		Nodes:       specs,
-		BinDir:      opts.BinDir,
-		PauseBinary: opts.PauseBinary,
-		WaitForLock: opts.WaitForLock,
-		Log:         opts.Progress,
-		Namespaces:  true,
-		PrepareNode: s.prepareNode,
-		Images:      append([]string{opts.Image}, archives...),
-	})
+	ko := s.clusterOptions(specs)
+	ko.Namespaces, ko.PrepareNode, ko.Images = true, s.prepareNode, append([]string{opts.Image}, archives...)
+	s.Kube, err = kubecluster.Start(ctx, ko)
 	if err != nil {
 		return err
 	}

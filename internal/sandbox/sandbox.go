@@ -156,14 +156,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		return s, s.startInstalled(ctx, specs)
 	}
 	began := time.Now()
-	s.Kube, err = kubecluster.Start(ctx, kubecluster.Options{
-		Dir:         opts.Dir,
-		Nodes:       specs,
-		BinDir:      opts.BinDir,
-		PauseBinary: opts.PauseBinary,
-		WaitForLock: opts.WaitForLock,
-		Log:         opts.Progress,
-	})
+	s.Kube, err = kubecluster.Start(ctx, s.clusterOptions(specs))
 	if err != nil {
 		return s, err
 	}
@@ -258,6 +251,20 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	s.progress("sandbox: storage capacity published (the largest volume the scheduler admits per node) in %s: %s",
 		time.Since(began).Round(time.Millisecond), describeCapacities(caps))
 	return s, nil
+}
+
+// clusterOptions are the Kubernetes cluster's options for the given nodes,
+// both ways: the installed sandbox adds the nodes' namespaces, their
+// preparation and the images to them.
+func (s *Sandbox) clusterOptions(specs []kubecluster.NodeSpec) kubecluster.Options {
+	return kubecluster.Options{
+		Dir:         s.opts.Dir,
+		Nodes:       specs,
+		BinDir:      s.opts.BinDir,
+		PauseBinary: s.opts.PauseBinary,
+		WaitForLock: s.opts.WaitForLock,
+		Log:         s.opts.Progress,
+	}
 }
 
 func classNames() []string {

@@ -232,8 +232,15 @@ func (l *Local) Stop() error {
 	ms, err := mountinfo.Read()
 	errs = append(errs, err)
 	under := mountinfo.Under(ms, l.dir)
+	// A plain unmount first: it returns once the file system has written
+	// its last blocks and closed the device, so the cluster finds the loop
+	// device free. A lazy one returns at once and leaves that writeback to
+	// the kernel, which under load can outlast the cluster's wait for its
+	// devices; it is only the fallback for a mount something still holds.
 	for i := len(under) - 1; i >= 0; i-- {
-		errs = append(errs, unix.Unmount(under[i], unix.MNT_DETACH))
+		if err := unix.Unmount(under[i], 0); err != nil {
+			errs = append(errs, unix.Unmount(under[i], unix.MNT_DETACH))
+		}
 	}
 	if l.Cluster != nil {
 		errs = append(errs, l.Cluster.Stop())

@@ -110,7 +110,7 @@ func TestFixtureCRDIsServedAndValidated(t *testing.T) {
 // reaches them through the scheme testenv builds.
 func TestMeshvolCRDsInstalled(t *testing.T) {
 	want := map[string]bool{}
-	for _, plural := range []string{"replicatedvolumes", "replicatedvolumereplicas", "replicatedvolumeattachments", "replicatedstorageclasses", "replicatedstoragepools"} {
+	for _, plural := range []string{"replicatedvolumes", "replicatedvolumereplicas", "replicatedvolumeattachments", "replicatedstorageclasses", "replicatedstoragepools", "replicatedvolumesnapshots"} {
 		want[plural+"."+storagev1alpha1.GroupName] = false
 	}
 	for _, crd := range env.CRDs {

@@ -76,6 +76,14 @@ func (t deadlineDriver) Resize(ctx context.Context, name string) error {
 	return t.run(ctx, func(ctx context.Context) error { return t.d.Resize(ctx, name) })
 }
 
+func (t deadlineDriver) SuspendIO(ctx context.Context, name string) error {
+	return t.run(ctx, func(ctx context.Context) error { return t.d.SuspendIO(ctx, name) })
+}
+
+func (t deadlineDriver) ResumeIO(ctx context.Context, name string) error {
+	return t.run(ctx, func(ctx context.Context) error { return t.d.ResumeIO(ctx, name) })
+}
+
 func (t deadlineDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return t.run(ctx, func(ctx context.Context) error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }

@@ -73,6 +73,14 @@ func (t timedDriver) Resize(ctx context.Context, name string) error {
 	return t.run("resize", func() error { return t.d.Resize(ctx, name) })
 }
 
+func (t timedDriver) SuspendIO(ctx context.Context, name string) error {
+	return t.run("suspend-io", func() error { return t.d.SuspendIO(ctx, name) })
+}
+
+func (t timedDriver) ResumeIO(ctx context.Context, name string) error {
+	return t.run("resume-io", func() error { return t.d.ResumeIO(ctx, name) })
+}
+
 func (t timedDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return t.run("forget-peer", func() error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }

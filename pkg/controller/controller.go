@@ -67,8 +67,7 @@ type Options struct {
 	// meshvol volumes and the node's meshvol VolumeAttachments, once every such volume's
 	// survivors hold quorum without the node (docs/controller.md, "--delete-lost-pods").
 	DeleteLostPods bool
-	// Workers is the number of concurrent volume reconciles (default 4), each with its
-	// own engine.
+	// Workers is the number of concurrent volume reconciles (default 4).
 	Workers int
 	// Features are the DRBD features the engine may use.
 	Features datamesh.Features
@@ -248,7 +247,7 @@ type Controller struct {
 	alloc     *Allocator
 	volumes   chan event.GenericEvent
 	pools     chan event.GenericEvent
-	engines   chan *datamesh.Engine
+	engine    *datamesh.Engine // keeps nothing between calls: shared by every worker
 	allocOnce onceErr
 	recorder  record.EventRecorder
 }
@@ -267,10 +266,7 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 		alloc:   NewAllocator(o.PortMin, o.PortMax, o.MinorMin, o.MinorMax),
 		volumes: make(chan event.GenericEvent, 1024),
 		pools:   make(chan event.GenericEvent, 64),
-		engines: make(chan *datamesh.Engine, o.Workers),
-	}
-	for range o.Workers {
-		c.engines <- datamesh.NewEngine(nil, o.Features)
+		engine:  datamesh.NewEngine(nil, o.Features),
 	}
 	if err := setupIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return nil, err
@@ -282,6 +278,9 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 		return nil, err
 	}
 	if err := c.setupLifecycle(mgr); err != nil {
+		return nil, err
+	}
+	if err := c.setupStateMetrics(mgr); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -341,17 +340,6 @@ func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
 		}
 	}
 	return nil
-}
-
-// takeEngine lends the caller an engine: one per concurrent reconcile, each keeping its
-// scratch buffers between the volumes it processes.
-func (c *Controller) takeEngine(ctx context.Context) (*datamesh.Engine, func(), error) {
-	select {
-	case e := <-c.engines:
-		return e, func() { c.engines <- e }, nil
-	case <-ctx.Done():
-		return nil, nil, ctx.Err()
-	}
 }
 
 // ensureAllocations loads the allocation tables from the cache once, before the first

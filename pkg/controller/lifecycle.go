@@ -20,12 +20,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
 // Node lifecycle: one reconcile per agent Lease. An agent's Lease expires by the clock,
 // with no event, so this reconciler looks again when the verdict will change
-// (Liveness.Next) and then wakes the node's volumes (which mark AgentReady=False and
+// (agentlease.Liveness.Next) and then wakes the node's volumes (which mark AgentReady=False and
 // feed ForceDetach/ForceLeave to the engine) and the pools (which mark the node not
 // ready). A Lease renewed after it expired passes the volume and pool watches' own
 // predicate, so the way back needs nothing from here.
@@ -58,7 +59,7 @@ func (c *Controller) nodeTaints() []corev1.Taint {
 func (c *Controller) setupLifecycle(mgr ctrl.Manager) error {
 	agentLease := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		l, ok := o.(*coordinationv1.Lease)
-		return ok && l.Namespace == c.opts.Namespace && NodeNameOfLease(l) != ""
+		return ok && l.Namespace == c.opts.Namespace && agentlease.NodeName(l) != ""
 	})
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("node-lifecycle").
@@ -72,7 +73,7 @@ func (c *Controller) setupLifecycle(mgr ctrl.Manager) error {
 }
 
 func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
-	node := NodeNameOfLease(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: req.Name}})
+	node := agentlease.NodeName(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: req.Name}})
 	if node == "" {
 		return ctrl.Result{}, nil
 	}
@@ -85,7 +86,7 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 		return ctrl.Result{}, err
 	}
 	now := c.opts.Now()
-	lv := LeaseLiveness(lease, now, c.opts.AgentGracePeriod)
+	lv := agentlease.Judge(lease, now, c.opts.AgentGracePeriod)
 	if !lv.Live {
 		for _, r := range c.volumesOnNode(ctx, node, false) {
 			c.wakeVolume(r.Name)
@@ -107,8 +108,15 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 // actOnLostNode applies the node taints the options ask for (TaintLost first, so no
 // replacement lands on the node) and frees the lost node's pods. A zero result: nothing
 // to look at again sooner than the Lease's own next change.
-func (c *Controller) actOnLostNode(ctx context.Context, node string, lv Liveness) (ctrl.Result, error) {
+func (c *Controller) actOnLostNode(ctx context.Context, node string, lv agentlease.Liveness) (ctrl.Result, error) {
 	var res ctrl.Result
+	if lv.Reason == v1.ReasonAgentLeaseMissing {
+		// No agent ever held a Lease for this node: meshvol does not run there (the
+		// DaemonSet does not select it), or not yet (a cluster starting, whose agents
+		// are slow to their first Lease). There is nothing of meshvol to fence, and the
+		// out-of-service taint would evict every pod of a node that is up.
+		lv.Lost = false
+	}
 	if ts := c.nodeTaints(); len(ts) > 0 {
 		settled, err := c.taint(ctx, node, lv, ts)
 		if err != nil {
@@ -144,7 +152,7 @@ func (c *Controller) actOnLostNode(ctx context.Context, node string, lv Liveness
 // taint applies the taints ts to node when it is lost and no live peer reaches it, and
 // removes them once its agent is back and the node clean, in one patch each way.
 // settled=false: the taints should change but the replicas' state does not allow it yet.
-func (c *Controller) taint(ctx context.Context, node string, lv Liveness, ts []corev1.Taint) (settled bool, err error) {
+func (c *Controller) taint(ctx context.Context, node string, lv agentlease.Liveness, ts []corev1.Taint) (settled bool, err error) {
 	n := &corev1.Node{}
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: node}, n); err != nil {
 		return true, client.IgnoreNotFound(err)
@@ -210,7 +218,7 @@ func (c *Controller) nodeReachable(ctx context.Context, node string) (bool, erro
 		}
 		for j := range peers.Items {
 			p := &peers.Items[j]
-			if p.Spec.NodeName == node || LeaseLiveness(byNode[p.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
+			if p.Spec.NodeName == node || agentlease.Judge(byNode[p.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
 				continue
 			}
 			for _, ps := range p.Status.Peers {

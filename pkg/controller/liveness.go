@@ -11,12 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
 // agentVerdict is the AgentReady condition a replica on node should carry.
-func (c *Controller) agentVerdict(v *volume, node string) (metav1.Condition, Liveness) {
-	lv := LeaseLiveness(v.leases[node], v.now, c.opts.AgentGracePeriod)
+func (c *Controller) agentVerdict(v *volume, node string) (metav1.Condition, agentlease.Liveness) {
+	lv := agentlease.Judge(v.leases[node], v.now, c.opts.AgentGracePeriod)
 	if lv.Lost {
 		return metav1.Condition{Type: v1.ConditionAgentReady, Status: metav1.ConditionFalse, Reason: lv.Reason, Message: lv.Message}, lv
 	}
@@ -92,7 +93,7 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 	}
 	for _, r := range rvrs {
 		m, ok := members[r.Name]
-		if !ok || r.Spec.NodeName == "" || !LeaseLiveness(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		if !ok || r.Spec.NodeName == "" || !agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if c.reachedByLivePeer(v, rvrs, r.Name) {
@@ -108,7 +109,7 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 
 func (c *Controller) reachedByLivePeer(v *volume, rvrs []*v1.ReplicatedVolumeReplica, name string) bool {
 	for _, p := range rvrs {
-		if p.Name == name || p.Spec.NodeName == "" || LeaseLiveness(v.leases[p.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		if p.Name == name || p.Spec.NodeName == "" || agentlease.Judge(v.leases[p.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		for _, peer := range p.Status.Peers {
@@ -127,7 +128,7 @@ func (c *Controller) reachedByLivePeer(v *volume, rvrs []*v1.ReplicatedVolumeRep
 func (c *Controller) releaseLostFinalizers(ctx context.Context, v *volume, work *v1.ReplicatedVolume) error {
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp == nil || !slices.Contains(r.Finalizers, v1.FinalizerAgent) || r.Spec.NodeName != "" &&
-			!LeaseLiveness(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+			!agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if inDatamesh(work, r.Name) {

@@ -13,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -41,7 +42,7 @@ type podVolume struct {
 // survivors hold quorum without it, then the node's meshvol VolumeAttachments no pod
 // left there uses. settled=false: a pod stays because a volume's survivors do not
 // (yet) hold quorum without the node; look again soon.
-func (c *Controller) freeLostPods(ctx context.Context, node string, lv Liveness) (settled bool, err error) {
+func (c *Controller) freeLostPods(ctx context.Context, node string, lv agentlease.Liveness) (settled bool, err error) {
 	var pods corev1.PodList
 	if err := c.api.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node}); err != nil {
 		return false, fmt.Errorf("listing the pods of lost node %s: %w", node, err)
@@ -98,7 +99,7 @@ func (c *Controller) freeLostPods(ctx context.Context, node string, lv Liveness)
 	return settled, nil
 }
 
-func (c *Controller) deleteLostPod(ctx context.Context, pod *corev1.Pod, vols []podVolume, node string, lv Liveness, why string) error {
+func (c *Controller) deleteLostPod(ctx context.Context, pod *corev1.Pod, vols []podVolume, node string, lv agentlease.Liveness, why string) error {
 	err := c.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
 	switch {
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
@@ -225,7 +226,7 @@ func (c *Controller) heldWithout(ctx context.Context, rv, node string, leases ma
 	now := c.opts.Now()
 	quorate := ""
 	for _, s := range rvrs.Items {
-		if s.Spec.NodeName == "" || s.Spec.NodeName == node || LeaseLiveness(leases[s.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
+		if s.Spec.NodeName == "" || s.Spec.NodeName == node || agentlease.Judge(leases[s.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		for _, p := range s.Status.Peers {
@@ -251,7 +252,7 @@ func (c *Controller) leasesByNode(ctx context.Context) (map[string]*coordination
 	}
 	byNode := map[string]*coordinationv1.Lease{}
 	for i := range leases.Items {
-		if n := NodeNameOfLease(&leases.Items[i]); n != "" {
+		if n := agentlease.NodeName(&leases.Items[i]); n != "" {
 			byNode[n] = &leases.Items[i]
 		}
 	}

@@ -12,72 +12,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
 // Node facts come from two places: the Node object (labels, zone, cordon) and the agent's
 // Lease (liveness, and the facts the agent reports on its annotations: addresses, zone,
 // HMAC algorithms, per-pool capacity). docs/contract.md says why the Lease carries them.
-
-// Liveness is the controller's verdict on one node's agent.
-type Liveness struct {
-	// Live: the Lease is held and not expired (placement puts replicas only here).
-	Live bool
-	// Lost: the Lease is missing or expired for longer than the grace period: the
-	// node's replicas are marked AgentReady=False and may be force-removed.
-	Lost bool
-	// Reason is AgentReady's reason: LeaseValid, LeaseExpired or LeaseMissing.
-	Reason string
-	// Message explains the verdict for people.
-	Message string
-	// Next is when the verdict changes by the clock alone (zero: never, without a
-	// new write to the Lease).
-	Next time.Time
-}
-
-// LeaseLiveness judges a node's agent Lease at now. A nil lease is missing. grace is how
-// long past expiry the node stays "not live but not lost": long enough for an agent
-// restart or a short apiserver hiccup, short enough that a dead node's volumes are
-// repaired quickly.
-func LeaseLiveness(l *coordinationv1.Lease, now time.Time, grace time.Duration) Liveness {
-	if l == nil {
-		return Liveness{Lost: true, Reason: v1.ReasonAgentLeaseMissing, Message: "no agent Lease for this node"}
-	}
-	renew := leaseRenewTime(l)
-	if renew.IsZero() || l.Spec.LeaseDurationSeconds == nil {
-		return Liveness{Lost: true, Reason: v1.ReasonAgentLeaseExpired, Message: "the agent Lease " + l.Name + " has never been renewed"}
-	}
-	expires := renew.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
-	lostAt := expires.Add(grace)
-	switch {
-	case now.Before(expires):
-		return Liveness{Live: true, Reason: v1.ReasonAgentLeaseValid, Message: "the agent renews Lease " + l.Name, Next: expires}
-	case now.Before(lostAt):
-		// Expired, within the grace period: not a place for new replicas, not lost yet.
-		return Liveness{Reason: v1.ReasonAgentLeaseValid, Message: "the agent Lease " + l.Name + " expired at " +
-			expires.UTC().Format(time.RFC3339) + "; within the grace period", Next: lostAt}
-	}
-	return Liveness{Lost: true, Reason: v1.ReasonAgentLeaseExpired, Message: "the agent Lease " + l.Name + " expired at " +
-		expires.UTC().Format(time.RFC3339) + ", more than " + grace.String() + " ago"}
-}
-
-func leaseRenewTime(l *coordinationv1.Lease) time.Time {
-	switch {
-	case l.Spec.RenewTime != nil:
-		return l.Spec.RenewTime.Time
-	case l.Spec.AcquireTime != nil:
-		return l.Spec.AcquireTime.Time
-	}
-	return time.Time{}
-}
-
-// NodeNameOfLease returns the node an agent Lease belongs to ("" if it is not one).
-func NodeNameOfLease(l *coordinationv1.Lease) string {
-	if !strings.HasPrefix(l.Name, v1.AgentLeasePrefix) {
-		return ""
-	}
-	return strings.TrimPrefix(l.Name, v1.AgentLeasePrefix)
-}
 
 // splitList reads a comma-separated annotation.
 func splitList(s string) []string {
@@ -144,7 +85,7 @@ func EligibleNodes(rsp *v1.ReplicatedStoragePool, nodes []corev1.Node, leases ma
 			continue
 		}
 		e := v1.EligibleNode{NodeName: n.Name, Zone: zone, Unschedulable: Cordoned(n)}
-		live := LeaseLiveness(l, now, grace).Live
+		live := agentlease.Judge(l, now, grace).Live
 		if l != nil {
 			if s, ok := l.Annotations[v1.AnnotationPoolCapacityPrefix+rsp.Name]; ok {
 				if c, err := v1.ParsePoolCapacity(s); err == nil {

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -65,7 +66,7 @@ func (c *Controller) reconcilePool(ctx context.Context, req reconcile.Request) (
 	}
 	byNode := map[string]*coordinationv1.Lease{}
 	for i := range leases.Items {
-		if n := NodeNameOfLease(&leases.Items[i]); n != "" {
+		if n := agentlease.NodeName(&leases.Items[i]); n != "" {
 			byNode[n] = &leases.Items[i]
 		}
 	}

@@ -74,30 +74,6 @@ func TestAllocatorUniqueAndRebuilt(t *testing.T) {
 	}
 }
 
-func TestLeaseLiveness(t *testing.T) {
-	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	lease := func(renewedAgo time.Duration) *coordinationv1.Lease {
-		d := int32(10)
-		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "meshvol-node-a"},
-			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: now.Add(-renewedAgo)}}}
-	}
-	for _, tc := range []struct {
-		l          *coordinationv1.Lease
-		live, lost bool
-		reason     string
-	}{
-		{lease(3 * time.Second), true, false, v1.ReasonAgentLeaseValid},
-		{lease(15 * time.Second), false, false, v1.ReasonAgentLeaseValid},
-		{lease(21 * time.Second), false, true, v1.ReasonAgentLeaseExpired},
-		{nil, false, true, v1.ReasonAgentLeaseMissing},
-	} {
-		lv := LeaseLiveness(tc.l, now, 10*time.Second)
-		if lv.Live != tc.live || lv.Lost != tc.lost || lv.Reason != tc.reason {
-			t.Errorf("%+v: got live=%v lost=%v reason=%s", tc, lv.Live, lv.Lost, lv.Reason)
-		}
-	}
-}
-
 func TestEligibleNodes(t *testing.T) {
 	now := time.Now()
 	d := int32(10)

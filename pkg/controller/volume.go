@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh"
 )
@@ -110,8 +111,8 @@ type volume struct {
 	now                     time.Time
 }
 
-func (v *volume) liveness(node string) Liveness {
-	return LeaseLiveness(v.leases[node], v.now, 0)
+func (v *volume) liveness(node string) agentlease.Liveness {
+	return agentlease.Judge(v.leases[node], v.now, 0)
 }
 
 // read fills a volume from the caches: its replicas and attachments, its configuration
@@ -149,7 +150,7 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 		return nil, err
 	}
 	for i := range leases.Items {
-		if n := NodeNameOfLease(&leases.Items[i]); n != "" {
+		if n := agentlease.NodeName(&leases.Items[i]); n != "" {
 			v.leases[n] = &leases.Items[i]
 		}
 	}
@@ -354,13 +355,8 @@ func (e *invalidInputError) Error() string { return e.err.Error() }
 // runEngine runs the engine's step on work, feeding it the members of lost nodes to
 // force out.
 func (c *Controller) runEngine(ctx context.Context, v *volume, work *v1.ReplicatedVolume, engineRVRs []*v1.ReplicatedVolumeReplica) (engineOutput, error) {
-	eng, release, err := c.takeEngine(ctx)
-	if err != nil {
-		return engineOutput{}, err
-	}
-	defer release()
 	forceLeave, forceDetach := c.lostMembers(v, engineRVRs)
-	res, err := eng.Process(&datamesh.Input{
+	res, err := c.engine.Process(&datamesh.Input{
 		RV: work, RSC: v.rsc, RVRs: engineRVRs, RVAs: v.rvas, Pool: c.enginePool(v), Now: v.now,
 		ForceLeave: forceLeave, ForceDetach: forceDetach,
 	})
@@ -371,8 +367,8 @@ func (c *Controller) runEngine(ctx context.Context, v *volume, work *v1.Replicat
 	for _, n := range forceLeave {
 		log.Info("replica's node is lost: force-leave", "rvr", n)
 	}
-	return engineOutput{wanted: slices.Clone(res.Wanted), attachments: slices.Clone(res.Attachments),
-		events: slices.Clone(res.Events), accessRefused: map[string]string{}}, nil
+	return engineOutput{wanted: res.Wanted, attachments: res.Attachments,
+		events: res.Events, accessRefused: map[string]string{}}, nil
 }
 
 // refuseInput publishes the engine's refusal of its input as Configured=False on the

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -99,7 +100,7 @@ func (c *Controller) volumesOfLease(ctx context.Context, o client.Object) []reco
 	if !ok {
 		return nil
 	}
-	n := NodeNameOfLease(l)
+	n := agentlease.NodeName(l)
 	if n == "" {
 		return nil
 	}
@@ -132,18 +133,18 @@ func nodeFactsChanged() predicate.Predicate {
 // expiry of a Lease is a matter of time, which the node lifecycle reconciler watches.
 func (c *Controller) leaseFactsChanged() predicate.Predicate {
 	return predicate.Funcs{
-		CreateFunc: func(e event.CreateEvent) bool { return NodeNameOfLease(e.Object.(*coordinationv1.Lease)) != "" },
-		DeleteFunc: func(e event.DeleteEvent) bool { return NodeNameOfLease(e.Object.(*coordinationv1.Lease)) != "" },
+		CreateFunc: func(e event.CreateEvent) bool { return agentlease.NodeName(e.Object.(*coordinationv1.Lease)) != "" },
+		DeleteFunc: func(e event.DeleteEvent) bool { return agentlease.NodeName(e.Object.(*coordinationv1.Lease)) != "" },
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, n := e.ObjectOld.(*coordinationv1.Lease), e.ObjectNew.(*coordinationv1.Lease)
-			if NodeNameOfLease(n) == "" {
+			if agentlease.NodeName(n) == "" {
 				return false
 			}
 			if !maps.Equal(o.Annotations, n.Annotations) {
 				return true
 			}
 			now := c.opts.Now()
-			lo, ln := LeaseLiveness(o, now, c.opts.AgentGracePeriod), LeaseLiveness(n, now, c.opts.AgentGracePeriod)
+			lo, ln := agentlease.Judge(o, now, c.opts.AgentGracePeriod), agentlease.Judge(n, now, c.opts.AgentGracePeriod)
 			return lo.Live != ln.Live || lo.Lost != ln.Lost
 		},
 		GenericFunc: func(event.GenericEvent) bool { return true },

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -68,7 +70,11 @@ func newCachedClient(ctx context.Context, cfg *rest.Config, scheme *runtime.Sche
 	if !ca.WaitForCacheSync(ctx) {
 		return nil, fmt.Errorf("informer caches did not sync: %w", ctx.Err())
 	}
-	cl, err := client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: ca}})
+	// Read directly, not through an informer of every object of the kind: what
+	// CreateVolume reads once per volume (the claim's StorageClass's
+	// allowedTopologies, the Nodes' labels).
+	uncached := []client.Object{&corev1.Node{}, &corev1.PersistentVolumeClaim{}, &storagev1.StorageClass{}}
+	cl, err := client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: ca, DisableFor: uncached}})
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -11,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -21,6 +24,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
+	"github.com/meshvol/meshvol/pkg/placement"
 )
 
 // annotationReadonly on an RVA records ControllerPublish's readonly flag, so a retry
@@ -194,7 +198,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if rv, err = c.waitFormed(ctx, r.rvName, created); err != nil {
 		return nil, err
 	}
-	top, err := c.accessibleTopology(ctx, rv, rsc)
+	top, err := c.accessibleTopology(ctx, rv, rsc, r.hints, req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
@@ -314,9 +318,18 @@ func (c *Controller) agentNodes(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// accessibleTopology: for volumeAccess Local the nodes with a diskful member; else
-// every node with an agent (an Access replica can be made there) plus the members.
-func (c *Controller) accessibleTopology(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass) ([]*csipb.Topology, error) {
+// accessibleTopology is where the volume can be used (docs/contract.md, "Accessible
+// topology"): for volumeAccess Local the nodes with a diskful member; else every node
+// with an agent (an Access replica can be made there) plus the members. Kubernetes
+// writes this list into the PersistentVolume's node affinity, and a volume provisioned
+// under a StorageClass's allowedTopologies must be usable only inside them, so only
+// the nodes inside them stay: the allowedTopologies of the claim's StorageClass when
+// the request names its claim (external-provisioner's --extra-create-metadata, which
+// the chart sets), else the request's requisite segments. Not the requisite segments
+// when the claim is named: with --strict-topology they are the one node the scheduler
+// picked for the first consumer, which the volume is not confined to. None left is an
+// error: an empty list would make the volume usable everywhere.
+func (c *Controller) accessibleTopology(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass, hints *v1.PlacementHints, params map[string]string) ([]*csipb.Topology, error) {
 	set := map[string]bool{}
 	for _, m := range rv.Status.Datamesh.Members {
 		if m.Type == v1.MemberTypeDiskful || volumeAccessOf(rv, rsc) != v1.VolumeAccessLocal {
@@ -337,11 +350,145 @@ func (c *Controller) accessibleTopology(ctx context.Context, rv *v1.ReplicatedVo
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	out := make([]*csipb.Topology, 0, len(names))
-	for _, n := range names {
+	inside, field, within, err := c.insideAllowed(ctx, rv, rsc, hints, params, names)
+	if err != nil {
+		return nil, err
+	}
+	if len(inside) == 0 {
+		return nil, status.Errorf(codes.ResourceExhausted, "%s: volume %q would be usable on %s, none of them inside %s",
+			field, rv.Name, strings.Join(names, ", "), within)
+	}
+	out := make([]*csipb.Topology, 0, len(inside))
+	for _, n := range inside {
 		out = append(out, &csipb.Topology{Segments: map[string]string{v1.TopologyKeyNode: n}})
 	}
 	return out, nil
+}
+
+// Parameters external-provisioner adds with --extra-create-metadata.
+const (
+	paramPVCName      = "csi.storage.k8s.io/pvc/name"
+	paramPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
+)
+
+// insideAllowed keeps the nodes inside the claim's StorageClass's allowedTopologies
+// (matched against the Nodes' labels, which the kubelet sets from NodeGetInfo's
+// topology) or, without a named claim, inside the requisite segments; field is the
+// request's field that decided, within describes what they were kept inside of.
+func (c *Controller) insideAllowed(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass, hints *v1.PlacementHints, params map[string]string, names []string) (inside []string, field, within string, err error) {
+	if pvcName, ns := params[paramPVCName], params[paramPVCNamespace]; pvcName != "" && ns != "" {
+		terms, err := c.allowedTopologies(ctx, ns, pvcName)
+		if err != nil || len(terms) == 0 {
+			return names, "", "", err
+		}
+		for _, n := range names {
+			var node corev1.Node
+			if err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &node); err != nil {
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				return nil, "", "", internal("reading Node "+n, err)
+			}
+			if slices.ContainsFunc(terms, func(t corev1.TopologySelectorTerm) bool { return termMatches(t, node.Labels) }) {
+				inside = append(inside, n)
+			}
+		}
+		return inside, fmt.Sprintf("parameters[%q]", paramPVCName), "the allowedTopologies of the StorageClass of PersistentVolumeClaim " + ns + "/" + pvcName, nil
+	}
+	if hints == nil || len(hints.Requisite) == 0 {
+		return names, "", "", nil
+	}
+	zones, err := c.nodeZones(ctx, rv, rsc, hints.Requisite, names)
+	if err != nil {
+		return nil, "", "", err
+	}
+	for _, n := range names {
+		if slices.ContainsFunc(hints.Requisite, func(s v1.TopologySegment) bool { return placement.SegmentMatches(s, n, zones[n]) }) {
+			inside = append(inside, n)
+		}
+	}
+	return inside, "accessibility_requirements.requisite", "the requisite segments " + describeSegments(hints.Requisite), nil
+}
+
+// allowedTopologies are the allowedTopologies of the StorageClass of a claim; none
+// when the claim or its class is gone.
+func (c *Controller) allowedTopologies(ctx context.Context, ns, pvcName string) ([]corev1.TopologySelectorTerm, error) {
+	var pvc corev1.PersistentVolumeClaim
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pvcName}, &pvc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, internal("reading PersistentVolumeClaim "+ns+"/"+pvcName, err)
+	}
+	if pvc.Spec.StorageClassName == nil || *pvc.Spec.StorageClassName == "" {
+		return nil, nil
+	}
+	var sc storagev1.StorageClass
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: *pvc.Spec.StorageClassName}, &sc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, internal("reading StorageClass "+*pvc.Spec.StorageClassName, err)
+	}
+	return sc.AllowedTopologies, nil
+}
+
+// termMatches: every requirement of the term holds for the labels.
+func termMatches(t corev1.TopologySelectorTerm, labels map[string]string) bool {
+	for _, r := range t.MatchLabelExpressions {
+		if v, ok := labels[r.Key]; !ok || !slices.Contains(r.Values, v) {
+			return false
+		}
+	}
+	return true
+}
+
+// nodeZones returns the zones of nodes as the volume's members, the class's pool and,
+// for the nodes neither knows, the Node's topology.kubernetes.io/zone label say. Only
+// a requisite segment that names a zone needs them; without one it reads nothing.
+func (c *Controller) nodeZones(ctx context.Context, rv *v1.ReplicatedVolume, rsc *v1.ReplicatedStorageClass, requisite []v1.TopologySegment, nodes []string) (map[string]string, error) {
+	zones := map[string]string{}
+	if !slices.ContainsFunc(requisite, func(s v1.TopologySegment) bool { return s.Zone != "" }) {
+		return zones, nil
+	}
+	known := map[string]bool{}
+	for _, m := range rv.Status.Datamesh.Members {
+		zones[m.NodeName], known[m.NodeName] = m.Zone, true
+	}
+	eligible, err := c.eligibleNodes(ctx, rsc.Spec.StoragePool)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range eligible {
+		zones[e.NodeName], known[e.NodeName] = e.Zone, true
+	}
+	for _, n := range nodes {
+		if known[n] {
+			continue
+		}
+		var node corev1.Node
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &node); err != nil && !apierrors.IsNotFound(err) {
+			return nil, internal("reading Node "+n, err)
+		}
+		zones[n] = node.Labels[v1.LabelZone]
+	}
+	return zones, nil
+}
+
+// describeSegments lists topology segments for a message.
+func describeSegments(segs []v1.TopologySegment) string {
+	var out []string
+	for _, s := range segs {
+		var parts []string
+		if s.NodeName != "" {
+			parts = append(parts, v1.TopologyKeyNode+"="+s.NodeName)
+		}
+		if s.Zone != "" {
+			parts = append(parts, v1.LabelZone+"="+s.Zone)
+		}
+		out = append(out, "{"+strings.Join(parts, ", ")+"}")
+	}
+	return strings.Join(out, " ")
 }
 
 func (c *Controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {

@@ -12,6 +12,11 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -152,6 +157,73 @@ func TestControllerService(t *testing.T) {
 			r, err := cs.CreateVolume(ctx, createVol(pfx+"-loc", local, 8*mib))
 			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n1 {
 				return errors.New("got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		// A StorageClass's allowedTopologies reach CreateVolume as requisite segments
+		// (external-provisioner): the PersistentVolume's node affinity, which is this
+		// list, must keep the volume inside them whatever its volumeAccess.
+		{"Create: requisite node narrows the topology (no claim named)", func(ctx context.Context) error {
+			req := createVol(pfx+"-allowed", r1, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{{Segments: map[string]string{v1.TopologyKeyNode: n2}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n2 {
+				return errors.New("PreferablyLocal under requisite " + n2 + ": got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		{"Create: requisite zones narrow the topology", func(ctx context.Context) error {
+			req := createVol(pfx+"-allowed-zones", r2, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{
+				{Segments: map[string]string{v1.LabelZone: "zone-" + n1}}, {Segments: map[string]string{v1.LabelZone: "zone-" + n3}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n1+","+n3 {
+				return errors.New("Any under requisite zones of " + n1 + " and " + n3 + ": got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		{"Create: Local topology is the diskful nodes inside requisite", func(ctx context.Context) error {
+			req := createVol(pfx+"-loc-req", local, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{
+				{Segments: map[string]string{v1.TopologyKeyNode: n1}}, {Segments: map[string]string{v1.TopologyKeyNode: n2}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n1 {
+				return errors.New("got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		// The play controller puts a Local volume's diskful replica on n1 whatever the
+		// request says: a volume usable nowhere inside requisite is refused, not
+		// returned with an empty (unrestricted) topology.
+		{"Create: no node inside requisite", func(ctx context.Context) error {
+			req := createVol(pfx+"-loc-out", local, 8*mib)
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{{Segments: map[string]string{v1.TopologyKeyNode: n3}}}}
+			_, err := cs.CreateVolume(ctx, req)
+			return err
+		}, codes.ResourceExhausted, "accessibility_requirements.requisite"},
+		// Through external-provisioner with --extra-create-metadata the request names
+		// its claim: the claim's StorageClass's allowedTopologies decide, matched
+		// against the Nodes' labels, and a requisite of the one node the scheduler
+		// picked (--strict-topology under WaitForFirstConsumer) confines nothing.
+		{"Create: the claim's allowedTopologies narrow the topology", func(ctx context.Context) error {
+			claimWithClass(t, ctx, pfx+"-claim-allowed", []string{n1, n3}, n1, n2, n3)
+			req := createVol(pfx+"-claim-allowed", r1, 8*mib)
+			req.Parameters[paramPVCName], req.Parameters[paramPVCNamespace] = pfx+"-claim-allowed", "default"
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{{Segments: map[string]string{v1.TopologyKeyNode: n3}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != n1+","+n3 {
+				return errors.New("allowedTopologies " + n1 + ", " + n3 + ": got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
+			}
+			return err
+		}, codes.OK, ""},
+		{"Create: a picked node's requisite does not confine a named claim's volume", func(ctx context.Context) error {
+			claimWithClass(t, ctx, pfx+"-claim-any", nil, n1, n2, n3)
+			req := createVol(pfx+"-claim-any", r1, 8*mib)
+			req.Parameters[paramPVCName], req.Parameters[paramPVCNamespace] = pfx+"-claim-any", "default"
+			req.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{{Segments: map[string]string{v1.TopologyKeyNode: n2}}}}
+			r, err := cs.CreateVolume(ctx, req)
+			if err == nil && strings.Join(topoNodes(r.Volume.AccessibleTopology), ",") != strings.Join([]string{n1, n2, n3}, ",") {
+				return errors.New("no allowedTopologies: got " + strings.Join(topoNodes(r.Volume.AccessibleTopology), ","))
 			}
 			return err
 		}, codes.OK, ""},
@@ -462,3 +534,25 @@ func testenvName(t *testing.T) string {
 }
 
 var _ = logr.Discard
+
+// claimWithClass creates a claim named name in "default" whose StorageClass (of the
+// same name) allows the nodes allowed by topology.meshvol.io/node (none: anywhere),
+// and Node objects for nodes labelled as the kubelet labels them from NodeGetInfo.
+func claimWithClass(t *testing.T, ctx context.Context, name string, allowed []string, nodes ...string) {
+	t.Helper()
+	for _, n := range nodes {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{v1.TopologyKeyNode: n, v1.LabelZone: "zone-" + n}}}
+		if err := env.Client.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: v1.CSIDriverName}
+	if len(allowed) > 0 {
+		sc.AllowedTopologies = []corev1.TopologySelectorTerm{{MatchLabelExpressions: []corev1.TopologySelectorLabelRequirement{{Key: v1.TopologyKeyNode, Values: allowed}}}}
+	}
+	must(t, env.Client.Create(ctx, sc))
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &sc.Name, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("8Mi")}}}}
+	must(t, env.Client.Create(ctx, pvc))
+}

@@ -45,6 +45,12 @@ type Driver interface {
 	// when every replica is empty (docs/architecture.md, "Safety rules the code relies on").
 	NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 	Resize(ctx context.Context, name string) error
+	// SuspendIO is `drbdadm suspend-io`: new IO on the device waits until
+	// ResumeIO; what is in flight completes first. Snapshots across
+	// replicas are taken while it holds (docs/snapshots.md).
+	SuspendIO(ctx context.Context, name string) error
+	// ResumeIO is `drbdadm resume-io`; a success when nothing is suspended.
+	ResumeIO(ctx context.Context, name string) error
 	ForgetPeer(ctx context.Context, name string, peerNodeID int) error
 	Verify(ctx context.Context, name string, peerNodeID int) error
 	// Status is `drbdsetup status --json --verbose --statistics <name>`;

@@ -358,6 +358,14 @@ func (d *ExecDriver) Resize(ctx context.Context, name string) error {
 	return d.adm(ctx, d.cfg.SlowTimeout, name, "resize", name)
 }
 
+func (d *ExecDriver) SuspendIO(ctx context.Context, name string) error {
+	return d.adm(ctx, d.cfg.Timeout, name, "suspend-io", name)
+}
+
+func (d *ExecDriver) ResumeIO(ctx context.Context, name string) error {
+	return d.adm(ctx, d.cfg.Timeout, name, "resume-io", name)
+}
+
 func (d *ExecDriver) setup(ctx context.Context, args ...string) (Result, error) {
 	return d.run(ctx, d.cfg.Timeout, append([]string{d.cfg.Drbdsetup}, args...)...)
 }

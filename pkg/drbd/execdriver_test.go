@@ -50,6 +50,8 @@ func TestExecDriverArgv(t *testing.T) {
 		{"new-current-uuid", func(d *ExecDriver) error { return d.NewCurrentUUIDClearBitmap(ctx, "pvc-1") },
 			func(dir string) []string { return adm(dir, "new-current-uuid", "--clear-bitmap", "pvc-1/0") }},
 		{"resize", func(d *ExecDriver) error { return d.Resize(ctx, "pvc-1") }, func(dir string) []string { return adm(dir, "resize", "pvc-1") }},
+		{"suspend-io", func(d *ExecDriver) error { return d.SuspendIO(ctx, "pvc-1") }, func(dir string) []string { return adm(dir, "suspend-io", "pvc-1") }},
+		{"resume-io", func(d *ExecDriver) error { return d.ResumeIO(ctx, "pvc-1") }, func(dir string) []string { return adm(dir, "resume-io", "pvc-1") }},
 		{"forget-peer", func(d *ExecDriver) error { return d.ForgetPeer(ctx, "pvc-1", 3) },
 			func(string) []string { return []string{"drbdsetup", "forget-peer", "pvc-1", "3"} }},
 		{"verify", func(d *ExecDriver) error { return d.Verify(ctx, "pvc-1", 2) },

@@ -8,11 +8,14 @@ import (
 	"io"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/controller"
 )
 
 const usage = `kubectl meshvol: meshvol's volumes and nodes as an operator sees them.
@@ -64,12 +67,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("kubeconfig namespace: %w", err)
 		}
 	}
-	cl, err := client.New(restCfg, client.Options{Scheme: controller.Scheme()})
+	cl, err := client.New(restCfg, client.Options{Scheme: scheme()})
 	if err != nil {
 		return err
 	}
 	r := Reader{Client: cl, Namespace: ns, MeshvolNamespace: *meshvolNS}
 	return r.Run(ctx, pos, out, stdout, time.Now())
+}
+
+// scheme holds the kinds the plugin reads (PVCs, PVs, Nodes, agent Leases, meshvol's
+// own) and no others: the plugin stays a small binary.
+func scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(corev1.AddToScheme(s))
+	utilruntime.Must(coordinationv1.AddToScheme(s))
+	utilruntime.Must(v1.AddToScheme(s))
+	return s
 }
 
 // Run runs one command (pos[0]) with its arguments against the reader.

@@ -9,8 +9,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/controller"
 )
 
 // Reader reads the objects the views are built from. It only gets and lists.
@@ -54,7 +54,7 @@ func (r Reader) Volume(ctx context.Context, name string) (VolumeObjects, error) 
 	}
 	byNode := map[string]*coordinationv1.Lease{}
 	for i := range leases {
-		if node := controller.NodeNameOfLease(&leases[i]); node != "" {
+		if node := agentlease.NodeName(&leases[i]); node != "" {
 			byNode[node] = &leases[i]
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/controller"
 )
 
 // NodeView is one node as `kubectl meshvol nodes` shows it.
@@ -67,7 +67,7 @@ func BuildNodes(o NodeObjects, now time.Time) []NodeView {
 	}
 	for i := range o.Leases {
 		l := &o.Leases[i]
-		name := controller.NodeNameOfLease(l)
+		name := agentlease.NodeName(l)
 		if name == "" {
 			continue
 		}
@@ -106,7 +106,7 @@ func BuildNodes(o NodeObjects, now time.Time) []NodeView {
 // fillLease reads the agent's liveness and the facts it publishes on its Lease
 // (pkg/apis/storage/v1alpha1/wellknown.go).
 func fillLease(nv *NodeView, l *coordinationv1.Lease, now time.Time) {
-	lv := controller.LeaseLiveness(l, now, 0)
+	lv := agentlease.Judge(l, now, 0)
 	nv.Agent, nv.AgentMessage = "Lost", lv.Message
 	if lv.Live {
 		nv.Agent = "Live"

@@ -17,8 +17,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
@@ -286,7 +286,7 @@ func agentLiveness(l *coordinationv1.Lease, now time.Time) string {
 	if l == nil {
 		return "NoLease"
 	}
-	if controller.LeaseLiveness(l, now, 0).Live {
+	if agentlease.Judge(l, now, 0).Live {
 		return "Live"
 	}
 	return "Lost"

@@ -44,6 +44,8 @@ type Provider interface {
 // Snapshotter is implemented by providers that can take cheap point-in-time
 // copies of a volume (LVM thin). The CSI snapshot feature builds on it: a
 // crash-consistent snapshot across replicas is one Snapshot per diskful replica.
+//
+// Providers that are Snapshotters also honour CreateRequest.Source.
 type Snapshotter interface {
 	// CreateSnapshot snapshots the replica's volume; idempotent on req.Name.
 	CreateSnapshot(ctx context.Context, req SnapshotRequest) (Snapshot, error)
@@ -55,14 +57,24 @@ type Snapshotter interface {
 }
 
 // CreateRequest asks for a replica's backing volume.
-//
-// A later issue adds a source (a snapshot to clone from); it will be a new field
-// here, so callers that do not set it keep today's meaning: an empty volume.
 type CreateRequest struct {
 	// Replica is the RVR name, the volume's identity.
 	Replica string
 	// SizeBytes is the minimum usable size; providers round it up.
 	SizeBytes int64
+	// Source, when set, is a snapshot in the same pool whose data the new volume
+	// starts with (a restore); nil means an empty volume.
+	Source *Source
+}
+
+// Source is a snapshot a new volume is created from.
+type Source struct {
+	// Snapshot is the snapshot's name in the pool.
+	Snapshot string
+	// DataBytes is how much of the snapshot is data: bytes past it (the origin's
+	// DRBD metadata) read as zeros in the new volume, so that DRBD finds no
+	// metadata there and creates fresh metadata for the new volume.
+	DataBytes int64
 }
 
 // Volume is a backing volume as the provider found it on the node.

@@ -66,8 +66,8 @@ var valueSets = []struct {
 			if n := count(objs, "StorageClass"); n != 0 {
 				t.Errorf("default values render %d StorageClasses, want none", n)
 			}
-			if n := count(objs, "CustomResourceDefinition"); n != 5 {
-				t.Errorf("%d CRDs rendered, want meshvol's 5", n)
+			if n := count(objs, "CustomResourceDefinition"); n != 6 {
+				t.Errorf("%d CRDs rendered, want meshvol's 6", n)
 			}
 		},
 	},

@@ -21,7 +21,8 @@ import (
 // acknowledged and the cluster remembers it (LostAckedWrites).
 //
 // Without quorum the write fails with EIO (on-no-quorum io-error) or blocks
-// until quorum returns or ctx ends (suspend-io). A Primary without any
+// until quorum returns or ctx ends (suspend-io). After SuspendIO it blocks
+// until ResumeIO or ctx ends, quorum or not. A Primary without any
 // UpToDate data in reach fails with EIO. A write to the Primary's block
 // device (Options.LoopDevices) takes the same path.
 func (n *Node) Write(ctx context.Context, name string, off int64, data []byte) error {
@@ -58,31 +59,22 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 		if r.role != rolePrimary {
 			return fmt.Errorf("%s %s at offset %d: device is Secondary (not opened for writing): %w", op, name, off, syscall.EROFS)
 		}
-		if r.cfg.Options.Resource.Quorum == drbd.QuorumOff || r.quorate {
-			err := do(r)
-			if d := c.replicationDelay(r); err == nil && d > 0 {
-				// A slow link: the replicas have the change, the writer hears of it d
-				// later. c.mu is released meanwhile, so the rest of the cluster runs on.
-				c.mu.Unlock()
-				t := time.NewTimer(d)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-				}
-				c.mu.Lock()
+		why := "suspended by suspend-io"
+		if !r.suspendedUser {
+			if r.cfg.Options.Resource.Quorum == drbd.QuorumOff || r.quorate {
+				return c.delayedAck(ctx, r, do(r))
 			}
-			return err
-		}
-		if r.cfg.Options.Resource.OnNoQuorum != drbd.OnNoQuorumSuspendIO {
-			return ioErr(op, name, off, "no quorum (on-no-quorum io-error)")
-		}
-		if !r.suspendedQuorum {
-			r.suspendedQuorum = true
-			r.publish()
+			if r.cfg.Options.Resource.OnNoQuorum != drbd.OnNoQuorumSuspendIO {
+				return ioErr(op, name, off, "no quorum (on-no-quorum io-error)")
+			}
+			if !r.suspendedQuorum {
+				r.suspendedQuorum = true
+				r.publish()
+			}
+			why = "suspended without quorum (on-no-quorum suspend-io)"
 		}
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%s %s at offset %d: suspended without quorum (on-no-quorum suspend-io): %w", op, name, off, err)
+			return fmt.Errorf("%s %s at offset %d: %s: %w", op, name, off, why, err)
 		}
 		if stop == nil {
 			// Registered only when waiting: for a FUSE request's
@@ -95,6 +87,26 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 		}
 		c.cond.Wait()
 	}
+}
+
+// delayedAck returns err, a completed request's outcome, once the slowest link the
+// request crossed has carried its acknowledgment back (Cluster.SetLinkDelay): the
+// replicas have the change already, the writer hears of it later. c.mu is released
+// meanwhile, so the rest of the cluster runs on.
+func (c *Cluster) delayedAck(ctx context.Context, r *resource, err error) error {
+	d := c.replicationDelay(r)
+	if err != nil || d <= 0 {
+		return err
+	}
+	c.mu.Unlock()
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	c.mu.Lock()
+	return nil
 }
 
 // holders are the replicas a write of r reaches: the local disk if

@@ -466,7 +466,9 @@ func (c *Cluster) Close() error {
 		// Detached now (losetup -d), or by the kernel's work queue once
 		// the unmount above closed it (auto-clear): wait for either.
 		_ = exec.Command("losetup", "-d", loop).Run()
-		if !waitDetached(loop, d.mnt, 10*time.Second) {
+		// The wait ends as soon as it is detached; the bound is for a
+		// machine under heavy load, where the kernel's work queue lags.
+		if !waitDetached(loop, d.mnt, 30*time.Second) {
 			errs = append(errs, fmt.Errorf("drbdsim: %s is still attached to a file under %s (held open?)", loop, d.mnt))
 			held = true
 		}

@@ -198,11 +198,20 @@ func (o *object) fullLine() string {
 
 func i64(v int64) string { return strconv.FormatInt(v, 10) }
 
+// suspendedString is events2's suspended field: "no", or the reasons in
+// DRBD's order (user, no-data, fencing, quorum) joined by commas.
 func (r *resource) suspendedString() string {
-	if r.suspendedQuorum {
-		return "quorum"
+	var why []string
+	if r.suspendedUser {
+		why = append(why, "user")
 	}
-	return "no"
+	if r.suspendedQuorum {
+		why = append(why, "quorum")
+	}
+	if len(why) == 0 {
+		return "no"
+	}
+	return strings.Join(why, ",")
 }
 
 func (r *resource) writeOrdering() string {

@@ -733,6 +733,51 @@ func (c *Cluster) disconnect(r *resource, k *conn) {
 // NewCurrentUUIDClearBitmap starts a new generation without a resync: on
 // this node and every connected diskful peer whose metadata is also just
 // created, all become UpToDate (formation of a brand-new volume).
+// SuspendIO is `drbdadm suspend-io`: the resource's writes (write,
+// zero-out, flush) wait from now until ResumeIO, on this node, whatever
+// its role and quorum. Writes hold the cluster lock while they replicate,
+// so when SuspendIO returns no write is half-way: every write acknowledged
+// before it is on every connected diskful replica, and none after it
+// reaches any (the point a snapshot across replicas is taken at,
+// docs/snapshots.md). Reads go on (DRBD holds them too; a snapshot does
+// not need it). Suspending a suspended resource is a success.
+func (n *Node) SuspendIO(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "suspend-io", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("suspend-io", name)
+	}
+	if !r.suspendedUser {
+		r.suspendedUser = true
+		r.publish()
+	}
+	return nil
+}
+
+// ResumeIO is `drbdadm resume-io`: the writes SuspendIO held go on (or
+// keep waiting for quorum under on-no-quorum suspend-io, which resume-io
+// does not lift). Resuming a resource that is not suspended is a success,
+// as in DRBD.
+func (n *Node) ResumeIO(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "resume-io", name); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("resume-io", name)
+	}
+	if r.suspendedUser {
+		r.suspendedUser = false
+		r.publish()
+		n.c.cond.Broadcast()
+	}
+	return nil
+}
+
 func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "new-current-uuid", name, "--clear-bitmap"); err != nil {
 		return err

@@ -192,6 +192,10 @@ type resource struct {
 	conns map[int]*conn
 
 	suspendedQuorum bool
+	// suspendedUser: `drbdsetup suspend-io` holds the write path until
+	// `resume-io`; a flag of the resource, independent of quorum, kept
+	// across promotion and demotion, cleared by down (the resource is gone).
+	suspendedUser   bool
 	forceIOFailures bool
 
 	// Statistics in KiB, as drbdsetup prints them.

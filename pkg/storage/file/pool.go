@@ -166,7 +166,11 @@ func (p *Pool) Create(ctx context.Context, req storage.CreateRequest) (storage.V
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	size := roundUp(req.SizeBytes)
-	if err := p.createFile(req.Replica, size); err != nil && !errors.Is(err, os.ErrExist) {
+	create := p.createFile
+	if req.Source != nil {
+		create = func(replica string, size int64) error { return p.createFrom(replica, size, req.Source) }
+	}
+	if err := create(req.Replica, size); err != nil && !errors.Is(err, os.ErrExist) {
 		return storage.Volume{}, err
 	}
 	cur, err := p.ownedFile(op, req.Replica)

@@ -143,7 +143,35 @@ func rvManualFixture(name string) *v1.ReplicatedVolume {
 		VolumeAccess:                    v1.VolumeAccessEventuallyLocal,
 	}
 	rv.Status.EffectiveLayout = &v1.Layout{FailuresToTolerate: 2, GuaranteedMinimumDataRedundancy: 2}
+	rv.Spec.DataSource = &v1.VolumeDataSource{ReplicatedVolumeSnapshotName: "snap-1", NodeName: "node-1.example.com"}
 	return rv
+}
+
+func rvsFixture(name string) *v1.ReplicatedVolumeSnapshot {
+	at := metav1.NewTime(time.Date(2026, 11, 27, 3, 0, 0, 0, time.UTC))
+	return &v1.ReplicatedVolumeSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1.ReplicatedVolumeSnapshotSpec{ReplicatedVolumeName: "pvc-1"},
+		Status: v1.ReplicatedVolumeSnapshotStatus{
+			Phase:   v1.SnapshotReady,
+			Attempt: 2,
+			Participants: []v1.SnapshotParticipant{
+				{NodeName: "node-1", ReplicaName: "pvc-1-node-1", Diskful: true},
+				{NodeName: "node-3", ReplicaName: "pvc-1-node-3"},
+			},
+			SuspendDeadline: &at,
+			CreationTime:    &at,
+			Size:            qtyPtr("10Gi"),
+			StoragePool:     "pool-a",
+			ReadyToUse:      true,
+			Copies:          []string{"node-1"},
+			Message:         "Ready: 1 copy",
+			Nodes: []v1.SnapshotNodeStatus{
+				{NodeName: "node-1", Attempt: 2, Suspended: true, Message: "resume-io failed: timeout",
+					Copy: &v1.SnapshotCopy{Attempt: 2, Pool: "pool-a", Name: "snap-1.a2", SizeBytes: 10 << 30}},
+			},
+		},
+	}
 }
 
 func rvrFixture(name string) *v1.ReplicatedVolumeReplica {
@@ -281,6 +309,9 @@ var roundTrip = []struct {
 	{"ReplicatedStorageClass", []func(string) client.Object{
 		func(n string) client.Object { return rscFixture(n) },
 		func(n string) client.Object { return rscLegacyFixture(n) },
+	}},
+	{"ReplicatedVolumeSnapshot", []func(string) client.Object{
+		func(n string) client.Object { return rvsFixture(n) },
 	}},
 	{"ReplicatedStoragePool", []func(string) client.Object{
 		func(n string) client.Object { return rspThinFixture(n) },

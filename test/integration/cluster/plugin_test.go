@@ -95,6 +95,7 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 		t.Errorf("nodes: %s is not Live with %s attached and pool %s: %q", attached, vol, pool, row)
 	}
 	r.agentMetrics(vol, attached, lost)
+	r.controllerMetrics(vol, lost)
 	r.detach(vol, attached)
 	r.must(r.c.RestartNode(lost))
 	r.deleteVolume(vol)
@@ -108,25 +109,11 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 // meshvol_agent_ name passes the Prometheus linter.
 func (r *rig) agentMetrics(vol, attached, lost string) {
 	r.t.Helper()
-	mfs, err := metrics.Registry.Gather()
-	r.must(err)
-	series := map[string]float64{}
-	var names []string
-	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "meshvol_agent_") {
-			continue
-		}
-		names = append(names, mf.GetName())
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-				if l.GetName() == "node" && l.GetValue() == lost {
-					r.t.Errorf("the lost node's agent still exports %s", mf.GetName())
-				}
-			}
-			v := m.GetGauge().GetValue() + m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
-			series[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
+	series, names := r.scrape("meshvol_agent_")
+	for key := range series {
+		_, labels, _ := strings.Cut(strings.TrimSuffix(key, "}"), "{")
+		if slices.Contains(strings.Split(labels, ","), "node="+lost) {
+			r.t.Errorf("the lost node's agent still exports %s", key)
 		}
 	}
 	for key, want := range map[string]float64{
@@ -163,6 +150,65 @@ func (r *rig) agentMetrics(vol, attached, lost string) {
 		r.t.Errorf("%s: %s", p.Metric, p.Text)
 	}
 	r.t.Logf("%d agent metric families, %d series", len(names), len(series))
+}
+
+// controllerMetrics checks the controller's state series of the degraded volume
+// (docs/operating.md, "Controller metrics") in the registry the in-process
+// controller serves: the volume Degraded with one of two Diskful UpToDate and
+// quorum, its configured protection 2D+1TB, the lost node's agent Lost, and every
+// meshvol_controller_ name passes the Prometheus linter.
+func (r *rig) controllerMetrics(vol, lost string) {
+	r.t.Helper()
+	series, names := r.scrape("meshvol_controller_")
+	for key, want := range map[string]float64{
+		"meshvol_controller_volume_phase{phase=Degraded,volume=" + vol + "}":                                 1,
+		"meshvol_controller_volume_phase{phase=Ready,volume=" + vol + "}":                                    0,
+		"meshvol_controller_volume_diskful_up_to_date{volume=" + vol + "}":                                   1,
+		"meshvol_controller_volume_diskful_wanted{volume=" + vol + "}":                                       2,
+		"meshvol_controller_volume_quorum{volume=" + vol + "}":                                               1,
+		"meshvol_controller_volume_failures_to_tolerate{layout=configured,volume=" + vol + "}":               1,
+		"meshvol_controller_node_agent_state{node=" + lost + ",state=Lost}":                                  1,
+		"meshvol_controller_volume_guaranteed_minimum_data_redundancy{layout=configured,volume=" + vol + "}": 0,
+	} {
+		if got, ok := series[key]; !ok || got != want {
+			r.t.Errorf("%s = %v (exported %v), want %v", key, got, ok, want)
+		}
+	}
+	if series["meshvol_controller_volumes{phase=Degraded}"] < 1 || series["meshvol_controller_nodes{state=Lost}"] < 1 {
+		r.t.Errorf("the totals miss the degraded volume or the lost node: volumes Degraded %v, nodes Lost %v",
+			series["meshvol_controller_volumes{phase=Degraded}"], series["meshvol_controller_nodes{state=Lost}"])
+	}
+	problems, err := testutil.GatherAndLint(metrics.Registry, names...)
+	r.must(err)
+	for _, p := range problems {
+		r.t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+	r.t.Logf("%d controller metric families, %d series", len(names), len(series))
+}
+
+// scrape gathers the registry the in-process controller and agents serve: every
+// series whose name starts with prefix, as name{label=value,...} (labels sorted)
+// → its value (a histogram's: its count), and the metric names.
+func (r *rig) scrape(prefix string) (map[string]float64, []string) {
+	mfs, err := metrics.Registry.Gather()
+	r.must(err)
+	series := map[string]float64{}
+	var names []string
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), prefix) {
+			continue
+		}
+		names = append(names, mf.GetName())
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			series[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
+		}
+	}
+	return series, names
 }
 
 // pluginConfig is a kubeconfig file for the plugin and the context in it that

@@ -1,6 +1,7 @@
 package controller_test
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
@@ -200,6 +202,41 @@ func TestNodeLost(t *testing.T) {
 	})
 	if ws := cl.writes.since(0, cl.node("c")); len(ws) != 2 {
 		t.Errorf("writes to node c: %v, want the taint and its removal", ws)
+	}
+}
+
+// A node no agent ever held a Lease for — meshvol's DaemonSet does not select it, or its
+// agent has not started yet — is never tainted, however long it stays so, while a node
+// whose agent stopped renewing is: nothing of meshvol runs on the first, and the
+// out-of-service taint would evict every pod of a node that is up.
+func TestNodeWithoutAgentNeverTainted(t *testing.T) {
+	cl := newClusterWith(t, true, nodeSpec{name: "a", freeGi: 100}, nodeSpec{name: "b", freeGi: 100})
+	bare := cl.node("bare")
+	must(t, cl.c.Create(cl.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: bare, Labels: map[string]string{"test": cl.prefix}}}))
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: bare}})
+	})
+	tainted := func(node string) bool {
+		n := &corev1.Node{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: node}, n))
+		return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == controller.TaintOutOfService.Key || t.Key == controller.TaintLost.Key
+		})
+	}
+	// Node b's agent stops: it is tainted once its Lease is past the grace period,
+	// which is as long as the bare node has been without one.
+	cl.setRenew("b", false)
+	cl.eventually(t, "node b tainted", func() (bool, string) { return tainted(cl.node("b")), "" })
+	if tainted(bare) {
+		t.Fatalf("node %s, which never had an agent Lease, was tainted", bare)
+	}
+	// Another grace period and Lease after that: still untouched.
+	time.Sleep(cl.grace + time.Duration(cl.leaseSz)*time.Second)
+	if tainted(bare) {
+		t.Fatalf("node %s, which never had an agent Lease, was tainted", bare)
+	}
+	if ws := cl.writes.since(0, bare); len(ws) != 0 {
+		t.Errorf("writes to node %s: %v, want none", bare, ws)
 	}
 }
 

@@ -110,6 +110,10 @@ func (a *agent) call(w http.ResponseWriter, r *http.Request) {
 		err = a.d.NewCurrentUUIDClearBitmap(ctx, req.Name)
 	case "Resize":
 		err = a.d.Resize(ctx, req.Name)
+	case "SuspendIO":
+		err = a.d.SuspendIO(ctx, req.Name)
+	case "ResumeIO":
+		err = a.d.ResumeIO(ctx, req.Name)
 	case "ForgetPeer":
 		err = a.d.ForgetPeer(ctx, req.Name, req.PeerNodeID)
 	case "Verify":

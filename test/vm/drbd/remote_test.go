@@ -116,6 +116,14 @@ func (r *remote) Resize(ctx context.Context, name string) error {
 	return r.simple(ctx, callReq{Method: "Resize", Name: name})
 }
 
+func (r *remote) SuspendIO(ctx context.Context, name string) error {
+	return r.simple(ctx, callReq{Method: "SuspendIO", Name: name})
+}
+
+func (r *remote) ResumeIO(ctx context.Context, name string) error {
+	return r.simple(ctx, callReq{Method: "ResumeIO", Name: name})
+}
+
 func (r *remote) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return r.simple(ctx, callReq{Method: "ForgetPeer", Name: name, PeerNodeID: peerNodeID})
 }

@@ -31,6 +31,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&ReplicatedVolumeAttachment{}, &ReplicatedVolumeAttachmentList{},
 		&ReplicatedStorageClass{}, &ReplicatedStorageClassList{},
 		&ReplicatedStoragePool{}, &ReplicatedStoragePoolList{},
+		&ReplicatedVolumeSnapshot{}, &ReplicatedVolumeSnapshotList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

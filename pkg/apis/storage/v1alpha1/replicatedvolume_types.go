@@ -55,6 +55,7 @@ type ReplicatedVolumeConfiguration struct {
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Manual' || has(self.manualConfiguration)",message="manualConfiguration is required when configurationMode is Manual"
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || (has(self.replicatedStorageClassName) && size(self.replicatedStorageClassName) > 0)",message="replicatedStorageClassName is required when configurationMode is Auto"
 // +kubebuilder:validation:XValidation:rule="self.configurationMode != 'Auto' || !has(self.manualConfiguration)",message="manualConfiguration must be empty when configurationMode is Auto"
+// +kubebuilder:validation:XValidation:rule="has(self.dataSource) == has(oldSelf.dataSource) && (!has(self.dataSource) || self.dataSource == oldSelf.dataSource)",message="dataSource is set at creation and immutable"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.size) || !isQuantity(string(self.size)) || !isQuantity(string(oldSelf.size)) || quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",message="size may not shrink: a volume can only grow"
 type ReplicatedVolumeSpec struct {
 	// size is the usable size of the volume. It may grow, never shrink.
@@ -96,6 +97,25 @@ type ReplicatedVolumeSpec struct {
 	// docs/datamesh.md "Emergency quorum override".
 	// +optional
 	QuorumOverride *QuorumOverride `json:"quorumOverride,omitempty"`
+	// dataSource makes a new volume start with a snapshot's data (a restore, or a
+	// clone, which restores a snapshot taken for it): its Diskful replica on
+	// dataSource.nodeName is created from that node's copy and every other replica
+	// syncs from it (docs/snapshots.md, "Restore and clone"). Set at creation only.
+	// +optional
+	DataSource *VolumeDataSource `json:"dataSource,omitempty"`
+}
+
+// VolumeDataSource is the data a volume starts with.
+type VolumeDataSource struct {
+	// replicatedVolumeSnapshotName is the snapshot whose data the volume starts with.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	ReplicatedVolumeSnapshotName string `json:"replicatedVolumeSnapshotName"`
+	// nodeName is the node whose copy of the snapshot seeds the volume's first
+	// Diskful replica.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName"`
 }
 
 // QuorumOverride is a person's explicit, sticky choice of q and/or qmr.
