@@ -137,6 +137,17 @@ soak: deps k8s ## Fault campaign on the in-process cluster: SEEDS seeds × DURAT
 bench: k8s ## Benchmarks of ./pkg/..., -count=5 (BENCH_COUNT) for benchstat
 	$(GO) test -run '^$$' -bench . -benchmem -count=$(BENCH_COUNT) ./pkg/...
 
+# `make bench-scale`: N volumes created at once, per class (docs/scale.md).
+SCALE_N       ?= 100,500,1000,2000
+SCALE_CLASSES ?= 1D,3D
+SCALE_LABEL   ?= current
+SCALE_ARGS    ?=
+
+.PHONY: bench-scale
+bench-scale: k8s build ## Scale benchmark: SCALE_N volumes at once per class in SCALE_CLASSES, the controller as its own process; results and plots in docs/scale/ (root; docs/scale.md)
+	$(GO) build -o _output/bench-scale ./test/bench/scale
+	nice -n 10 _output/bench-scale -meshvol bin/meshvol -n $(SCALE_N) -classes $(SCALE_CLASSES) -label $(SCALE_LABEL) -out docs/scale -logs _output/bench-scale $(SCALE_ARGS)
+
 .PHONY: image
 image: ## Build the image as an OCI archive without a container engine: bin/image/meshvol.oci.tar (root; debootstrap, minutes cold)
 	hack/image.sh

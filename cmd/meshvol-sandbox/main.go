@@ -137,8 +137,10 @@ meshvol-sandbox: the cluster is up until Ctrl-C. Try:
   %[2]s get rv,rvr,rva,pvc,pv,pod -o wide
   %[2]s describe rv
 
-Pods must use the host network (hostNetwork: true): each node has its own
-address, but there is no pod network. The image %[3]s is on every node.
+Each node has its own address; pods have a network of their own (each
+node's pod subnet, routed between the nodes; with -in-process, the host
+network only) but no Services: there is no kube-proxy. The image %[3]s
+is on every node.
 `, sb.Kube.Kubeconfig, kubectl, kubecluster.BusyboxImage)
 		<-ctx.Done()
 	}

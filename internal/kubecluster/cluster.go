@@ -16,9 +16,11 @@
 //     pods.
 //   - All nodes share the machine's address (a kubelet refuses a loopback
 //     node IP), so each kubelet has its own port.
-//   - The network is CNI's loopback plugin alone: the smallest thing that
-//     makes a node Ready, with no link, route or firewall rule on the
-//     machine. Pods use the host network.
+//   - Without namespaces of their own (Options.Namespaces), the network is
+//     CNI's loopback plugin alone: the smallest thing that makes a node
+//     Ready, with no link, route or firewall rule on the machine, and pods
+//     use the host network. With them, pods have a network of their own
+//     inside the nodes' network namespaces (netns.go).
 //   - No registry is reachable: the pause and busybox images are built
 //     locally as OCI archives and imported with ctr (see images.go).
 //   - One cluster runs on a machine at a time (see host.go for what they
@@ -410,7 +412,7 @@ func (c *Cluster) startNamespaces(ctx context.Context, prepare func(*Node) error
 			}
 		}
 	}
-	return nil
+	return c.routePodSubnets(ctx)
 }
 
 // buildImages writes the pause and busybox OCI archives.

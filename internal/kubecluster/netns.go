@@ -194,12 +194,75 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 	return nil
 }
 
+// The pod network of nodes with namespaces of their own: CNI's bridge
+// plugin, run by the node's containerd in the node's network namespace,
+// makes a bridge there (podBridge) with the node's pod subnet on it and a
+// veth per pod; host-local hands out the addresses, its state in the
+// node's directory. Each node routes the other nodes' pod subnets to them
+// over the nodes' bridge, so pods reach each other across nodes and reach
+// every node. Everything it creates lives in the node's network namespace
+// and goes with it: the machine gets no link, route, firewall rule or
+// sysctl (the bridge plugin turns IP forwarding on in the node's namespace,
+// where it is the node's own). There is no kube-proxy: a pod reaches
+// Services' cluster IPs only where a node's proxy listens (none does).
+const (
+	podBridge = "cni0"
+	// podSubnetPrefix: node i's pods get podSubnetPrefix.<10+i>.0/24.
+	podSubnetPrefix = "10.214"
+)
+
+// podSubnet is the /24 of the pods of the node at address nodeIP on the
+// nodes' bridge.
+func podSubnet(nodeIP string) string {
+	return podSubnetPrefix + "." + nodeIP[strings.LastIndex(nodeIP, ".")+1:] + ".0/24"
+}
+
+// podNetworkConfig is the node's CNI configuration list.
+func (n *Node) podNetworkConfig() string {
+	return fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "meshvol-pods",
+  "plugins": [{
+    "type": "bridge",
+    "bridge": %q,
+    "isGateway": true,
+    "ipMasq": false,
+    "hairpinMode": true,
+    "ipam": {"type": "host-local", "subnet": %q, "dataDir": %q, "routes": [{"dst": "0.0.0.0/0"}]}
+  }]
+}
+`, podBridge, podSubnet(n.IP), filepath.Join(n.Dir, "cni-ipam"))
+}
+
+// routePodSubnets routes every other node's pod subnet through that node.
+func (c *Cluster) routePodSubnets(ctx context.Context) error {
+	for _, n := range c.Nodes {
+		var script []string
+		for _, o := range c.Nodes {
+			if o != n {
+				script = append(script, "ip route add "+podSubnet(o.IP)+" via "+o.IP+" dev eth0")
+			}
+		}
+		if len(script) == 0 {
+			continue
+		}
+		if _, err := n.Run(ctx, "set -e\n"+strings.Join(script, "\n")); err != nil {
+			return fmt.Errorf("kubecluster: the pod routes of %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
 // nsenter is the command line prefix that runs a program in the node's
 // namespaces.
 func (n *Node) nsenter() []string {
 	return []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.nsPID), fmt.Sprintf("--net=/proc/%d/ns/net", n.nsPID),
 		fmt.Sprintf("--uts=/proc/%d/ns/uts", n.nsPID), "--"}
 }
+
+// Nsenter is the command line prefix that runs a program in the node's
+// namespaces (Options.Namespaces), for a script outside this process.
+func (n *Node) Nsenter() []string { return n.nsenter() }
 
 // Run runs a shell script in the node's namespaces (Options.Namespaces)
 // and returns its output.

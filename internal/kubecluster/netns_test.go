@@ -22,7 +22,9 @@ import (
 // /var/lib/kubelet through a hostPath, has the node's own address, and
 // reaches the apiserver with the in-cluster configuration and service
 // account token Kubernetes gives it; then a crash and a teardown that
-// leaves nothing (the bridge and the links included).
+// leaves nothing (the bridge and the links included). Pods without the
+// host network get a network of their own and reach each other across
+// nodes.
 func TestNodesWithNamespacesLookLikeNodes(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: it mounts, creates cgroups and runs containers (`make test` runs as root here and in CI)")
@@ -154,6 +156,8 @@ exec httpd -f -p 7777`
 		}
 	}
 
+	podNetwork(t, ctx, c)
+
 	if err := c.Node("node-b").Crash(); err != nil {
 		t.Fatal(err)
 	}
@@ -164,5 +168,50 @@ exec httpd -f -p 7777`
 	}
 	if left := leftovers(host); len(left) > 0 {
 		t.Fatalf("left on the machine: %v", left)
+	}
+}
+
+// podNetwork checks that pods without the host network get one of their own
+// (the pod network of netns.go): an address in their node's pod subnet, and
+// a connection to a pod on the other node.
+func podNetwork(t *testing.T, ctx context.Context, c *Cluster) {
+	t.Helper()
+	a, b := c.Nodes[0], c.Nodes[1]
+	mk := func(name string, n *Node, script string) {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.PodSpec{
+				NodeName:                      n.Name,
+				TerminationGracePeriodSeconds: ptr(int64(1)),
+				Containers:                    []corev1.Container{{Name: "sh", Image: BusyboxImage, Command: []string{"sh", "-c", script}}},
+			},
+		}
+		if err := c.Env.Client.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("serve-"+b.Name, b, "while true; do echo hello-from-pod | nc -l -p 8080; done")
+	var ip string
+	if err := waitFor(ctx, 2*time.Minute, func() (bool, error) {
+		var p corev1.Pod
+		if err := c.Env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "serve-" + b.Name}, &p); err != nil {
+			return false, err
+		}
+		ip = p.Status.PodIP
+		return p.Status.Phase == corev1.PodRunning && ip != "", nil
+	}, "the pod on "+b.Name+" to run with an address"); err != nil {
+		out, _ := c.Kubectl(ctx, "describe", "pod", "serve-"+b.Name)
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if want := strings.TrimSuffix(podSubnet(b.IP), "0/24"); !strings.HasPrefix(ip, want) {
+		t.Errorf("pod on %s has address %s, not in its pod subnet %s", b.Name, ip, podSubnet(b.IP))
+	}
+	mk("client-"+a.Name, a, "until nc "+ip+" 8080; do sleep 1; done; sleep 3600")
+	if err := waitFor(ctx, 2*time.Minute, func() (bool, error) {
+		out, err := c.Kubectl(ctx, "logs", "client-"+a.Name)
+		return err == nil && strings.Contains(out, "hello-from-pod"), nil
+	}, "the pod on "+a.Name+" to reach the pod on "+b.Name+" at "+ip); err != nil {
+		out, _ := c.Kubectl(ctx, "describe", "pod", "client-"+a.Name)
+		t.Fatalf("%v\n%s", err, out)
 	}
 }

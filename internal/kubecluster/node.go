@@ -80,12 +80,16 @@ func (n *Node) startContainerd(ctx context.Context) error {
 			return err
 		}
 	}
-	// The smallest network that makes a node Ready: loopback only. It adds
-	// no link, route or firewall rule to the machine. Pods run on the host
-	// network (hostNetwork: true); a pod with a network of its own fails
-	// with "failed to find network info for sandbox".
-	conflist := `{"cniVersion": "0.4.0", "name": "meshvol-loopback", "plugins": [{"type": "loopback"}]}` + "\n"
-	if err := os.WriteFile(filepath.Join(cniDir, "10-loopback.conflist"), []byte(conflist), 0o644); err != nil {
+	// Without namespaces of its own, the smallest network that makes a node
+	// Ready: loopback only. It adds no link, route or firewall rule to the
+	// machine; pods run on the host network (hostNetwork: true), and a pod
+	// with a network of its own fails with "failed to find network info
+	// for sandbox". With them, the pod network of podNetworkConfig.
+	name, conflist := "10-loopback.conflist", `{"cniVersion": "0.4.0", "name": "meshvol-loopback", "plugins": [{"type": "loopback"}]}`+"\n"
+	if n.nsPID != 0 {
+		name, conflist = "10-pods.conflist", n.podNetworkConfig()
+	}
+	if err := os.WriteFile(filepath.Join(cniDir, name), []byte(conflist), 0o644); err != nil {
 		return err
 	}
 	cfgPath := filepath.Join(n.Dir, "containerd.toml")

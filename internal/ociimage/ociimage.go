@@ -412,3 +412,66 @@ func untarReader(r io.Reader, dir string) error {
 		}
 	}
 }
+
+// ExtractFile writes the regular file at path (absolute, as the container
+// sees it) in the image of archive, as its top-most layer holding that path
+// has it, to out.
+func ExtractFile(archive, path, out string) error {
+	img, cleanup, err := Read(archive)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	want := strings.TrimPrefix(path, "/")
+	for i := len(layers) - 1; i >= 0; i-- {
+		rc, err := layers[i].Uncompressed()
+		if err != nil {
+			return err
+		}
+		found, err := extractTarFile(rc, want, out)
+		rc.Close()
+		if err != nil || found {
+			return err
+		}
+	}
+	return fmt.Errorf("ociimage: %s has no %s", archive, path)
+}
+
+func extractTarFile(r io.Reader, name, out string) (bool, error) {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if strings.TrimPrefix(h.Name, "./") != name || h.Typeflag != tar.TypeReg {
+			continue
+		}
+		f, err := os.OpenFile(out, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode).Perm())
+		if err != nil {
+			return false, err
+		}
+		if _, err := io.Copy(f, tr); err != nil {
+			f.Close()
+			return false, err
+		}
+		return true, f.Close()
+	}
+}
+
+// AppendFiles returns img with one more layer holding files: what the
+// image held at their paths, it holds no more.
+func AppendFiles(img v1.Image, files []File) (v1.Image, error) {
+	l, err := layerFromTar(func(tw *tar.Writer) error { return addFiles(tw, files) })
+	if err != nil {
+		return nil, fmt.Errorf("ociimage: files: %w", err)
+	}
+	return mutate.AppendLayers(img, l)
+}

@@ -210,7 +210,29 @@ func (s *Sandbox) startInstalled(ctx context.Context, specs []kubecluster.NodeSp
 	s.progress("sandbox: Kubernetes up (control plane, kube-controller-manager, kube-scheduler, %d kubelets Ready, each node with its own namespaces and address; images %s and the sidecars imported) in %s",
 		len(specs), ref, (time.Since(began) - s.Kube.LockWait).Round(time.Millisecond))
 
+	if err := s.install(ctx, ref); err != nil {
+		return err
+	}
+	if err := s.startResizerFor(s.ctx); err != nil {
+		return err
+	}
 	began = time.Now()
+	if err := s.waitPoolCapacity(ctx); err != nil {
+		return err
+	}
+	caps, err := s.waitCapacities(ctx)
+	if err != nil {
+		return err
+	}
+	s.progress("sandbox: storage capacity published in %s: %s", time.Since(began).Round(time.Millisecond), describeCapacities(caps))
+	return nil
+}
+
+// install runs `helm install` of the chart with the sandbox's values and
+// the image ref, and waits until the release's pods are Ready and every
+// kubelet lists the driver.
+func (s *Sandbox) install(ctx context.Context, ref string) error {
+	began := time.Now()
 	values, err := s.writeValues(ref)
 	if err != nil {
 		return err
@@ -224,23 +246,12 @@ func (s *Sandbox) startInstalled(ctx context.Context, specs []kubecluster.NodeSp
 		return err
 	}
 	s.progress("sandbox: the release's pods Running and Ready in %s (controller Deployment 2/2, node DaemonSet %d/%d)",
-		time.Since(began).Round(time.Millisecond), len(specs), len(specs))
+		time.Since(began).Round(time.Millisecond), len(s.Kube.Nodes), len(s.Kube.Nodes))
 	if err := s.waitCSINodes(ctx); err != nil {
 		return err
 	}
-	if s.ControllerSocket, err = s.controllerSocket(ctx); err != nil {
-		return err
-	}
-	began = time.Now()
-	if err := s.waitPoolCapacity(ctx); err != nil {
-		return err
-	}
-	caps, err := s.waitCapacities(ctx)
-	if err != nil {
-		return err
-	}
-	s.progress("sandbox: storage capacity published in %s: %s", time.Since(began).Round(time.Millisecond), describeCapacities(caps))
-	return nil
+	s.ControllerSocket, err = s.controllerSocket(ctx)
+	return err
 }
 
 func (s *Sandbox) chartDir() string {
@@ -257,9 +268,12 @@ func (s *Sandbox) chartDir() string {
 // writeValues writes the sandbox's values for the chart: the images it
 // imported, no external-resizer, node-driver-registrar or livenessprobe
 // (the module proxy refuses them, hack/build-k8s.sh: the node plugin
-// registers itself and has no liveness probe), the controller on the
-// nodes' network (there is no pod network), lost nodes tainted, a file pool
-// and the three classes, and the stand-ins first in the node plugin's PATH.
+// registers itself and has no liveness probe; the sandbox's resizer,
+// resizer.go, does external-resizer's part), the controller on the nodes'
+// network (pods have a network, but no kube-proxy gives them the
+// apiserver's Service address; a node's own loopback proxies it), lost
+// nodes tainted, a file pool and the three classes, and the stand-ins
+// first in the node plugin's PATH.
 func (s *Sandbox) writeValues(ref string) (string, error) {
 	repo, tag := splitRef(ref)
 	var classes []map[string]any
@@ -357,8 +371,8 @@ func (s *Sandbox) waitRelease(ctx context.Context, timeout time.Duration) error 
 	}
 }
 
-// releasePods lists the release's pods of a component (controller, node).
-func (s *Sandbox) releasePods(ctx context.Context, component string) ([]corev1.Pod, error) {
+// ReleasePods lists the release's pods of a component (controller, node).
+func (s *Sandbox) ReleasePods(ctx context.Context, component string) ([]corev1.Pod, error) {
 	var pods corev1.PodList
 	err := s.Client.List(ctx, &pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": component})
 	return pods.Items, err
@@ -368,7 +382,13 @@ func (s *Sandbox) releasePods(ctx context.Context, component string) ([]corev1.P
 // as the machine sees it (in the pod's emptyDir, under its node's kubelet
 // directory), through a link in the sandbox's directory.
 func (s *Sandbox) controllerSocket(ctx context.Context) (string, error) {
-	pods, err := s.releasePods(ctx, "controller")
+	return s.linkControllerSocket(ctx, filepath.Join(s.opts.Dir, "csi-controller.sock"))
+}
+
+// linkControllerSocket points link at the CSI controller socket of a Ready
+// controller pod and returns link.
+func (s *Sandbox) linkControllerSocket(ctx context.Context, link string) (string, error) {
+	pods, err := s.ReleasePods(ctx, "controller")
 	if err != nil {
 		return "", err
 	}
@@ -380,7 +400,6 @@ func (s *Sandbox) controllerSocket(ctx context.Context) (string, error) {
 		sock := filepath.Join(kn.KubeletRootDir, "pods", string(p.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", "csi.sock")
 		// A unix socket's path must fit in 108 bytes; a symlink to it is
 		// resolved without that limit.
-		link := filepath.Join(s.opts.Dir, "csi-controller.sock")
 		_ = os.Remove(link)
 		return link, os.Symlink(sock, link)
 	}
@@ -426,7 +445,7 @@ func (s *Sandbox) LeaderHandover(ctx context.Context, crash bool) (*Handover, er
 		return nil, fmt.Errorf("sandbox: no controller leads (Lease %s/%s: %v)", ReleaseNamespace, controller.LeaderElectionID, err)
 	}
 	node, _, _ := strings.Cut(holder, "_")
-	pods, err := s.releasePods(ctx, "controller")
+	pods, err := s.ReleasePods(ctx, "controller")
 	if err != nil {
 		return nil, err
 	}
@@ -459,7 +478,7 @@ func (s *Sandbox) LeaderHandover(ctx context.Context, crash bool) (*Handover, er
 			// The new holder's pod: on its node, not the deleted one (the
 			// Deployment's replacement may be on the same node, and win).
 			n, _, _ := strings.Cut(now, "_")
-			current, _ := s.releasePods(ctx, "controller")
+			current, _ := s.ReleasePods(ctx, "controller")
 			for _, p := range current {
 				if p.Spec.NodeName == n && (crash || p.Name != leader.Name) {
 					h.NewLeader = p.Name

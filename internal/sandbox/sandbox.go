@@ -104,6 +104,8 @@ type Sandbox struct {
 	nodes    map[string]*nodeServices
 	sidecars []*sidecar
 	simd     *drbdsimd.Service
+	// resizerDone closes when the sandbox's resizer (resizer.go) ended.
+	resizerDone <-chan struct{}
 	// stopClock stops the simulator's real-time clock and waits for it.
 	stopClock func()
 	clockDone chan struct{}
@@ -219,6 +221,9 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		}
 	}
 	if err := s.waitCSINodes(ctx); err != nil {
+		return s, err
+	}
+	if err := s.startResizerFor(s.ctx); err != nil {
 		return s, err
 	}
 	s.progress("sandbox: CSI node services registered with every kubelet in %s", time.Since(began).Round(time.Millisecond))
@@ -480,6 +485,9 @@ func (s *Sandbox) stop() error {
 		}
 	}
 	s.cancel()
+	if s.resizerDone != nil {
+		<-s.resizerDone
+	}
 	if s.Kube != nil {
 		errs = append(errs, s.Kube.Stop())
 	}

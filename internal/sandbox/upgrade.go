@@ -76,7 +76,7 @@ func (s *Sandbox) HelmUpgrade(ctx context.Context, archive, ref string) (*Upgrad
 	seen := map[string]string{} // node pod → last state
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		pods, err := s.releasePods(ctx, "node")
+		pods, err := s.ReleasePods(ctx, "node")
 		if err != nil {
 			return up, err
 		}

@@ -347,39 +347,75 @@ func (a *Agent) apply(ctx context.Context, want *drbd.Resource) error {
 // nothing can be lost by declaring them identical. A replica that joins a
 // volume holding data never gets here (no Formation transition) and always
 // resyncs.
+//
+// The event stream says when to look; the kernel's own status decides. The
+// stream may lag the kernel (under load, by seconds): right after a clear the
+// agent reconciles again, on its own status write, while its events still
+// show the disk Inconsistent that the clear made UpToDate, and a second clear
+// would be refused by DRBD ("only on a just-created, Inconsistent device") or,
+// worse, run on a disk that holds data.
 func (a *Agent) dayZero(ctx context.Context, rv *v1.ReplicatedVolume, self *v1.DatameshMember) bool {
 	if self.Type != v1.MemberTypeDiskful || !formationActive(rv) {
 		return false
 	}
 	s, ok := a.obs.Snapshot(rv.Name)
-	if !ok {
+	if !ok || !dayZeroObserved(s, rv, self) {
 		return false
 	}
-	d := s.Devices[drbd.VolumeNumber]
-	if d == nil || d.DiskState != "Inconsistent" {
+	st, err := a.drv.Status(ctx, rv.Name)
+	if err != nil || len(st) != 1 || !dayZeroInKernel(&st[0], rv, self) {
 		return false
-	}
-	for i := range rv.Status.Datamesh.Members {
-		m := &rv.Status.Datamesh.Members[i]
-		if m.Name == self.Name || !m.Type.HasDisk() {
-			continue
-		}
-		if m.NodeID < self.NodeID {
-			return false // that member decides
-		}
-		c := s.Connections[int(m.NodeID)]
-		if c == nil || c.State != "Connected" {
-			return false
-		}
-		pd := c.PeerDevices[drbd.VolumeNumber]
-		if pd == nil || pd.PeerDisk != "Inconsistent" {
-			return false
-		}
 	}
 	a.log.Info("day 0: every replica is empty and connected; skipping the initial sync", "volume", rv.Name)
 	if err := a.drv.NewCurrentUUIDClearBitmap(ctx, rv.Name); err != nil {
 		a.log.Error(err, "new-current-uuid --clear-bitmap", "volume", rv.Name)
 		return false
+	}
+	return true
+}
+
+// dayZeroObserved: the event stream shows day 0 for self (dayZero).
+func dayZeroObserved(s *drbd.ResourceState, rv *v1.ReplicatedVolume, self *v1.DatameshMember) bool {
+	d := s.Devices[drbd.VolumeNumber]
+	if d == nil || d.DiskState != "Inconsistent" {
+		return false
+	}
+	return everyOtherDiskful(rv, self, func(peer int) bool {
+		c := s.Connections[peer]
+		if c == nil || c.State != "Connected" {
+			return false
+		}
+		pd := c.PeerDevices[drbd.VolumeNumber]
+		return pd != nil && pd.PeerDisk == "Inconsistent"
+	})
+}
+
+// dayZeroInKernel: `drbdsetup status` shows day 0 for self (dayZero).
+func dayZeroInKernel(st *drbd.StatusResource, rv *v1.ReplicatedVolume, self *v1.DatameshMember) bool {
+	if len(st.Devices) != 1 || st.Devices[0].DiskState != "Inconsistent" {
+		return false
+	}
+	return everyOtherDiskful(rv, self, func(peer int) bool {
+		for _, c := range st.Connections {
+			if c.PeerNodeID == peer {
+				return c.ConnectionState == "Connected" && len(c.PeerDevices) == 1 && c.PeerDevices[0].PeerDiskState == "Inconsistent"
+			}
+		}
+		return false
+	})
+}
+
+// everyOtherDiskful: self is the lowest node-id Diskful member and ok holds
+// for every other member with a disk.
+func everyOtherDiskful(rv *v1.ReplicatedVolume, self *v1.DatameshMember, ok func(peerNodeID int) bool) bool {
+	for i := range rv.Status.Datamesh.Members {
+		m := &rv.Status.Datamesh.Members[i]
+		if m.Name == self.Name || !m.Type.HasDisk() {
+			continue
+		}
+		if m.NodeID < self.NodeID || !ok(int(m.NodeID)) {
+			return false // a lower member decides, or this one is not empty and connected
+		}
 	}
 	return true
 }

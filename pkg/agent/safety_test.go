@@ -1,15 +1,22 @@
 package agent_test
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
 // The agent's two ways to lose data silently, checked by their meaning — what the
@@ -166,4 +173,69 @@ func TestNoDayZeroOutsideFormation(t *testing.T) {
 	})
 	r.confirmed(rev, "", second)
 	r.watchNoneStale(4*time.Second, 1, true)
+}
+
+// laggingDriver delivers the kernel's events2 lines lag late, as an agent's
+// stream falls behind under load, and counts the day-0 bitmap clears and how
+// many the kernel refused.
+type laggingDriver struct {
+	drbd.Driver
+	lag             time.Duration
+	clears, refused *atomic.Int32
+}
+
+func (d laggingDriver) Events(ctx context.Context) (io.ReadCloser, error) {
+	rc, err := d.Driver.Events(ctx)
+	if err != nil {
+		return nil, err
+	}
+	type line struct {
+		at   time.Time
+		text []byte
+	}
+	lines := make(chan line, 1<<14)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(rc)
+		for sc.Scan() {
+			lines <- line{time.Now(), append(slices.Clone(sc.Bytes()), '\n')}
+		}
+	}()
+	pr, pw := io.Pipe()
+	go func() {
+		defer rc.Close()
+		for l := range lines {
+			time.Sleep(time.Until(l.at.Add(d.lag)))
+			if _, err := pw.Write(l.text); err != nil {
+				return
+			}
+		}
+		pw.Close()
+	}()
+	return pr, nil
+}
+
+func (d laggingDriver) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error {
+	d.clears.Add(1)
+	err := d.Driver.NewCurrentUUIDClearBitmap(ctx, name)
+	if err != nil {
+		d.refused.Add(1)
+	}
+	return err
+}
+
+// The day-0 clear runs once per volume, on an Inconsistent disk, even when the
+// agent's event stream lags the kernel: the agent reconciles again at once
+// (its own status write), while its events still show the disk Inconsistent
+// that the clear has already made UpToDate. The kernel's own state decides.
+func TestDayZeroOnceWhenEventsLag(t *testing.T) {
+	var clears, refused atomic.Int32
+	r := newRig(t, 3, func(c *agent.Config) {
+		c.Driver = laggingDriver{Driver: c.Driver, lag: 1500 * time.Millisecond, clears: &clears, refused: &refused}
+	})
+	r.form3D()
+	time.Sleep(3 * time.Second) // every lagged line delivered, every reconcile it causes done
+	if n, bad := clears.Load(), refused.Load(); n != 1 || bad != 0 {
+		t.Fatalf("new-current-uuid --clear-bitmap ran %d times (%d refused by the kernel), want once", n, bad)
+	}
 }

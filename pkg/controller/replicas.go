@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -225,13 +226,21 @@ func (c *Controller) placementInput(ctx context.Context, v *volume, work *v1.Rep
 	return in, nil
 }
 
-// createPlaced creates the replicas Place chose, with the engine's first reason in the
-// events.
+// createPlaced creates the replicas Place chose and says so in one Event for the
+// decision, not one per replica (docs/controller.md, "Write budget"), with the engine's
+// first reason.
 func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []placement.Choice, reasons []string, w *replicaWrites) error {
-	why := ""
-	if len(reasons) > 0 {
-		why = ": " + reasons[0]
-	}
+	var done []string
+	defer func() {
+		if len(done) == 0 {
+			return
+		}
+		why := ""
+		if len(reasons) > 0 {
+			why = ": " + reasons[0]
+		}
+		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed %s%s", strings.Join(done, ", "), why)
+	}()
 	for _, p := range placed {
 		var storage *v1.ReplicaStorage
 		if p.Type == v1.ReplicaTypeDiskful {
@@ -242,7 +251,7 @@ func (c *Controller) createPlaced(ctx context.Context, v *volume, placed []place
 		}
 		name := v1.ReplicaName(v.rv.Name, p.Node)
 		w.created = append(w.created, name)
-		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventReplicaPlaced, "Placed %s replica %s on node %s%s", p.Type, name, p.Node, why)
+		done = append(done, fmt.Sprintf("%s replica %s on node %s", p.Type, name, p.Node))
 	}
 	return nil
 }

@@ -83,10 +83,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	// meshvol as users install it: the chart and the image `make image`
-	// built (`make test` builds it first).
+	// built (`make test` builds it first). Run directly (`go test
+	// ./test/e2e`), the image may be older than the tree: it is checked,
+	// and rebuilt when it is not this tree's build.
 	image := filepath.Join(root, "bin", "image", "meshvol.oci.tar")
-	if _, err := os.Stat(image); err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: the meshvol image: %v (run `make image`; `make test` does)\n", err)
+	if err := freshImage(ctx, root, image); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
 	standIns, err := drbdsimd.BuildStandIns(ctx, root, dir)
@@ -135,6 +137,37 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: torn down in %s, nothing left on the machine\n", time.Since(began).Round(time.Millisecond))
 	return code
+}
+
+// freshImage makes sure image holds this tree's meshvol: it says what it
+// found, and runs hack/image.sh when the image is missing or stale.
+func freshImage(ctx context.Context, root, image string) error {
+	why := "there is none"
+	if _, err := os.Stat(image); err == nil {
+		fresh, w, err := sandbox.ImageFreshness(ctx, root, image)
+		if err != nil {
+			return err
+		}
+		if fresh {
+			fmt.Fprintf(os.Stderr, "e2e: image %s: %s\n", image, w)
+			return nil
+		}
+		why = w
+	}
+	fmt.Fprintf(os.Stderr, "e2e: image %s: %s; rebuilding it (hack/image.sh, `make image`)\n", image, why)
+	took, err := sandbox.RebuildImage(ctx, root, os.Stderr)
+	if err != nil {
+		return err
+	}
+	fresh, w, err := sandbox.ImageFreshness(ctx, root, image)
+	if err != nil {
+		return err
+	}
+	if !fresh {
+		return fmt.Errorf("the image rebuilt by hack/image.sh is still not this tree's build: %s", w)
+	}
+	fmt.Fprintf(os.Stderr, "e2e: image rebuilt in %s: %s\n", took.Round(time.Second), w)
+	return nil
 }
 
 // releaseHealthy reports what every container of the chart's release did

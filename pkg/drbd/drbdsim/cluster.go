@@ -84,6 +84,11 @@ type Cluster struct {
 	// twoWriters records, per resource, the moments two unconnected nodes
 	// could both write it (writers.go).
 	twoWriters map[string][]string
+	// scope limits a settle to the resources of these names (nil: all).
+	scope map[string]bool
+	// wakes holds, per resource name, when the clock next changes
+	// something of it (recordWakes); names at rest have no entry.
+	wakes map[string]time.Time
 }
 
 type link struct{ a, b string }
@@ -117,6 +122,7 @@ func NewCluster(opts Options) *Cluster {
 		cut:   map[link]bool{},
 		delay: map[link]time.Duration{},
 		acked: map[string]map[int64]uint64{},
+		wakes: map[string]time.Time{},
 	}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -153,8 +159,13 @@ func (c *Cluster) Advance(d time.Duration) {
 		step := min(d, 100*time.Millisecond)
 		d -= step
 		c.now = c.now.Add(step)
+		due := c.dueScope()
+		if due == nil {
+			continue // nothing depends on the clock now: at rest
+		}
+		c.scope = due
 		c.progressResyncs(step)
-		c.settle()
+		c.settleScope(due)
 	}
 }
 

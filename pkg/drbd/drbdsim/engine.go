@@ -12,8 +12,24 @@ import (
 // settle drives the cluster to a fixpoint after any change: connections,
 // handshakes, bitmap exchanges, peers' reported states and quorum. It then
 // applies pending cluster-wide agreements and publishes events. Called with
-// c.mu held.
-func (c *Cluster) settle() {
+// c.mu held. It looks at every resource of every node: for a change that
+// concerns the whole cluster (a crash, a partition); a command on one
+// resource settles that resource alone (settleResource).
+func (c *Cluster) settle() { c.settleScope(nil) }
+
+// settleResource settles the resources called name, on every node. DRBD's
+// resources are independent of each other: connections, handshakes, resyncs
+// and quorum are between the nodes of one resource, so a command on one
+// resource changes no other, and its settle costs what that resource has,
+// not what the cluster holds.
+func (c *Cluster) settleResource(name string) { c.settleScope(map[string]bool{name: true}) }
+
+// settleScope settles the resources whose names are in scope, or every
+// resource when scope is nil, then records when each of them next depends on
+// the clock (wakes).
+func (c *Cluster) settleScope(scope map[string]bool) {
+	c.scope = scope
+	defer func() { c.scope = nil }()
 	for range 8 {
 		c.settleOnce()
 		if len(c.pending) == 0 {
@@ -35,7 +51,66 @@ func (c *Cluster) settle() {
 		r.publish()
 	}
 	c.recordWriters()
+	c.recordWakes()
 	c.cond.Broadcast()
+}
+
+// recordWakes notes, for each resource name settled, the earliest virtual
+// time at which the clock alone changes something: a resync or verify step
+// (now), the end of a bitmap exchange, a connect attempt. Advance settles
+// only the names whose time has come, so a cluster at rest costs nothing
+// per tick however many resources it runs.
+func (c *Cluster) recordWakes() {
+	if c.scope == nil {
+		clear(c.wakes)
+	} else {
+		for name := range c.scope {
+			delete(c.wakes, name)
+		}
+	}
+	for _, r := range c.runningResources() {
+		for _, k := range r.conns {
+			at, ok := c.wakeOf(k)
+			if !ok {
+				continue
+			}
+			if cur, seen := c.wakes[r.name]; !seen || at.Before(cur) {
+				c.wakes[r.name] = at
+			}
+		}
+	}
+}
+
+// wakeOf is when the clock next matters to connection k, if it does.
+func (c *Cluster) wakeOf(k *conn) (time.Time, bool) {
+	switch {
+	case k.repl == replVerifyS:
+		return c.now, true
+	case k.repl == replSyncSource || k.repl == replWFBitMapS:
+		if k.wfUntil.After(c.now) {
+			return k.wfUntil, true
+		}
+		return c.now, k.repl == replSyncSource
+	case k.cstate == connConnecting && !k.pathUp && k.nextTry.After(c.now):
+		return k.nextTry, true
+	}
+	return time.Time{}, false
+}
+
+// dueScope is the set of resource names whose wake time has come, nil when
+// none has.
+func (c *Cluster) dueScope() map[string]bool {
+	var due map[string]bool
+	for name, at := range c.wakes {
+		if at.After(c.now) {
+			continue
+		}
+		if due == nil {
+			due = map[string]bool{}
+		}
+		due[name] = true
+	}
+	return due
 }
 
 func (c *Cluster) settleOnce() {
@@ -156,16 +231,26 @@ func (c *Cluster) settleOnce() {
 // starts Connecting, then every connect-int).
 func (c *Cluster) due(k *conn) bool { return !c.now.Before(k.nextTry) }
 
-// runningResources lists every running resource in a stable order.
+// runningResources lists every running resource in a stable order, or,
+// while a settle is scoped (settleResource), those of the scope's names.
 func (c *Cluster) runningResources() []*resource {
 	var out []*resource
+	var names []string
+	if c.scope != nil {
+		names = sortedKeys(c.scope)
+	}
 	for _, name := range c.nodeNames() {
 		n := c.nodes[name]
 		if n.crashed {
 			continue
 		}
-		for _, rn := range sortedKeys(n.res) {
-			out = append(out, n.res[rn])
+		if c.scope == nil {
+			names = sortedKeys(n.res)
+		}
+		for _, rn := range names {
+			if r := n.res[rn]; r != nil {
+				out = append(out, r)
+			}
 		}
 	}
 	return out

@@ -313,7 +313,7 @@ func (n *Node) up(name string) error {
 		k.nextTry = n.c.now
 		r.publish()
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -439,7 +439,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 	case r.cfg.Disk != nil && old.Disk != nil && r.cfg.Disk.BackingDevice != old.Disk.BackingDevice:
 		return fmt.Errorf("drbdsim: adjust %s: changing the backing device of an attached volume needs detach first", name)
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -503,7 +503,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		n.c.disconnect(r, k)
 	}
 	if held {
-		n.c.settle()
+		n.c.settleResource(name)
 		return stateErr(drbd.ErrDeviceInUse, "down", name, -2, "Need access to UpToDate data", r.openedDetail(op))
 	}
 	if r.attached() {
@@ -513,7 +513,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 		r.publish()
 	}
 	n.destroy(r)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -589,7 +589,7 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 		}
 	}
 	c.pending = append(c.pending, r)
-	c.settle()
+	c.settleResource(name)
 	return nil
 }
 
@@ -611,7 +611,7 @@ func (n *Node) Secondary(ctx context.Context, name string) error {
 		return err
 	}
 	n.c.pending = append(n.c.pending, r)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -812,7 +812,7 @@ func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error
 		x.setDisk(DiskUpToDate)
 		x.publish()
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -884,7 +884,7 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 				}
 			}
 		}
-		n.c.settle()
+		n.c.settleResource(name)
 		return nil
 	}
 	old := map[*resource]int64{}
@@ -912,7 +912,7 @@ func (n *Node) Resize(ctx context.Context, name string) error {
 			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -983,7 +983,7 @@ func (n *Node) ForgetPeer(ctx context.Context, name string, peerNodeID int) erro
 	}
 	delete(r.outdated(), peerNodeID)
 	delete(r.members, peerNodeID)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -1024,7 +1024,7 @@ func (n *Node) Verify(ctx context.Context, name string, peerNodeID int) error {
 	k.rsStarted, pk.rsStarted = n.c.now, n.c.now
 	r.publish()
 	pr.publish()
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 
@@ -1098,7 +1098,7 @@ func (n *Node) FailDisk(name string) error {
 		}
 	}
 	r.detach(DiskFailed)
-	n.c.settle()
+	n.c.settleResource(name)
 	return nil
 }
 

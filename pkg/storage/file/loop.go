@@ -62,41 +62,46 @@ func backingFiles() (map[string]loopDev, error) {
 	return out, nil
 }
 
-// findLoop returns the loop device backed by path, verified by device and
-// inode number (LOOP_GET_STATUS64) so that a same-named file that replaced
-// ours is not taken for it.
-func findLoop(path string) (loopDev, bool, error) {
-	devs, err := backingFiles()
-	if err != nil {
-		return loopDev{}, false, err
+// boundTo tells whether the loop device d is bound to the file at path, by
+// the device's own status: its backing file's name in sysfs (a removed file
+// shows as "<path> (deleted)", so a file that reuses a removed one's inode
+// number is not taken for it) and, by LOOP_GET_STATUS64, its device and inode
+// number (so a same-named file that replaced ours is not either). A device
+// that was detached, or whose node is gone, is not bound.
+func boundTo(d loopDev, path string) (bool, error) {
+	name, err := os.ReadFile(fmt.Sprintf("%s/loop%d/loop/backing_file", sysBlock, d.index))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil // not bound to any file
 	}
-	d, ok := devs[path]
-	if !ok {
-		return loopDev{}, false, nil
+	if err != nil {
+		return false, err
+	}
+	if strings.TrimSuffix(string(name), "\n") != path {
+		return false, nil
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
-		return loopDev{}, false, err
+		return false, err
 	}
 	if err := ensureNode(d.index); err != nil {
-		return loopDev{}, false, err
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil // the device itself is gone
+		}
+		return false, err
 	}
 	fd, err := unix.Open(d.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return loopDev{}, false, err
+		return false, err
 	}
 	defer unix.Close(fd)
 	info, err := unix.IoctlLoopGetStatus64(fd)
 	if errors.Is(err, unix.ENXIO) {
-		return loopDev{}, false, nil // detached meanwhile
+		return false, nil // detached
 	}
 	if err != nil {
-		return loopDev{}, false, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.path, err)
+		return false, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.path, err)
 	}
-	if info.Inode != st.Ino || info.Device != st.Dev {
-		return loopDev{}, false, nil
-	}
-	return d, true, nil
+	return info.Inode == st.Ino && info.Device == st.Dev, nil
 }
 
 // ensureNode creates /dev/loopN when it is missing. Containers without udev

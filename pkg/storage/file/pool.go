@@ -41,10 +41,31 @@ const (
 // Pool is a directory of volume files.
 type Pool struct {
 	dir string
+	*poolDir
+}
+
+// poolDir is what every Pool of one directory in this process shares: the
+// agent makes a new Pool whenever the pool's definition changes, and one
+// still in use must see the devices the other attached.
+type poolDir struct {
 	// mu serialises operations: one agent per node owns the pool, and within
 	// it two reconciles of the same replica must not race an attach.
 	mu sync.Mutex
+	// devices is the loop device of each attached volume file, by replica.
+	// The first New of the directory fills it from the one scan of the
+	// machine's loop devices the pool makes; the pool keeps it as it
+	// attaches and detaches, and checks an entry against the device's own
+	// status before each use. So no call costs more than the one device it
+	// needs, however many loop devices the machine has.
+	devices map[string]loopDev
 }
+
+// poolDirs holds the poolDir of each directory (by its real path) a Pool was
+// made for.
+var (
+	poolDirsMu sync.Mutex
+	poolDirs   = map[string]*poolDir{}
+)
 
 var _ storage.Provider = (*Pool)(nil)
 
@@ -63,7 +84,59 @@ func New(dir string) (*Pool, error) {
 	if err != nil || !st.IsDir() {
 		return nil, &storage.Error{Op: "configure", Pool: dir, Kind: storage.ErrPoolNotFound, Detail: "not a directory", Err: err}
 	}
-	return &Pool{dir: abs}, nil
+	poolDirsMu.Lock()
+	defer poolDirsMu.Unlock()
+	if pd, ok := poolDirs[abs]; ok {
+		return &Pool{dir: abs, poolDir: pd}, nil
+	}
+	p := &Pool{dir: abs, poolDir: &poolDir{devices: map[string]loopDev{}}}
+	if err := p.index(); err != nil {
+		return nil, &storage.Error{Op: "configure", Pool: dir, Detail: "finding the loop devices of its files", Err: err}
+	}
+	poolDirs[abs] = p.poolDir
+	return p, nil
+}
+
+// index records the loop devices bound to the pool's volume files (after an
+// agent restart, DRBD still holds them), each verified by its own status.
+func (p *Pool) index() error {
+	devs, err := backingFiles()
+	if err != nil {
+		return err
+	}
+	for path, d := range devs {
+		name, ok := strings.CutSuffix(path, suffix)
+		if !ok || filepath.Dir(path) != p.dir {
+			continue
+		}
+		replica := filepath.Base(name)
+		if validateName(replica) != nil {
+			continue
+		}
+		if ok, err := boundTo(d, path); err == nil && ok {
+			p.devices[replica] = d
+		}
+	}
+	return nil
+}
+
+// device returns the loop device bound to the replica's file, from the
+// index, checked against the device's status; a stale entry is dropped.
+// Callers hold p.mu.
+func (p *Pool) device(replica string) (loopDev, bool, error) {
+	d, ok := p.devices[replica]
+	if !ok {
+		return loopDev{}, false, nil
+	}
+	bound, err := boundTo(d, p.path(replica))
+	if err != nil {
+		return loopDev{}, false, err
+	}
+	if !bound {
+		delete(p.devices, replica)
+		return loopDev{}, false, nil
+	}
+	return d, true, nil
 }
 
 func (p *Pool) path(replica string) string { return filepath.Join(p.dir, replica+suffix) }
@@ -239,7 +312,7 @@ func syncDir(dir string) error {
 // no device is bound to it (first use, or after a reboot).
 func (p *Pool) attached(op, replica string) (storage.Volume, error) {
 	path := p.path(replica)
-	d, found, err := findLoop(path)
+	d, found, err := p.device(replica)
 	if err != nil {
 		return storage.Volume{}, p.err(op, replica, nil, "", err)
 	}
@@ -247,6 +320,7 @@ func (p *Pool) attached(op, replica string) (storage.Volume, error) {
 		if d, err = attach(path); err != nil {
 			return storage.Volume{}, p.err(op, replica, nil, "", err)
 		}
+		p.devices[replica] = d
 	}
 	size, err := deviceSize(d.path)
 	if err != nil {
@@ -270,7 +344,7 @@ func (p *Pool) Get(ctx context.Context, replica string) (storage.Volume, error) 
 		return storage.Volume{}, err
 	}
 	v := storage.Volume{Replica: replica, Name: replica + suffix, Pool: p.dir, SizeBytes: size}
-	d, found, err := findLoop(p.path(replica))
+	d, found, err := p.device(replica)
 	if err != nil {
 		return storage.Volume{}, p.err(op, replica, nil, "", err)
 	}
@@ -345,7 +419,7 @@ func (p *Pool) Delete(ctx context.Context, replica string) error {
 		}
 		return err
 	}
-	d, found, err := findLoop(path)
+	d, found, err := p.device(replica)
 	if err != nil {
 		return p.err(op, replica, nil, "", err)
 	}
@@ -356,6 +430,7 @@ func (p *Pool) Delete(ctx context.Context, replica string) error {
 			}
 			return p.err(op, replica, nil, "", err)
 		}
+		delete(p.devices, replica)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return p.err(op, replica, nil, "", err)
@@ -372,13 +447,28 @@ func (p *Pool) List(ctx context.Context) ([]storage.Volume, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	out, err := p.files()
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		d, found, err := p.device(out[i].Replica)
+		if err != nil {
+			return nil, p.err(op, out[i].Replica, nil, "", err)
+		}
+		if found {
+			out[i].DevicePath = d.path
+		}
+	}
+	return out, nil
+}
+
+// files lists the marked files of the pool, by name, without their devices.
+// Callers hold p.mu.
+func (p *Pool) files() ([]storage.Volume, error) {
 	entries, err := os.ReadDir(p.dir)
 	if err != nil {
-		return nil, p.err(op, "", storage.ErrPoolNotFound, "", err)
-	}
-	devs, err := backingFiles()
-	if err != nil {
-		return nil, p.err(op, "", nil, "", err)
+		return nil, p.err("list", "", storage.ErrPoolNotFound, "", err)
 	}
 	var out []storage.Volume
 	for _, e := range entries {
@@ -394,11 +484,7 @@ func (p *Pool) List(ctx context.Context) ([]storage.Volume, error) {
 		if err != nil {
 			continue // removed meanwhile
 		}
-		v := storage.Volume{Replica: name, Name: e.Name(), Pool: p.dir, SizeBytes: info.Size()}
-		if d, ok := devs[path]; ok {
-			v.DevicePath = d.path
-		}
-		out = append(out, v)
+		out = append(out, storage.Volume{Replica: name, Name: e.Name(), Pool: p.dir, SizeBytes: info.Size()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Replica < out[j].Replica })
 	return out, nil
@@ -408,7 +494,12 @@ func (p *Pool) List(ctx context.Context) ([]storage.Volume, error) {
 // what unprivileged writers can still allocate (f_bavail). Files are sparse,
 // so ProvisionedBytes (the sum of our volume sizes) may exceed it.
 func (p *Pool) Capacity(ctx context.Context) (storage.Capacity, error) {
-	vols, err := p.List(ctx)
+	if err := ctx.Err(); err != nil {
+		return storage.Capacity{}, p.err("capacity", "", storage.ErrTimeout, "", err)
+	}
+	p.mu.Lock()
+	vols, err := p.files() // sizes only: capacity needs no device
+	p.mu.Unlock()
 	if err != nil {
 		return storage.Capacity{}, err
 	}

@@ -57,6 +57,21 @@ func detachAllUnder(t *testing.T, dir string) {
 	}
 }
 
+// findLoop scans every loop device of the machine for the one bound to path:
+// the truth a test checks the pool's index against.
+func findLoop(path string) (loopDev, bool, error) {
+	devs, err := backingFiles()
+	if err != nil {
+		return loopDev{}, false, err
+	}
+	d, ok := devs[path]
+	if !ok {
+		return loopDev{}, false, nil
+	}
+	bound, err := boundTo(d, path)
+	return d, bound && err == nil, err
+}
+
 func wantKind(t *testing.T, err, kind error) {
 	t.Helper()
 	if !errors.Is(err, kind) {

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// render writes results.md (every figure of every run) and the plots.
+func render(dir string, rs []Result) error {
+	slices.SortStableFunc(rs, func(a, b Result) int {
+		return cmp.Or(cmp.Compare(a.Label, b.Label), cmp.Compare(a.Class, b.Class), cmp.Compare(a.N, b.N))
+	})
+	var b strings.Builder
+	b.WriteString("# Scale benchmark results\n\n")
+	b.WriteString("Written by `make bench-scale` (test/bench/scale); what each figure means is in [../scale.md](../scale.md).\n")
+	b.WriteString("Times in seconds; writes per volume from the apiserver's audit log, Lease renewals left out; CPU in % of one core over the idle period; memory resident (peak).\n\n")
+	b.WriteString("| label | commit | date | load start → end | class | N | Ready | all Ready | p50 | p95 | writes/vol (controller + agents) | counters agree | idle CPU controller / agents+sim / apiserver | idle writes besides Leases | RSS controller (peak) | RSS agents+sim (peak) | RSS apiserver | delete all | delete writes/vol | error |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		idleWrites := r.Idle.AuditController + r.Idle.AuditAgents - r.Idle.Leases
+		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %d | %d | %.1f | %.1f | %.1f | %.1f (%.1f + %.1f) | %s | %.1f / %.1f / %.1f | %d | %d (%d) MB | %d (%d) MB | %d MB | %.1f | %.1f | %s |\n",
+			r.Label, r.Commit, r.Date, r.LoadStart, r.LoadEnd, r.Class, r.N, r.Ready, r.ReadySeconds, r.P50, r.P95,
+			r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume, agreement(r),
+			r.IdleCPU.Controller, r.IdleCPU.Agents, r.IdleCPU.APIServer, idleWrites,
+			r.Memory.ControllerRSS>>20, r.Memory.ControllerPeak>>20, r.Memory.AgentsRSS>>20, r.Memory.AgentsPeak>>20, r.Memory.APIServerRSS>>20,
+			r.DeleteSeconds, r.Delete.PerVolume, strings.ReplaceAll(r.Error, "|", "/"))
+	}
+	b.WriteString("\n## Writes of each formation, by component, verb and resource (audit log)\n\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "### %s %s N=%d\n\n", r.Label, r.Class, r.N)
+		fmt.Fprintf(&b, "Audit: controller %d, agents %d (of which %d Lease renewals); the processes' own counts: controller client-go %d (its reconcilers %d, Events and refused requests not among them), agents %d.\n\n",
+			r.Formation.AuditController, r.Formation.AuditAgents, r.Formation.Leases, r.Formation.ControllerHTTP, r.Formation.ControllerReconciler, r.Formation.AgentsHTTP)
+		b.WriteString("| writes | per volume | component verb resource |\n|---|---|---|\n")
+		keys := slices.Sorted(maps.Keys(r.Formation.ByResource))
+		for _, k := range keys {
+			n := r.Formation.ByResource[k]
+			fmt.Fprintf(&b, "| %d | %.2f | %s |\n", n, float64(n)/float64(r.N), k)
+		}
+		b.WriteString("\n")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	plots := []struct {
+		file, title, unit string
+		series            []seriesOf
+	}{
+		{"ready.svg", "First create → all Ready", "s", []seriesOf{{"", func(r Result) float64 { return r.ReadySeconds }}}},
+		{"p95.svg", "Each volume's create → Ready, 95th percentile", "s", []seriesOf{{"", func(r Result) float64 { return r.P95 }}}},
+		{"writes.svg", "Apiserver writes per volume formed (audit log, Leases left out)", "writes", []seriesOf{{"", func(r Result) float64 { return r.Formation.PerVolume }}}},
+		{"cpu.svg", "CPU in the idle period after formation", "% of one core", []seriesOf{
+			{"controller", func(r Result) float64 { return r.IdleCPU.Controller }},
+			{"agents+sim", func(r Result) float64 { return r.IdleCPU.Agents }}}},
+		{"memory.svg", "Resident memory after formation", "MB", []seriesOf{
+			{"controller", func(r Result) float64 { return float64(r.Memory.ControllerRSS >> 20) }},
+			{"agents+sim", func(r Result) float64 { return float64(r.Memory.AgentsRSS >> 20) }}}},
+	}
+	for _, p := range plots {
+		svg := plot(p.title, p.unit, lines(rs, p.series))
+		if err := os.WriteFile(filepath.Join(dir, p.file), []byte(svg), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func agreement(r Result) string {
+	w := r.Whole
+	if w.Agree {
+		return fmt.Sprintf("yes (%d + %d)", w.ControllerHTTP, w.AgentsHTTP)
+	}
+	return fmt.Sprintf("NO: audit %d + %d, own %d + %d", w.AuditController, w.AuditAgents-w.Leases, w.ControllerHTTP, w.AgentsHTTP)
+}
+
+// seriesOf picks one figure of a run; name tells several figures of one plot apart.
+type seriesOf struct {
+	name string
+	of   func(Result) float64
+}
+
+// lines groups the runs into one line per label, class and figure, with
+// their points by N. A run that did not reach all Ready is left out: its
+// time is not a time to Ready.
+func lines(rs []Result, figures []seriesOf) []line {
+	byName := map[string]*line{}
+	var order []string
+	for _, r := range rs {
+		if r.Ready < r.N {
+			continue
+		}
+		for _, f := range figures {
+			name := strings.TrimSpace(r.Label + " " + r.Class + " " + f.name)
+			l, ok := byName[name]
+			if !ok {
+				l = &line{name: name, dashed: r.Label == "before"}
+				byName[name] = l
+				order = append(order, name)
+			}
+			l.points = append(l.points, point{x: float64(r.N), y: f.of(r)})
+		}
+	}
+	out := make([]line, 0, len(order))
+	for _, n := range order {
+		l := *byName[n]
+		slices.SortFunc(l.points, func(a, b point) int { return cmp.Compare(a.x, b.x) })
+		out = append(out, l)
+	}
+	return out
+}
