@@ -39,11 +39,10 @@ func (a *Agent) runGC(ctx context.Context) error {
 // replicas: whatever the agent created was for a replica already in the
 // cache, so a replica created meanwhile is never mistaken for a missing one.
 func (a *Agent) collect(ctx context.Context) {
-	resources, err := a.drv.Status(ctx, "all")
-	if err != nil {
-		a.log.Error(err, "gc: drbdsetup status")
-		return
-	}
+	// The event stream's view of the kernel, not `drbdsetup status all`: the
+	// collector runs only while the Observer is synced, and a resource the
+	// stream has not shown yet was created for a replica already in the cache.
+	resources := a.obs.Resources()
 	type poolVols struct {
 		name string
 		vols []string
@@ -79,12 +78,12 @@ func (a *Agent) collect(ctx context.Context) {
 		replicas[rvrs.Items[i].Name] = true
 	}
 	for _, r := range resources {
-		if volumes[r.Name] {
+		if volumes[r] {
 			continue
 		}
-		a.log.Info("gc: no replica of this node owns DRBD resource; taking it down", "resource", r.Name)
-		if err := a.takeDown(ctx, r.Name); err != nil {
-			a.log.Error(err, "gc: taking down", "resource", r.Name)
+		a.log.Info("gc: no replica of this node owns DRBD resource; taking it down", "resource", r)
+		if err := a.takeDown(ctx, r); err != nil {
+			a.log.Error(err, "gc: taking down", "resource", r)
 		}
 	}
 	for _, pv := range pools {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -129,6 +130,15 @@ func (o *Observer) Snapshot(name string) (*ResourceState, bool) {
 		return nil, false
 	}
 	return s.Clone(), true
+}
+
+// Resources returns the names of the resources the observer knows, sorted:
+// what the kernel runs, as of the last line read (the agent's garbage
+// collector lists them instead of asking the kernel for its whole status).
+func (o *Observer) Resources() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Sorted(maps.Keys(o.state))
 }
 
 // Synced reports whether the current stream's initial dump is complete,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -239,6 +240,9 @@ func TestObserverRestart(t *testing.T) {
 	}
 	if _, ok := o.Snapshot("r1"); ok {
 		t.Fatal("r1 still in the snapshot")
+	}
+	if got := o.Resources(); !slices.Equal(got, []string{"r0"}) {
+		t.Fatalf("Resources() = %v, want [r0]", got)
 	}
 	if s, ok := o.Snapshot("r0"); !ok || s.Role != "Primary" {
 		t.Fatalf("r0 snapshot %+v", s)
