@@ -395,7 +395,13 @@ func changesDiskless(p *Plan) bool {
 
 // disklessChangeInFlight names the replica (and group) of a membership transition in
 // flight that changes the diskless set, or "". A transition whose plan this controller
-// does not know counts as one.
+// does not know counts as one, and so does every force removal not yet confirmed,
+// whatever the type it removes: the lost member may have been lost in the middle of
+// a join whose last published step (sD∅ → sD, D∅ → D) no survivor applied, so the
+// survivors that have not confirmed the removal still run it as a diskless member
+// (the deep model check, 2D TransZonal with shadow support: an sD∅ joining is lost,
+// force-removed as sD, and an Access or sD∅ join that followed at once gave each side
+// of a cut its own diskless majority: docs/modelcheck-findings.md D5).
 func (rc *reconcile) disklessChangeInFlight() (string, v1.TransitionGroup) {
 	ts := rc.st.DatameshTransitions
 	for i := range ts {
@@ -403,7 +409,7 @@ func (rc *reconcile) disklessChangeInFlight() (string, v1.TransitionGroup) {
 		if !isMembership(t.Type) {
 			continue
 		}
-		if p, ok := rc.planOf(t); !ok || changesDiskless(p) {
+		if p, ok := rc.planOf(t); !ok || t.Type == v1.TransitionForceRemoveReplica || changesDiskless(p) {
 			return t.ReplicaName, t.Group
 		}
 	}
