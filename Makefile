@@ -137,6 +137,10 @@ soak: deps k8s ## Fault campaign on the in-process cluster: SEEDS seeds × DURAT
 bench: k8s ## Benchmarks of ./pkg/..., -count=5 (BENCH_COUNT) for benchstat
 	$(GO) test -run '^$$' -bench . -benchmem -count=$(BENCH_COUNT) ./pkg/...
 
+.PHONY: bench-failover
+bench-failover: deps k8s image ## Failover on the installed sandbox: 10 crashes and 5 partitions of a writer pod's node, step by step, no acknowledged write lost; writes docs/failover-bench.md and .svg (root; about 30 min; BENCH_FAILOVER_ARGS="-crashes 2 ...")
+	nice -n 10 $(GO) run ./hack/benchfailover $(BENCH_FAILOVER_ARGS)
+
 # `make bench-scale`: N volumes created at once, per class (docs/scale.md).
 SCALE_N       ?= 100,500,1000,2000
 SCALE_CLASSES ?= 1D,3D

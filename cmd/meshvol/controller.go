@@ -35,23 +35,25 @@ flags:
 
 // controllerFlags are the subcommand's settings.
 type controllerFlags struct {
-	kubeconfig     string
-	namespace      string
-	metricsAddr    string
-	probeAddr      string
-	leaderElect    bool
-	leaderID       string
-	grace          time.Duration
-	portRange      string
-	minorRange     string
-	hmac           string
-	taintLostNodes bool
-	deleteLostPods bool
-	workers        int
-	shadowDiskful  bool
-	startTimeout   time.Duration
-	verbosity      int
-	csiEndpoint    string
+	kubeconfig  string
+	namespace   string
+	metricsAddr string
+	probeAddr   string
+	leaderElect bool
+	// The leader election's timing (controller.ManagerOptions).
+	leaseDuration, renewDeadline, retryPeriod time.Duration
+	leaderID                                  string
+	grace                                     time.Duration
+	portRange                                 string
+	minorRange                                string
+	hmac                                      string
+	taintLostNodes                            bool
+	deleteLostPods                            bool
+	workers                                   int
+	shadowDiskful                             bool
+	startTimeout                              time.Duration
+	verbosity                                 int
+	csiEndpoint                               string
 }
 
 func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
@@ -73,6 +75,12 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 	fs.BoolVar(&f.leaderElect, "leader-elect", true,
 		"elect one active controller through a coordination.k8s.io Lease; turn off only when a single replica runs")
 	fs.StringVar(&f.leaderID, "leader-election-id", controller.LeaderElectionID, "name of the leader-election Lease")
+	fs.DurationVar(&f.leaseDuration, "leader-election-lease-duration", 15*time.Second,
+		"how long the leader-election Lease lasts: a replica takes over at most this plus the retry period after the leader's last renewal (its node crashed)")
+	fs.DurationVar(&f.renewDeadline, "leader-election-renew-deadline", 10*time.Second,
+		"how long the leader keeps trying to renew before it stops leading (less than the lease duration)")
+	fs.DurationVar(&f.retryPeriod, "leader-election-retry-period", 2*time.Second,
+		"how often the leader renews and the other replicas try to take over")
 	fs.DurationVar(&f.grace, "agent-grace-period", 10*time.Second,
 		"how long past its expiry a node agent's Lease may go unrenewed before the node's replicas are marked AgentReady=False and, when no live peer reaches them, force-removed and replaced")
 	fs.StringVar(&f.portRange, "port-range", "7000-7999", "DRBD TCP ports, LOW-HIGH, one per volume, unique in the cluster")
@@ -172,6 +180,7 @@ func runController(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	mgr, err := controller.NewManager(cfg, opts, controller.ManagerOptions{
 		MetricsAddr: f.metricsAddr, ProbeAddr: f.probeAddr, LeaderElection: f.leaderElect, LeaderElectionID: f.leaderID,
+		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "meshvol controller: setting up: %v\n", err)

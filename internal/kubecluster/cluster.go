@@ -107,8 +107,12 @@ type Cluster struct {
 	// machine to end (Options.WaitForLock): not part of the start time.
 	LockWait time.Duration
 
-	log        io.Writer
-	lock       *os.File
+	log  io.Writer
+	lock *os.File
+	// What RestartNode needs to boot a crashed node as Start did.
+	opts       Options
+	kubeletCA  string
+	apiAddress [2]string // the apiserver's host:port and port, for the nodes' proxies
 	host       *hostState
 	kcm, sched *proc
 	stopOnce   sync.Once
@@ -146,7 +150,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if logw == nil {
 		logw = io.Discard
 	}
-	c = &Cluster{Dir: opts.Dir, BinDir: opts.BinDir, log: logw}
+	c = &Cluster{Dir: opts.Dir, BinDir: opts.BinDir, log: logw, opts: opts}
 	locking := time.Now()
 	c.lock, err = hostLock(opts.WaitForLock, c.logf)
 	if err != nil {
@@ -186,6 +190,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return c, err
 	}
+	c.kubeletCA = pki.CAFile
 	apiArgs := map[string][]string{
 		// Logs and exec reach the kubelets at the machine's address,
 		// with a certificate they trust.
@@ -397,19 +402,30 @@ func (c *Cluster) startNamespaces(ctx context.Context, prepare func(*Node) error
 	if err != nil || u.Port() == "" {
 		return fmt.Errorf("kubecluster: the apiserver's address %q has no port (%v)", c.Env.Config.Host, err)
 	}
-	apiHost, apiPort := u.Host, u.Port()
+	c.apiAddress = [2]string{u.Host, u.Port()}
 	for i, n := range c.Nodes {
-		if err := n.startNamespaces(ctx, i); err != nil {
+		n.index = i
+		if err := c.startNodeNamespaces(ctx, n, prepare); err != nil {
 			return err
 		}
-		ns := fmt.Sprintf("/proc/%d/ns/net", n.nsPID)
-		if n.proxy, err = startAPIProxy(ns, apiHost, apiPort, "443"); err != nil {
-			return err
-		}
-		if prepare != nil {
-			if err := prepare(n); err != nil {
-				return fmt.Errorf("kubecluster: preparing %s: %w", n.Name, err)
-			}
+	}
+	return nil
+}
+
+// startNodeNamespaces creates one node's namespaces, its proxy to the
+// apiserver and whatever prepare adds.
+func (c *Cluster) startNodeNamespaces(ctx context.Context, n *Node, prepare func(*Node) error) error {
+	if err := n.startNamespaces(ctx, n.index); err != nil {
+		return err
+	}
+	var err error
+	ns := fmt.Sprintf("/proc/%d/ns/net", n.nsPID)
+	if n.proxy, err = startAPIProxy(ns, c.apiAddress[0], c.apiAddress[1], "443"); err != nil {
+		return err
+	}
+	if prepare != nil {
+		if err := prepare(n); err != nil {
+			return fmt.Errorf("kubecluster: preparing %s: %w", n.Name, err)
 		}
 	}
 	return c.routePodSubnets(ctx)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -161,10 +160,7 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 	}
 	n.nsPID = pid
 	n.IP = nodeAddressOnBridge(index)
-	veth := vethPrefix + n.Name
-	if len(veth) > 15 {
-		veth = veth[:15]
-	}
+	veth := n.vethName()
 	for _, args := range [][]string{
 		{"link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(pid)},
 		{"link", "set", veth, "master", bridgeName, "up"},
@@ -313,15 +309,21 @@ func listenInNetns(nsPath, addr string) (net.Listener, error) {
 }
 
 // apiProxy carries connections accepted on a node's loopback to the
-// apiserver on the machine's, byte for byte (TLS end to end).
+// apiserver on the machine's, byte for byte (TLS end to end). While held
+// (Node.CutOff) it reads but passes nothing on, in either direction.
 type apiProxy struct {
 	ls     []net.Listener
 	target string
 	wg     sync.WaitGroup
+	mu     sync.Mutex
+	// flowing is closed while bytes may pass; hold replaces it with an
+	// open channel, which release closes.
+	flowing chan struct{}
 }
 
 func startAPIProxy(nsPath, target string, ports ...string) (*apiProxy, error) {
-	p := &apiProxy{target: target}
+	p := &apiProxy{target: target, flowing: make(chan struct{})}
+	close(p.flowing)
 	for _, port := range ports {
 		l, err := listenInNetns(nsPath, net.JoinHostPort("127.0.0.1", port))
 		if err != nil {
@@ -350,14 +352,59 @@ func (p *apiProxy) serve(l net.Listener) {
 			}
 			defer up.Close()
 			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+			go func() { p.pipe(up, c); done <- struct{}{} }()
+			go func() { p.pipe(c, up); done <- struct{}{} }()
 			<-done
 		}()
 	}
 }
 
-// close stops listening; connections in flight end with their peers.
+// pipe copies src to dst, each chunk once the proxy lets bytes pass.
+func (p *apiProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			<-p.gate()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *apiProxy) gate() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.flowing
+}
+
+// hold stops the bytes; release lets them pass again.
+func (p *apiProxy) hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.flowing:
+		p.flowing = make(chan struct{})
+	default: // already held
+	}
+}
+
+func (p *apiProxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.flowing:
+	default:
+		close(p.flowing)
+	}
+}
+
+// close stops listening and lets held bytes go; connections in flight end
+// with their peers.
 func (p *apiProxy) close() {
 	if p == nil {
 		return
@@ -366,6 +413,9 @@ func (p *apiProxy) close() {
 		l.Close()
 	}
 	p.wg.Wait()
+	if p.flowing != nil {
+		p.release()
+	}
 }
 
 // MountInfo is the mountinfo file of the node's mount namespace (what a

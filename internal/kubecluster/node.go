@@ -38,6 +38,7 @@ type Node struct {
 	containerd *proc
 	kubelet    *proc
 	crashed    bool
+	index      int // in Options.Nodes: its address on the bridge
 	// With namespaces of its own: the process holding them, its pid, and
 	// the proxy from the node's loopback to the apiserver.
 	holder *proc

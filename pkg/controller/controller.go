@@ -137,7 +137,9 @@ type ManagerOptions struct {
 	LeaderElection   bool
 	LeaderElectionID string
 	// LeaseDuration, RenewDeadline and RetryPeriod time the election (zero:
-	// controller-runtime's 15 s, 10 s and 2 s).
+	// controller-runtime's 15 s, 10 s and 2 s). A new leader takes over at most
+	// LeaseDuration + RetryPeriod after the old one's last renewal; the old one stops
+	// leading RenewDeadline after its last renewal, before the Lease can pass on.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// KeepLeaseOnStop keeps the Lease when the manager's context ends, as a
 	// crashed leader does: the next leader waits for it to expire. Without it the
@@ -147,6 +149,14 @@ type ManagerOptions struct {
 
 // LeaderElectionID is the default name of the controller's leader-election Lease.
 const LeaderElectionID = "meshvol-controller"
+
+// nonZero is d's address, or nil (controller-runtime's default) for zero.
+func nonZero(d time.Duration) *time.Duration {
+	if d == 0 {
+		return nil
+	}
+	return &d
+}
 
 // CacheOptions restricts the cache's Secrets and Leases to the controller's namespace:
 // the controller reads no other Secret, and every agent Lease lives there.
@@ -179,9 +189,6 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		mo.LeaderElectionID = LeaderElectionID
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		LeaseDuration:           durationOrNil(mo.LeaseDuration),
-		RenewDeadline:           durationOrNil(mo.RenewDeadline),
-		RetryPeriod:             durationOrNil(mo.RetryPeriod),
 		Scheme:                  scheme,
 		Cache:                   CacheOptions(o.Namespace),
 		Metrics:                 metricsserver.Options{BindAddress: mo.MetricsAddr},
@@ -189,6 +196,9 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		LeaderElection:          mo.LeaderElection,
 		LeaderElectionID:        mo.LeaderElectionID,
 		LeaderElectionNamespace: o.Namespace,
+		LeaseDuration:           nonZero(mo.LeaseDuration),
+		RenewDeadline:           nonZero(mo.RenewDeadline),
+		RetryPeriod:             nonZero(mo.RetryPeriod),
 		// Step down cleanly on SIGTERM so the next controller starts at once.
 		LeaderElectionReleaseOnCancel: !mo.KeepLeaseOnStop,
 		// Tests and the sandbox run a controller again in the same process (a restart);
@@ -218,14 +228,6 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 }
 
 var skipNameValidation = true
-
-// durationOrNil is d for controller-runtime's options, nil (its default) for zero.
-func durationOrNil(d time.Duration) *time.Duration {
-	if d == 0 {
-		return nil
-	}
-	return &d
-}
 
 // Run builds a manager for cfg (no metrics or probe endpoints, no leader election) and
 // runs the controller until ctx ends: the one-call form for a process that runs the
