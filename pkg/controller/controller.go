@@ -282,6 +282,9 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 	if err := c.setupLifecycle(mgr); err != nil {
 		return nil, err
 	}
+	if err := c.setupMaintenance(mgr); err != nil {
+		return nil, err
+	}
 	if err := c.setupStateMetrics(mgr); err != nil {
 		return nil, err
 	}
