@@ -295,6 +295,13 @@ func (n *Node) PoolDir(rsp *v1.ReplicatedStoragePool) string {
 func (n *Node) startAgent() {
 	cfg := n.AgentConfig()
 	restCfg := n.c.Writes.counted(n.c.Env.Config, "agent")
+	if restCfg.QPS == 0 {
+		// The client-side rate limit `meshvol node` runs with (cmd/meshvol,
+		// restConfig), not client-go's default of 5 requests per second: with
+		// that, the agents' reports, not meshvol, set the pace of forming a
+		// few hundred volumes at once (docs/scale.md).
+		restCfg.QPS, restCfg.Burst = 50, 100
+	}
 	n.agent = goproc.Start(n.c.ctx, func(ctx context.Context) error {
 		return agent.Run(ctx, restCfg, n.c.Env.Scheme, cfg)
 	})

@@ -205,7 +205,12 @@ func (d laggingDriver) Events(ctx context.Context) (io.ReadCloser, error) {
 	go func() {
 		defer rc.Close()
 		for l := range lines {
-			time.Sleep(time.Until(l.at.Add(d.lag)))
+			select {
+			case <-ctx.Done(): // the stream ends with its context, as drbdsetup's does
+				pw.CloseWithError(ctx.Err())
+				return
+			case <-time.After(time.Until(l.at.Add(d.lag))):
+			}
 			if _, err := pw.Write(l.text); err != nil {
 				return
 			}

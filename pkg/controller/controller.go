@@ -67,6 +67,9 @@ type Options struct {
 	// meshvol volumes and the node's meshvol VolumeAttachments, once every such volume's
 	// survivors hold quorum without the node (docs/controller.md, "--delete-lost-pods").
 	DeleteLostPods bool
+	// SnapshotSuspendTimeout bounds how long a snapshot attempt may hold a volume's IO
+	// suspended (default 10 s; docs/snapshots.md, "The guarantee").
+	SnapshotSuspendTimeout time.Duration
 	// Workers is the number of concurrent volume reconciles (default 4).
 	Workers int
 	// Features are the DRBD features the engine may use.
@@ -96,6 +99,9 @@ func (o *Options) defaults() {
 	}
 	if o.Workers <= 0 {
 		o.Workers = 4
+	}
+	if o.SnapshotSuspendTimeout <= 0 {
+		o.SnapshotSuspendTimeout = 10 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -288,6 +294,9 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 	if err := c.setupStateMetrics(mgr); err != nil {
 		return nil, err
 	}
+	if err := c.setupSnapshot(mgr); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -318,6 +327,9 @@ func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
 		}},
 		{&v1.ReplicatedVolumeAttachment{}, indexVolume, func(o client.Object) []string {
 			return []string{o.(*v1.ReplicatedVolumeAttachment).Spec.ReplicatedVolumeName}
+		}},
+		{&v1.ReplicatedVolumeSnapshot{}, indexVolume, func(o client.Object) []string {
+			return []string{o.(*v1.ReplicatedVolumeSnapshot).Spec.ReplicatedVolumeName}
 		}},
 		{&v1.ReplicatedVolumeAttachment{}, indexNodeRVA, func(o client.Object) []string {
 			return []string{o.(*v1.ReplicatedVolumeAttachment).Spec.NodeName}
