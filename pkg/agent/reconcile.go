@@ -453,7 +453,11 @@ func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember
 		return false, 100 * time.Millisecond, false
 	case m.Attached && role != "Primary":
 		if err := a.drv.Primary(ctx, name, drbd.NoForce); err != nil {
-			cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonPromoteFailed, "Promotion refused: "+drbd.RedactSecrets(err.Error()))
+			reason := v1.ReasonPromoteFailed
+			if errors.Is(err, drbd.ErrNoQuorum) {
+				reason = v1.ReasonPromoteNoQuorum // the engine withdraws the Attach on it
+			}
+			cond(v1.ConditionDRBDRole, metav1.ConditionFalse, reason, "Promotion refused: "+drbd.RedactSecrets(err.Error()))
 			return false, a.cfg.RetryInterval, false
 		}
 		cond(v1.ConditionDRBDRole, metav1.ConditionTrue, v1.ReasonPrimary, "Primary: the datamesh marks this member attached")

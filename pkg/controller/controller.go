@@ -147,6 +147,10 @@ type ManagerOptions struct {
 	// LeaseDuration + RetryPeriod after the old one's last renewal; the old one stops
 	// leading RenewDeadline after its last renewal, before the Lease can pass on.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// KeepLeaseOnStop keeps the Lease when the manager's context ends, as a
+	// crashed leader does: the next leader waits for it to expire. Without it the
+	// leader steps down at once (a SIGTERM). Tests of a leader's crash set it.
+	KeepLeaseOnStop bool
 }
 
 // LeaderElectionID is the default name of the controller's leader-election Lease.
@@ -202,7 +206,7 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		RenewDeadline:           nonZero(mo.RenewDeadline),
 		RetryPeriod:             nonZero(mo.RetryPeriod),
 		// Step down cleanly on SIGTERM so the next controller starts at once.
-		LeaderElectionReleaseOnCancel: true,
+		LeaderElectionReleaseOnCancel: !mo.KeepLeaseOnStop,
 		// Tests and the sandbox run a controller again in the same process (a restart);
 		// controller-runtime would refuse the second manager's controller names.
 		Controller: config.Controller{SkipNameValidation: &skipNameValidation},
