@@ -131,9 +131,9 @@ func (c *Controller) startAttempt(ctx context.Context, rvs *v1.ReplicatedVolumeS
 		st.Message = fmt.Sprintf("waiting for storage pool %q", cfg.StoragePool)
 		return wait, nil
 	}
-	if rsp.Spec.Type == v1.PoolTypeLVM {
+	if why := v1.SnapshotUnsupported(rsp.Spec.Type); why != "" {
 		st.Phase = v1.SnapshotFailed
-		st.Message = fmt.Sprintf("storage pool %q is of type LVM (thick), which cannot snapshot: use an LVMThin or File pool (docs/snapshots.md, \"Pools\")", rsp.Name)
+		st.Message = fmt.Sprintf("storage pool %q is of type %s, %s (docs/snapshots.md, \"Pools\")", rsp.Name, rsp.Spec.Type, why)
 		return 0, nil
 	}
 	if n := len(rv.Status.DatameshTransitions); n > 0 {

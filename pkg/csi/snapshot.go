@@ -122,9 +122,9 @@ func (c *Controller) checkSnapshotPool(ctx context.Context, rv *v1.ReplicatedVol
 	if err := c.Client.Get(ctx, client.ObjectKey{Name: cfg.StoragePool}, rsp); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if rsp.Spec.Type == v1.PoolTypeLVM {
+	if why := v1.SnapshotUnsupported(rsp.Spec.Type); why != "" {
 		return status.Errorf(codes.FailedPrecondition,
-			"source_volume_id: volume %q lives in storage pool %q of type LVM (thick), which cannot snapshot: use an LVMThin or File pool", rv.Name, rsp.Name)
+			"source_volume_id: volume %q lives in storage pool %q of type %s, %s", rv.Name, rsp.Name, rsp.Spec.Type, why)
 	}
 	return nil
 }
