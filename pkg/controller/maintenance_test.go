@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,6 +61,14 @@ func TestJudgeMaintenance(t *testing.T) {
 			staleReport.rvrs["v2d-b"].Status.Peers[i] = v1.PeerStatus{Name: "v2d-a", ConnectionState: "Connecting", ReplicationState: "Off", PeerDiskState: v1.DiskStateUnknown}
 		}
 	}
+	// The replica on a is in the cache, but the volume's status does not list it (yet).
+	unlisted := twoD1TB()
+	unlisted.rv.Status.Datamesh.Members = slices.DeleteFunc(unlisted.rv.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.NodeName == "a" })
+	oneDUnlisted := mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d})
+	oneDUnlisted.rv.Status.Datamesh.Members = nil
+	leaving := twoD1TB()
+	leaving.rv.Status.Datamesh.Members = unlisted.rv.Status.Datamesh.Members
+	leaving.rvrs["v2d-a"].DeletionTimestamp = &metav1.Time{}
 	oldRevision := twoD1TB()
 	oldRevision.rvrs["v2d-c"].Status.DatameshRevision = 2
 	for _, tc := range []struct {
@@ -80,6 +89,10 @@ func TestJudgeMaintenance(t *testing.T) {
 			v1.MaintenanceBlocked, "v3d: on b, 1 of 3 nodes up_to_date, need 2 for quorum-minimum-redundancy", []string{"v3d"}, nil},
 		{"the only copy", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD}, live: allLive, nodeLive: true},
 			v1.MaintenanceBlocked, "v1d: no UpToDate Diskful replica with a live agent is left outside node a", []string{"v1d"}, nil},
+		{"a replica the volume's status does not list is not judged", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneDUnlisted, unlisted}, live: allLive, nodeLive: true},
+			v1.MaintenancePending, "before judging them: v1d-a, v2d-a", nil, nil},
+		{"a replica being deleted is leaving", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{leaving}, live: allLive, nodeLive: true},
+			v1.MaintenanceReadyForMaintenance, "Node a may be taken down", nil, nil},
 		{"one node at a time", maintenanceFacts{m: maint("", false), busy: "x", volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true},
 			v1.MaintenanceBlocked, "Node x is in maintenance: one node at a time", nil, nil},
 		{"ready stays ready while the node is down", maintenanceFacts{m: maint(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a")},
