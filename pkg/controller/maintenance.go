@@ -54,12 +54,28 @@ type maintenanceFacts struct {
 	// live says whether a node's agent is live; nodeLive is the maintained node's.
 	live     func(node string) bool
 	nodeLive bool
+	// now is the controller's clock: spec.maxDowntime is measured against it.
+	now time.Time
 }
 
 // judgeMaintenance is the maintenance's status for the facts.
 func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	m, node := f.m, f.m.Spec.NodeName
-	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation}
+	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation, AwaySince: m.Status.AwaySince}
+	if m.Status.Phase == v1.MaintenanceFailed {
+		st.Phase, st.Message = v1.MaintenanceFailed, m.Status.Message
+		return st
+	}
+	if away := m.Status.AwaySince; away != nil && m.Spec.MaxDowntime != nil && maintenanceActive(m.Status.Phase) &&
+		f.now.Sub(away.Time) > m.Spec.MaxDowntime.Duration {
+		st.Phase = v1.MaintenanceFailed
+		st.Message = fmt.Sprintf("Node %s has been away for %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
+			node, f.now.Sub(away.Time).Round(time.Second), m.Spec.MaxDowntime.Duration)
+		if waits := returnWaits(f); len(waits) > 0 {
+			st.Message += "; still missing: " + strings.Join(waits, "; ")
+		}
+		return st
+	}
 	if m.Spec.Return {
 		if !maintenanceActive(m.Status.Phase) {
 			st.Phase, st.Message = v1.MaintenanceCompleted, "Completed: node "+node+" was never taken out of service"
@@ -106,6 +122,10 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 		return st
 	}
 	st.Phase = v1.MaintenanceReadyForMaintenance
+	if st.AwaySince == nil {
+		now := metav1.NewTime(f.now)
+		st.AwaySince = &now
+	}
 	st.Message = fmt.Sprintf("Node %s may be taken down: nothing is attached on it, and the %d volume(s) with a replica there keep quorum and their guaranteed redundancy without it",
 		node, len(f.volumes))
 	return st
@@ -283,7 +303,8 @@ func (c *Controller) reconcileMaintenance(ctx context.Context, req reconcile.Req
 	if err := c.reader.Get(ctx, req.NamespacedName, m); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if m.DeletionTimestamp != nil || m.Status.Phase == v1.MaintenanceCompleted && m.Status.ObservedGeneration == m.Generation {
+	if m.DeletionTimestamp != nil || m.Status.Phase == v1.MaintenanceFailed ||
+		m.Status.Phase == v1.MaintenanceCompleted && m.Status.ObservedGeneration == m.Generation {
 		return ctrl.Result{}, nil
 	}
 	f, err := c.maintenanceFacts(ctx, m, c.cachedFacts())
@@ -326,12 +347,20 @@ func (c *Controller) reconcileMaintenance(ctx context.Context, req reconcile.Req
 }
 
 // maintenanceRequeue: an agent Lease expires by the clock with no event; a returning
-// or blocked maintenance looks again after the grace period.
+// or blocked maintenance looks again after the grace period; a node away looks again
+// when its spec.maxDowntime runs out.
 func (c *Controller) maintenanceRequeue(m *v1.ReplicatedNodeMaintenance) ctrl.Result {
+	var after time.Duration
 	if m.Status.Phase == v1.MaintenanceReturning || m.Status.Phase == v1.MaintenanceBlocked {
-		return ctrl.Result{RequeueAfter: max(c.opts.AgentGracePeriod, time.Second)}
+		after = max(c.opts.AgentGracePeriod, time.Second)
 	}
-	return ctrl.Result{}
+	if maintenanceActive(m.Status.Phase) && m.Status.AwaySince != nil && m.Spec.MaxDowntime != nil {
+		left := m.Status.AwaySince.Add(m.Spec.MaxDowntime.Duration).Sub(c.opts.Now()) + time.Second
+		if after == 0 || left < after {
+			after = max(left, time.Second)
+		}
+	}
+	return ctrl.Result{RequeueAfter: after}
 }
 
 // factsSource is where maintenanceFacts reads: the cache through its field indexes, or
@@ -359,7 +388,7 @@ func (c *Controller) freshFacts() factsSource {
 // maintenanceFacts reads the maintenance's facts from src.
 func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeMaintenance, src factsSource) (maintenanceFacts, error) {
 	node := m.Spec.NodeName
-	f := maintenanceFacts{m: m}
+	f := maintenanceFacts{m: m, now: c.opts.Now()}
 	var others v1.ReplicatedNodeMaintenanceList
 	if err := src.List(ctx, &others); err != nil {
 		return f, err
@@ -379,8 +408,7 @@ func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeM
 			byNode[n] = &leases.Items[i]
 		}
 	}
-	now := c.opts.Now()
-	f.live = func(n string) bool { return agentlease.Judge(byNode[n], now, c.opts.AgentGracePeriod).Live }
+	f.live = func(n string) bool { return agentlease.Judge(byNode[n], f.now, c.opts.AgentGracePeriod).Live }
 	f.nodeLive = f.live(node)
 	var here v1.ReplicatedVolumeReplicaList
 	if err := src.List(ctx, &here, src.onNode(node)); err != nil {

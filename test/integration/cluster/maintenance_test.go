@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/internal/testenv"
@@ -26,6 +27,9 @@ import (
 // detaches, then says the node may go down; the node crashes and stays away past
 // the grace period without its member being force-removed or replaced (eight
 // other nodes could take one); it returns, resyncs, and the maintenance completes.
+// Then the TieBreaker's node, drained with --max-downtime 5s, stays down past it:
+// the maintenance Fails, the node is lost and its member force-removed, and
+// uncordon reports the failure.
 func TestNodeMaintenance(t *testing.T) {
 	r := newRig(t)
 	kc := r.kubeconfig()
@@ -145,8 +149,52 @@ func TestNodeMaintenance(t *testing.T) {
 		t.Errorf("uncordon left node %s cordoned (%s=%q)", node, v1.LabelCordon, l)
 	}
 	r.ready(vol, 2*time.Minute)
-	t.Logf("maintenance timeline:\n%s", timeline.String())
 	r.must(r.cl.Delete(r.ctx, m))
+
+	// Failed: the TieBreaker's node, drained with --max-downtime, stays away past it;
+	// it is lost then, and its member is force-removed as any lost node's.
+	tb := ""
+	for _, n := range all {
+		if !slices.Contains(diskful, n) {
+			tb = n
+		}
+	}
+	out, err = r.pluginErr(kc, "drain", tb, "--max-downtime", "5s", "--timeout", "2m")
+	timeline.WriteString("$ kubectl meshvol drain " + tb + " --max-downtime 5s\n" + out)
+	if err != nil || !strings.Contains(out, "ReadyForMaintenance: Node "+tb+" may be taken down") {
+		t.Fatalf("drain %s: %v\n%s", tb, err, out)
+	}
+	r.must(r.c.CrashNode(tb))
+	t.Cleanup(func() { _ = r.c.RestartNode(tb) })
+	tbReplica := v1.ReplicaName(vol, tb)
+	r.eventually("maintenance of "+tb+" Failed and its member force-removed", 2*time.Minute, func() string {
+		m := &v1.ReplicatedNodeMaintenance{}
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: tb}, m))
+		if m.Status.Phase != v1.MaintenanceFailed || !strings.Contains(m.Status.Message, "longer than spec.maxDowntime 5s") {
+			return string(m.Status.Phase) + ": " + m.Status.Message
+		}
+		cur := r.rv(vol)
+		if slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == tbReplica }) &&
+			!slices.ContainsFunc(cur.Status.DatameshReplicaRequests, func(q v1.DatameshReplicaRequest) bool {
+				return q.Name == tbReplica && q.Operation == v1.ReplicaOperationForceLeave
+			}) {
+			return "the member on " + tb + " is neither removed nor asked to ForceLeave: " + phase(cur)
+		}
+		return ""
+	})
+	r.must(r.c.RestartNode(tb))
+	out, err = r.pluginErr(kc, "uncordon", tb, "--timeout", "1m")
+	timeline.WriteString("(node " + tb + " crashed, Failed, its member force-removed; restarted)\n$ kubectl meshvol uncordon " + tb + "\n" + out)
+	if !errors.Is(err, kubectlmeshvol.ErrFailed) || !strings.Contains(err.Error(), "longer than spec.maxDowntime 5s") {
+		t.Fatalf("uncordon of the failed maintenance of %s: %v\n%s", tb, err, out)
+	}
+	timeline.WriteString("error: " + err.Error() + "\n")
+	if l := r.nodeLabel(tb); l != "" {
+		t.Errorf("uncordon of a failed maintenance left node %s cordoned (%s=%q)", tb, v1.LabelCordon, l)
+	}
+	r.ready(vol, 2*time.Minute)
+	t.Logf("maintenance timeline:\n%s", timeline.String())
+	r.must(r.cl.Delete(r.ctx, &v1.ReplicatedNodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: tb}}))
 	r.deleteVolume(vol)
 }
 
