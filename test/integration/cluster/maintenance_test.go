@@ -26,7 +26,8 @@ import (
 // Diskful node of an attached 2D+1TB volume waits in Draining until the volume
 // detaches, then says the node may go down; the node crashes and stays away past
 // the grace period without its member being force-removed or replaced (eight
-// other nodes could take one); it returns, resyncs, and the maintenance completes.
+// other nodes could take one), and a drain of another node is refused (one node at
+// a time); it returns, resyncs, and the maintenance completes.
 // Then the TieBreaker's node, drained with --max-downtime 5s, stays down past it:
 // the maintenance Fails, the node is lost and its member force-removed, and
 // uncordon reports the failure.
@@ -133,6 +134,20 @@ func TestNodeMaintenance(t *testing.T) {
 	timeline.WriteString("(node " + node + " crashed; " + time.Since(crashed).Round(time.Second).String() + " later: phase " +
 		string(cur.Status.Phase) + ", member " + replica + " kept, no ForceLeave, no replacement)\n")
 
+	// Refused: one node at a time.
+	tb := ""
+	for _, n := range all {
+		if !slices.Contains(diskful, n) {
+			tb = n
+		}
+	}
+	out, err = r.pluginErr(kc, "drain", tb, "--timeout", "1m")
+	timeline.WriteString("$ kubectl meshvol drain " + tb + "\n" + out)
+	if !errors.Is(err, kubectlmeshvol.ErrBlocked) || !strings.Contains(err.Error(), "Node "+node+" is in maintenance: one node at a time") {
+		t.Fatalf("drain of %s while %s is away: %v\n%s", tb, node, err, out)
+	}
+	timeline.WriteString("error: " + err.Error() + "\n")
+
 	// Back: restart, uncordon, resync, Completed.
 	r.must(r.c.RestartNode(node))
 	out, err = r.pluginErr(kc, "uncordon", node, "--timeout", "3m")
@@ -153,12 +168,6 @@ func TestNodeMaintenance(t *testing.T) {
 
 	// Failed: the TieBreaker's node, drained with --max-downtime, stays away past it;
 	// it is lost then, and its member is force-removed as any lost node's.
-	tb := ""
-	for _, n := range all {
-		if !slices.Contains(diskful, n) {
-			tb = n
-		}
-	}
 	out, err = r.pluginErr(kc, "drain", tb, "--max-downtime", "5s", "--timeout", "2m")
 	timeline.WriteString("$ kubectl meshvol drain " + tb + " --max-downtime 5s\n" + out)
 	if err != nil || !strings.Contains(out, "ReadyForMaintenance: Node "+tb+" may be taken down") {
