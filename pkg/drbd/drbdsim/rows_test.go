@@ -471,3 +471,32 @@ func TestNonVotingPeerNotCounted(t *testing.T) {
 	rg.wantQuorum("node2", false)
 	rg.must(rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce))
 }
+
+// A connected peer counts by the disk it reports, not by what the local configuration
+// calls it (the kernel's __calc_quorum_with_disk counts a peer as a diskless vote only
+// when it reports Diskless *and* the local peer device has `bitmap no`): node1 still
+// runs a configuration that names node2 diskless — as a survivor does while it has not
+// applied the step in which a diskless joiner attached its disk — and counts node2,
+// connected and UpToDate, as an UpToDate voter: 2 of 2 under quorum 2, so it keeps
+// quorum with node3 cut away and may promote.
+func TestConnectedPeerCountsByItsReportedDisk(t *testing.T) {
+	q2 := func(_ string, o *drbd.OptionSet) { o.Resource.Quorum = drbd.Ptr(drbd.QuorumCount(2)) }
+	rg := formed(t, q2)
+	cfg := r0(rg.dir, "node1", q2)
+	for i := range cfg.Peers {
+		if cfg.Peers[i].Name == "node2" {
+			cfg.Peers[i].Diskless = true
+		}
+	}
+	node1 := rg.c.Node("node1")
+	rg.must(node1.WriteConfig(rg.ctx, cfg))
+	rg.must(node1.Adjust(rg.ctx, "r0"))
+	rg.c.Partition("node3")
+	if pd := rg.state("node1").Connections; len(pd) == 0 {
+		t.Fatal("node1 has no connections")
+	}
+	rg.wantQuorum("node1", true)
+	rg.must(node1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rg.must(rg.write("node1", 0, 4096))
+	rg.noLostWrites()
+}

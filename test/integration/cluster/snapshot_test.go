@@ -14,9 +14,11 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/csi"
 )
@@ -346,5 +348,66 @@ func TestSnapshotAgentRestart(t *testing.T) {
 	_, err := cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
 	r.must(err)
 	r.deleteVolume(vol)
+	r.noSnapshotFiles(snap)
+}
+
+// Fault: a node that holds a copy is lost after the snapshot. The snapshot lives on every
+// diskful replica's node (docs/snapshots.md, "Where snapshots live"), so a restore is
+// seeded from the copy on the live node and holds the snapshot's data; a clone of the
+// source, taken once the lost replica is replaced, holds the source's data. Once the
+// node is back, deleting everything leaves no copy behind on it either.
+func TestSnapshotRestoreAfterNodeLoss(t *testing.T) {
+	r := newRig(t)
+	cs := r.csiController()
+	class := r.class(1, 0, v1.TopologyIgnored)
+	const src, snap = "snap-lost-src", "snap-lost"
+	r.volume(src, class, 1)
+	diskful := diskfulNodes(r.ready(src, 2*time.Minute))
+	// The copy a restore would start from, the first by name, is on the node lost.
+	lost, survivor := diskful[0], diskful[1]
+	r.attach(src, survivor)
+	a := pattern("A-lost")
+	r.must(r.c.Node(survivor).Sim.Write(r.ctx, src, 0, a))
+	_, err := cs.CreateSnapshot(r.ctx, &csipb.CreateSnapshotRequest{Name: snap, SourceVolumeId: src})
+	r.must(err)
+
+	r.must(r.c.CrashNode(lost))
+	back := false
+	t.Cleanup(func() {
+		if !back {
+			_ = r.c.RestartNode(lost)
+		}
+	})
+	r.eventually("the agent of "+lost+" not live", time.Minute, func() string {
+		le := &coordinationv1.Lease{}
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Namespace: r.c.Namespace, Name: v1.AgentLeasePrefix + lost}, le); err != nil {
+			return err.Error()
+		}
+		if agentlease.Judge(le, time.Now(), 0).Live {
+			return "its Lease is valid"
+		}
+		return ""
+	})
+	restored, clone := "snap-lost-restore", "snap-lost-clone"
+	r.createFrom(cs, restored, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{
+		Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: snap}}})
+	if ds := r.rv(restored).Spec.DataSource; ds.NodeName != survivor {
+		t.Fatalf("the restore is seeded from the copy on %s, want the live %s (%s is lost)", ds.NodeName, survivor, lost)
+	}
+	r.holds(restored, a)
+	r.createFrom(cs, clone, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
+		Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: src}}})
+	r.holds(clone, a)
+
+	back = true
+	r.must(r.c.RestartNode(lost))
+	r.detach(src, survivor)
+	for _, v := range []string{restored, clone, src} {
+		_, err := cs.DeleteVolume(r.ctx, &csipb.DeleteVolumeRequest{VolumeId: v})
+		r.must(err)
+		r.gone(v)
+	}
+	_, err = cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
+	r.must(err)
 	r.noSnapshotFiles(snap)
 }
