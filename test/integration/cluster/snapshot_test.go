@@ -31,20 +31,16 @@ import (
 // every diskful node of the source; deleting everything leaves no file, no DRBD
 // resource and no object behind.
 func TestSnapshotRestoreClone(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		ftt, gmdr int32
-	}{{"1d", 0, 0}, {"2d1tb", 1, 0}} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, l := range layoutsNamed("1D", "2D+1TB") {
+		t.Run(l.slug(), func(t *testing.T) {
 			r := newRig(t)
 			cs := r.csiController()
-			class := r.class(tc.ftt, tc.gmdr, v1.TopologyIgnored)
-			src, snap := "snap-src-"+tc.name, "snap-"+tc.name
-			r.volume(src, class, 1)
-			rv := r.ready(src, 2*time.Minute)
+			class := r.class(l.ftt, l.gmdr, v1.TopologyIgnored)
+			src, snap := "snap-src-"+l.slug(), "snap-"+l.slug()
+			rv := r.formed(src, l)
 			diskful := diskfulNodes(rv)
 			r.attach(src, diskful[0])
-			a, b := pattern("A-"+tc.name), pattern("B-"+tc.name)
+			a, b := pattern("A-"+l.slug()), pattern("B-"+l.slug())
 			r.must(r.c.Node(diskful[0]).Sim.Write(r.ctx, src, 0, a))
 
 			start := time.Now()
@@ -67,10 +63,10 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			r.eventually("IO resumed on "+src, 30*time.Second, func() string { return r.suspendedAnywhere(src) })
 			r.must(r.c.Node(diskful[0]).Sim.Write(r.ctx, src, 0, b))
 
-			restored := "snap-restore-" + tc.name
+			restored := "snap-restore-" + l.slug()
 			r.createFrom(cs, restored, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{
 				Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: snap}}})
-			clone := "snap-clone-" + tc.name
+			clone := "snap-clone-" + l.slug()
 			r.createFrom(cs, clone, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
 				Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: src}}})
 			r.holds(restored, a)
@@ -80,15 +76,8 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			}
 
 			r.detach(src, diskful[0])
-			for _, v := range []string{restored, clone, src} {
-				_, err := cs.DeleteVolume(r.ctx, &csipb.DeleteVolumeRequest{VolumeId: v})
-				r.must(err)
-				r.gone(v)
-			}
 			// The snapshot outlives its volume and is deleted on its own.
-			_, err = cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
-			r.must(err)
-			r.noSnapshotFiles(snap)
+			r.deleteThenSnapshot(cs, snap, restored, clone, src)
 		})
 	}
 }
@@ -133,12 +122,7 @@ func TestSnapshotErrors(t *testing.T) {
 	if _, err := cs.ListSnapshots(r.ctx, &csipb.ListSnapshotsRequest{StartingToken: "bogus"}); status.Code(err) != codes.Aborted {
 		t.Fatalf("ListSnapshots with a bogus token: %v, want Aborted", err)
 	}
-	_, err = cs.DeleteVolume(r.ctx, &csipb.DeleteVolumeRequest{VolumeId: vol})
-	r.must(err)
-	r.gone(vol)
-	_, err = cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
-	r.must(err)
-	r.noSnapshotFiles(snap)
+	r.deleteThenSnapshot(cs, snap, vol)
 }
 
 func diskfulNodes(rv *v1.ReplicatedVolume) []string {
@@ -402,12 +386,19 @@ func TestSnapshotRestoreAfterNodeLoss(t *testing.T) {
 	back = true
 	r.must(r.c.RestartNode(lost))
 	r.detach(src, survivor)
-	for _, v := range []string{restored, clone, src} {
+	r.deleteThenSnapshot(cs, snap, restored, clone, src)
+}
+
+// deleteThenSnapshot deletes the volumes through CSI, waiting until each is gone, then
+// the snapshot, waiting until it and its copies are.
+func (r *rig) deleteThenSnapshot(cs *csi.Controller, snap string, volumes ...string) {
+	r.t.Helper()
+	for _, v := range volumes {
 		_, err := cs.DeleteVolume(r.ctx, &csipb.DeleteVolumeRequest{VolumeId: v})
 		r.must(err)
 		r.gone(v)
 	}
-	_, err = cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
+	_, err := cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
 	r.must(err)
 	r.noSnapshotFiles(snap)
 }
