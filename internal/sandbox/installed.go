@@ -264,8 +264,12 @@ func (s *Sandbox) install(ctx context.Context, ref string) error {
 // CSI driver that snapshots: the chart then renders a VolumeSnapshotClass per class.
 func (s *Sandbox) installSnapshotCRDs(ctx context.Context) error {
 	dir := filepath.Join(s.Kube.BinDir, "crds")
-	if out, err := s.Kube.Kubectl(ctx, "apply", "--server-side", "-f", dir); err != nil {
-		return fmt.Errorf("sandbox: the VolumeSnapshot CRDs from %s: %w\n%s", dir, err, out)
+	// The VolumeSnapshot kinds only: meshvol takes no group snapshots.
+	for _, kind := range []string{"volumesnapshotclasses", "volumesnapshotcontents", "volumesnapshots"} {
+		f := filepath.Join(dir, "snapshot.storage.k8s.io_"+kind+".yaml")
+		if out, err := s.Kube.Kubectl(ctx, "apply", "--server-side", "-f", f); err != nil {
+			return fmt.Errorf("sandbox: the VolumeSnapshot CRD %s: %w\n%s", f, err, out)
+		}
 	}
 	if out, err := s.Kube.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/volumesnapshots.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
