@@ -120,7 +120,7 @@ func releaseHealthy(ctx context.Context) bool {
 			fmt.Fprintf(os.Stderr, "FAIL: %s/%s logged a refused request: %s\n", r.Pod, r.Container, l)
 			ok = false
 		}
-		if r.Restarts > 0 && !sb.Kube.Node(r.Node).Crashed() {
+		if r.Restarts > 0 && !sb.Kube.Node(r.Node).CrashedOnce() {
 			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times\n", r.Pod, r.Container, r.Restarts)
 			ok = false
 		}
