@@ -175,9 +175,9 @@ func copyImpossible(v volumeOnNode, node string, live func(string) bool) string 
 		return "its configuration is not resolved, so no copy elsewhere is asked for"
 	}
 	raised := layout.Layout{FTT: int(c.FailuresToTolerate) + 1, GMDR: int(c.GuaranteedMinimumDataRedundancy)}
-	if err := raised.Validate(); err != nil {
-		return fmt.Sprintf("a copy elsewhere cannot help: its layout (FTT=%d, GMDR=%d) may tolerate no more failures (%v)",
-			c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy, err)
+	if raised.Validate() != nil {
+		return fmt.Sprintf("a copy elsewhere cannot help: its layout (FTT=%d, GMDR=%d) may tolerate no more failures (FTT is at most GMDR+1)",
+			c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy)
 	}
 	for _, mem := range v.rv.Status.Datamesh.Members {
 		if r := v.rvrs[mem.Name]; mem.NodeName != node && (r == nil || !live(mem.NodeName) || !reportingAgent(r)) {
