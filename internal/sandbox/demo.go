@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -352,9 +353,19 @@ func labelSelector(l map[string]string) string {
 func (s *Sandbox) podChecksum(ctx context.Context, pod string) (string, error) {
 	var out string
 	var err error
-	// The file is written right after the pod starts.
-	for try := 0; try < 40; try++ {
-		out, err = s.Kube.Kubectl(ctx, "exec", pod, "--", "sh", "-c", "cd /data && sha256sum -c hello.sha256 >/dev/null && cut -d' ' -f1 hello.sha256")
+	// The file is written right after the pod starts, but only the log line
+	// the script prints after its sync says the data is on the volume: a
+	// node that crashes before takes the written data with its page cache,
+	// as any machine would (sync flushes every file system of the machine,
+	// seconds when the machine is busy).
+	for try := 0; try < 120; try++ {
+		out, err = s.Kube.Kubectl(ctx, "logs", pod)
+		if err == nil && !strings.Contains(out, "checksum verified on") {
+			err = errors.New("the pod has not yet said its data is synced (\"checksum verified on\" in its log)")
+		}
+		if err == nil {
+			out, err = s.Kube.Kubectl(ctx, "exec", pod, "--", "sh", "-c", "cd /data && sha256sum -c hello.sha256 >/dev/null && cut -d' ' -f1 hello.sha256")
+		}
 		if err == nil {
 			return strings.TrimSpace(out), nil
 		}
