@@ -289,32 +289,50 @@ func TestSnapshotSuspendWindow(t *testing.T) {
 	}
 }
 
-// Fault: the agent of the volume's node restarts while a snapshot holds the volume's IO
-// suspended (a crash between suspend-io and resume-io). The snapshot is still taken (or
-// its attempt aborted and retried), IO resumes, and a writer's write completes. Then a
-// suspension no snapshot holds (an agent that died after suspend-io, its snapshot gone
-// meanwhile) is resumed by the restarted agent.
+// Fault: an agent restarts while a snapshot holds the volume's IO suspended (a crash
+// between suspend-io and resume-io). The window is made to last rather than caught: a 1D
+// volume is attached on a diskless node and the agent of its diskful node is stopped, so
+// the snapshot's attempt holds the attached node's IO suspended until that agent is back
+// or the deadline passes (then the next attempt holds it again). A 1D snapshot with every
+// agent up takes a few tens of milliseconds, less than one look at the nodes. Inside the
+// window the attached node's agent restarts; then the diskful node's agent returns. The
+// snapshot is taken (or its attempt aborted and retried), IO resumes, and a writer's write
+// completes. Then a suspension no snapshot holds (an agent that died after suspend-io,
+// its snapshot gone meanwhile) is resumed by the restarted agent.
 func TestSnapshotAgentRestart(t *testing.T) {
 	r := newRig(t)
 	cs := r.csiController()
 	const vol, snap = "snap-restart", "snap-restart"
 	r.volume(vol, r.class(0, 0, v1.TopologyIgnored), 1)
-	node := diskfulNodes(r.ready(vol, 2*time.Minute))[0]
+	diskful := diskfulNodes(r.ready(vol, 2*time.Minute))[0]
+	node := r.c.Nodes[0].Name
+	if node == diskful {
+		node = r.c.Nodes[1].Name
+	}
 	r.attach(vol, node)
+	r.must(r.c.StopAgent(diskful))
+	back := false
+	t.Cleanup(func() {
+		if !back {
+			_ = r.c.RestartAgent(diskful)
+		}
+	})
 	done := make(chan error, 1)
 	go func() {
 		_, err := cs.CreateSnapshot(r.ctx, &csipb.CreateSnapshotRequest{Name: snap, SourceVolumeId: vol})
 		done <- err
 	}()
 	r.eventually("IO suspended on "+node, time.Minute, func() string {
-		if r.suspendedAnywhere(vol) == "" {
-			return "not suspended yet"
+		if got, want := r.suspendedAnywhere(vol), "suspended on "+node; got != want {
+			return fmt.Sprintf("%q, want %q", got, want)
 		}
 		return ""
 	})
 	r.must(r.c.RestartAgent(node))
 	wrote := make(chan error, 1)
 	go func() { wrote <- r.c.Node(node).Sim.Write(r.ctx, vol, 0, pattern("after-restart")) }()
+	back = true
+	r.must(r.c.RestartAgent(diskful))
 	r.must(<-done)
 	r.must(<-wrote)
 	r.eventually("IO resumed on "+vol, time.Minute, func() string { return r.suspendedAnywhere(vol) })
