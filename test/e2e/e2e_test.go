@@ -253,10 +253,13 @@ func otherNode(not ...string) string {
 	return ""
 }
 
+// writeScript writes a file of random data and its checksum onto the
+// volume and flushes the volume's file system (syncfs(2): a bare sync would
+// wait for every file system of the machine, for ever if one is stuck).
 const writeScript = `set -e
 head -c 1048576 /dev/urandom > /data/blob
 sha256sum /data/blob | cut -d' ' -f1 > /data/blob.sha256
-sync
+sync -f /data
 exec sleep 2147483647
 `
 
