@@ -89,6 +89,8 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	if !rvs.Status.ReadyToUse || len(rvs.Status.Copies) != 2 {
 		t.Fatalf("ReplicatedVolumeSnapshot %s: ready %v, copies on %v; want ready with a copy on both diskful nodes", handle, rvs.Status.ReadyToUse, rvs.Status.Copies)
 	}
+	t.Logf("ReplicatedVolumeSnapshot %s: attempt %d, object created %s, IO suspended everywhere at %s (%s)", handle, rvs.Status.Attempt,
+		rvs.CreationTimestamp.UTC().Format(time.RFC3339), rvs.Status.CreationTime.UTC().Format(time.RFC3339Nano), rvs.Status.Message)
 
 	second := exec(t, ctx, writer, "set -e\n"+blobScript+"\ncat /data/blob.sha256")
 	if second == first {
