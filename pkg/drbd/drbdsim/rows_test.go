@@ -26,6 +26,32 @@ func formed(t testing.TB, mutate func(node string, o *drbd.OptionSet)) *rig {
 	return rg
 }
 
+// formedWithPrimary is formed with node1 Primary.
+func formedWithPrimary(t testing.TB) (*rig, *Node) {
+	t.Helper()
+	rg := formed(t, nil)
+	n1 := rg.c.Node("node1")
+	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	return rg, n1
+}
+
+// writeAsync writes data at off of r0 through n in the background: the channel gets
+// the write's outcome once it returns, and how long it took.
+func writeAsync(ctx context.Context, n *Node, off int64, data []byte) <-chan writeOutcome {
+	done := make(chan writeOutcome, 1)
+	began := time.Now()
+	go func() {
+		err := n.Write(ctx, "r0", off, data)
+		done <- writeOutcome{err, time.Since(began)}
+	}()
+	return done
+}
+
+type writeOutcome struct {
+	err  error
+	took time.Duration
+}
+
 func (rg *rig) state(node string) drbd.StatusResource {
 	rg.t.Helper()
 	st, err := rg.c.Node(node).Status(rg.ctx, "r0")
@@ -333,9 +359,7 @@ func TestSplitBrainDetected(t *testing.T) {
 // survivor is promoted and writes; the old Primary comes back, resyncs
 // only what changed, and no acknowledged write is lost.
 func TestCrashFailoverAndReturn(t *testing.T) {
-	rg := formed(t, nil)
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rg, n1 := formedWithPrimary(t)
 	rg.must(rg.write("node1", 0, 1<<20))
 	n1.Crash()
 	if err := n1.Up(rg.ctx, "r0"); err == nil {
