@@ -107,6 +107,7 @@ type world struct {
 	features Features
 	reg      *Registry
 	rsc      *v1.ReplicatedStorageClass
+	extraFTT int
 	// published is every datamesh the engine published, by revision: what a replica
 	// that reports revision N runs (checkPrimaries).
 	published map[int64]attachSnapshot
@@ -165,7 +166,7 @@ func (w *world) process(t testing.TB) (Result, error) {
 // exactly the same (checkFreshEngine).
 func (w *world) processOnBoth(t testing.TB) (Result, error) {
 	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
-		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
+		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq, ExtraFTT: w.extraFTT}
 	full := *in
 	full.RV = w.rv.DeepCopy()
 	res, err := w.eng.Process(in)
