@@ -111,6 +111,7 @@ func releaseHealthy(ctx context.Context) bool {
 		fmt.Fprintln(os.Stderr, "FAIL: the release's containers:", err)
 		return false
 	}
+	rep = append(uninstalledReport, rep...)
 	ok := true
 	fmt.Fprintln(os.Stderr, "e2e: the release's containers over the suite (peak memory is the cgroup's high-water mark):")
 	for _, r := range rep {
@@ -120,7 +121,7 @@ func releaseHealthy(ctx context.Context) bool {
 			fmt.Fprintf(os.Stderr, "FAIL: %s/%s logged a refused request: %s\n", r.Pod, r.Container, l)
 			ok = false
 		}
-		if r.Restarts > 0 && !sb.Kube.Node(r.Node).CrashedOnce() {
+		if r.Restarts > 0 && !sb.Kube.Node(r.Node).CrashedOnce() && !killedPods[r.Pod] {
 			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times\n", r.Pod, r.Container, r.Restarts)
 			ok = false
 		}
