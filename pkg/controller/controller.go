@@ -319,6 +319,7 @@ const (
 	indexClass   = "spec.replicatedStorageClassName"
 	indexPool    = "meshvol.pool" // the pool a volume uses (resolved or manual)
 	indexNodeRVA = "spec.nodeName"
+	indexWaiting = "meshvol.waiting" // what a volume waits for (waitingFor)
 )
 
 func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
@@ -350,6 +351,9 @@ func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
 				return []string{n}
 			}
 			return nil
+		}},
+		{&v1.ReplicatedVolume{}, indexWaiting, func(o client.Object) []string {
+			return waitingFor(o.(*v1.ReplicatedVolume))
 		}},
 		{&v1.ReplicatedVolume{}, indexPool, func(o client.Object) []string {
 			rv := o.(*v1.ReplicatedVolume)
