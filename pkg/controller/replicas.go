@@ -38,15 +38,16 @@ type memberNeed struct {
 
 // place carries out what the engine wants: Diskful and TieBreaker replicas through Place
 // (all or none), Access replicas on their attachment's node, deletions and retypes. It
-// sets the Scheduled condition on work and returns the refusal message, if any.
-func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVolume, wanted []datamesh.WantedReplica, accessRefused map[string]string) (string, error) {
+// sets the Scheduled condition on work and returns the refusal message, if any, and
+// whether it created a replica that the cache already shows, with its other writes.
+func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVolume, wanted []datamesh.WantedReplica, accessRefused map[string]string) (string, bool, error) {
 	var w replicaWrites
 	need, err := c.carryOut(ctx, v, work, wanted, accessRefused, &w)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if err := c.deleteNeverJoined(ctx, v, work, &w); err != nil {
-		return "", err
+		return "", false, err
 	}
 	refusal := ""
 	if need.diskful+need.tieBreaker > 0 {
@@ -55,11 +56,11 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 		err = c.nothingToPlace(ctx, v, work, wanted)
 	}
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	c.waitForCache(ctx, w.created, true)
-	c.waitForCache(ctx, w.deleted, false)
-	return refusal, nil
+	seen := c.waitForCache(ctx, w.created, true)
+	seen = c.waitForCache(ctx, w.deleted, false) && seen
+	return refusal, len(w.created) > 0 && seen, nil
 }
 
 // carryOut creates the Access replicas, deletes and retypes what the engine wants, and
