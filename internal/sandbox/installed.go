@@ -378,11 +378,15 @@ func (s *Sandbox) waitRelease(ctx context.Context, timeout time.Duration) error 
 			if d.Spec.Replicas != nil {
 				want = *d.Spec.Replicas
 			}
-			ready = ready && d.Status.ReadyReplicas == want && d.Status.UpdatedReplicas == want
+			// The status of this generation (a Deployment just changed still
+			// shows the last one's), and no pod of an older template left.
+			ready = ready && d.Status.ObservedGeneration >= d.Generation &&
+				d.Status.ReadyReplicas == want && d.Status.UpdatedReplicas == want && d.Status.Replicas == want
 			state = append(state, fmt.Sprintf("Deployment %s %d/%d", d.Name, d.Status.ReadyReplicas, want))
 		}
 		for _, d := range dss.Items {
-			ready = ready && d.Status.DesiredNumberScheduled > 0 && d.Status.NumberReady == d.Status.DesiredNumberScheduled && d.Status.UpdatedNumberScheduled == d.Status.DesiredNumberScheduled
+			ready = ready && d.Status.ObservedGeneration >= d.Generation &&
+				d.Status.DesiredNumberScheduled > 0 && d.Status.NumberReady == d.Status.DesiredNumberScheduled && d.Status.UpdatedNumberScheduled == d.Status.DesiredNumberScheduled
 			state = append(state, fmt.Sprintf("DaemonSet %s %d/%d", d.Name, d.Status.NumberReady, d.Status.DesiredNumberScheduled))
 		}
 		if ready && len(deps.Items) > 0 && len(dss.Items) > 0 {
