@@ -69,8 +69,8 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	if away := m.Status.AwaySince; away != nil && m.Spec.MaxDowntime != nil && maintenanceActive(m.Status.Phase) &&
 		f.now.Sub(away.Time) > m.Spec.MaxDowntime.Duration {
 		st.Phase = v1.MaintenanceFailed
-		st.Message = fmt.Sprintf("Node %s has been away for %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
-			node, f.now.Sub(away.Time).Round(time.Second), m.Spec.MaxDowntime.Duration)
+		st.Message = fmt.Sprintf("Node %s has been away since %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
+			node, away.UTC().Format(time.RFC3339), m.Spec.MaxDowntime.Duration)
 		if waits := returnWaits(f); len(waits) > 0 {
 			st.Message += "; still missing: " + strings.Join(waits, "; ")
 		}

@@ -136,7 +136,7 @@ func TestJudgeMaintenance(t *testing.T) {
 		{"away within maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a"), now: t0.Add(59 * time.Minute)},
 			v1.MaintenanceReadyForMaintenance, "kept"},
 		{"away past maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a"), now: t0.Add(2 * time.Hour)},
-			v1.MaintenanceFailed, "Node a has been away for 2h0m0s, longer than spec.maxDowntime 1h0m0s: it is lost now, and its volumes' members there may be replaced; still missing: the agent of node a is not live"},
+			v1.MaintenanceFailed, "Node a has been away since 2026-01-01T10:00:00Z, longer than spec.maxDowntime 1h0m0s: it is lost now, and its volumes' members there may be replaced; still missing: the agent of node a is not live"},
 		{"a resync past maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReturning, true), volumes: []volumeOnNode{syncingBack}, live: allLive, nodeLive: true, now: t0.Add(61 * time.Minute)},
 			v1.MaintenanceFailed, "still missing: v2d-a: Inconsistent (syncing 40%)"},
 		{"failed stays failed", maintenanceFacts{m: bounded(v1.MaintenanceFailed, true), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true, now: t0},

@@ -18,7 +18,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	osexec "os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -90,7 +89,6 @@ func run(m *testing.M) int {
 	if code != 0 {
 		// The logs of a failed run are worth keeping.
 		keep = true
-		keepPodLogs()
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", dir)
 	}
 	began = time.Now()
@@ -100,21 +98,6 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: torn down in %s, nothing left on the machine\n", time.Since(began).Round(time.Millisecond))
 	return code
-}
-
-// keepPodLogs copies every node's pod logs (the release's containers', the
-// tests' pods') beside the node's component logs, which the teardown keeps:
-// it removes the kubelet's pod-logs directory.
-func keepPodLogs() {
-	for _, n := range sb.Kube.Nodes {
-		from := filepath.Join(n.Dir, "pod-logs")
-		if _, err := os.Stat(from); err != nil {
-			continue
-		}
-		if out, err := osexec.Command("cp", "-a", from, n.LogDir()).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "e2e: keeping the pod logs of %s: %v: %s\n", n.Name, err, out)
-		}
-	}
 }
 
 // releaseHealthy reports what every container of the chart's release did
@@ -138,17 +121,13 @@ func releaseHealthy(ctx context.Context) bool {
 			fmt.Fprintf(os.Stderr, "FAIL: %s/%s logged a refused request: %s\n", r.Pod, r.Container, l)
 			ok = false
 		}
-		if r.Restarts > 0 && !crashedNodes[r.Node] && !killedPods[r.Pod] {
+		if r.Restarts > 0 && !sb.Kube.Node(r.Node).CrashedOnce() && !killedPods[r.Pod] {
 			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times\n", r.Pod, r.Container, r.Restarts)
 			ok = false
 		}
 	}
 	return ok
 }
-
-// crashedNodes are the nodes a test crashed (booted again or not):
-// releaseHealthy expects restarts of the release's containers there.
-var crashedNodes = map[string]bool{}
 
 const class = sandbox.DefaultStorageClass // 2 diskful + tie-breaker
 
@@ -941,7 +920,6 @@ func TestNodeCrash(t *testing.T) {
 		if !n.Crashed() {
 			continue
 		}
-		crashedNodes[n.Name] = true
 		t.Cleanup(func() {
 			began := time.Now()
 			if err := sb.RestartNode(ctx, n.Name); err != nil {
