@@ -106,8 +106,9 @@ verify: k8s ## Fail if `make generate` or `make manifests` changes any generated
 	$(MAKE) --no-print-directory lint
 
 .PHONY: sanity
-sanity: build k8s ## Run the real bin/k8s/csi-sanity against `meshvol controller --csi-endpoint` and a node service on an in-process cluster, layouts 1D, 2D+1TB, 3D (root; logs in _output/sanity)
+sanity: build k8s image ## Run the real bin/k8s/csi-sanity, layouts 1D, 2D+1TB, 3D: against `meshvol controller --csi-endpoint` and a node service on an in-process cluster, then against the chart-installed driver's pods in a sandbox (root; logs in _output/sanity)
 	$(GO) run ./hack/sanity $(SANITY_ARGS)
+	$(GO) run ./hack/sanity -installed $(SANITY_ARGS)
 
 .PHONY: e2e-crash-2d1tb
 e2e-crash-2d1tb: deps k8s image ## The e2e node crash on the default 2D+1TB class, which needs the sandbox's three nodes to itself (root; about 2 min)
