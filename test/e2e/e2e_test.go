@@ -122,7 +122,10 @@ func releaseHealthy(ctx context.Context) bool {
 			ok = false
 		}
 		if r.Restarts > 0 && !sb.Kube.Node(r.Node).CrashedOnce() && !killedPods[r.Pod] {
-			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times\n", r.Pod, r.Container, r.Restarts)
+			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times; the last run ended: %s; the end of its log:\n", r.Pod, r.Container, r.Restarts, r.LastExit)
+			for _, l := range r.PreviousLog {
+				fmt.Fprintf(os.Stderr, "FAIL:   %s\n", l)
+			}
 			ok = false
 		}
 	}
