@@ -82,7 +82,7 @@ pass() {
 	mkdir -p "$OUT/$name"
 	log "pass $name: $GINKGO ${args[*]} (log: $OUT/$name.log)"
 	"$GINKGO" "${args[@]}" "$E2E" -- \
-		--kubeconfig="$kubeconfig" \
+		--kubeconfig="$kubeconfig" --kubectl-path="$ROOT/bin/k8s/kubectl" \
 		--storage.testdriver="$driver" \
 		--report-dir="$ROOT/$OUT/$name" >"$OUT/$name.log" 2>&1 || true
 	grep -m 1 'Driver loaded from path' "$OUT/$name.log" || { echo "conformance: e2e.test did not load $driver" >&2; }
