@@ -68,7 +68,7 @@ func (c *Controller) setupVolume(mgr ctrl.Manager) error {
 		Watches(&v1.ReplicatedStoragePool{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfPool),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfNode), builder.WithPredicates(nodeFactsChanged())).
-		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfLease), builder.WithPredicates(c.leaseFactsChanged())).
+		Watches(&coordinationv1.Lease{}, c.leaseHandler(), builder.WithPredicates(c.leaseFactsChanged())).
 		// A maintenance's copied volumes tolerate one more failure while it lasts
 		// (maintenanceView): an update maps its old and new lists, a deletion its last.
 		Watches(&v1.ReplicatedNodeMaintenance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
@@ -537,14 +537,15 @@ func (c *Controller) enginePool(v *volume) *datamesh.Pool {
 // labels, the agent's finalizer, the owner reference and the spec. The same function
 // serves create and retype, so an apply never drops a field the controller set before.
 // A retype passes the replica's resourceVersion, so it never recreates a replica that is
-// gone.
+// gone. storage is applied as given: nil for a new diskless replica, the storage it had
+// for a Diskful one retyped to a diskless type.
 func (c *Controller) applyRVR(ctx context.Context, rv *v1.ReplicatedVolume, node string, t v1.ReplicaType, storage *v1.ReplicaStorage, resourceVersion string) error {
 	u := applyObject("ReplicatedVolumeReplica", "", v1.ReplicaName(rv.Name, node), resourceVersion)
 	u.SetLabels(map[string]string{v1.LabelVolume: rv.Name, v1.LabelNode: node})
 	u.SetFinalizers([]string{v1.FinalizerAgent})
 	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}})
 	spec := map[string]any{"replicatedVolumeName": rv.Name, "nodeName": node, "type": string(t)}
-	if storage != nil && (t == v1.ReplicaTypeDiskful || t == v1.ReplicaTypeShadowDiskful) {
+	if storage != nil {
 		m, err := toMap(storage)
 		if err != nil {
 			return err
