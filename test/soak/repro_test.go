@@ -262,7 +262,7 @@ func TestIsolatedWriterStaysStale(t *testing.T) {
 	if v.sess == nil {
 		w.fail("the attachment did not move to %s after %s was isolated", diskful[1], diskful[0])
 	}
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
 		w.checkNow()
 	}
 	w.mu.Lock()
@@ -275,7 +275,7 @@ func TestIsolatedWriterStaysStale(t *testing.T) {
 	w.partitioned = nil
 	w.step("heal the network")
 	w.endIsolations()
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
 		w.checkNow()
 	}
 	if why := w.waitReady(v.name, 2*time.Minute); why != "Ready" {
