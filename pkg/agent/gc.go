@@ -68,7 +68,8 @@ func (a *Agent) collect(ctx context.Context) {
 		pools = append(pools, poolVols{name: rsps.Items[i].Name, vols: names})
 	}
 	var rvrs v1.ReplicatedVolumeReplicaList
-	if err := a.cache.List(ctx, &rvrs, client.MatchingLabels{v1.LabelNode: a.cfg.NodeName}); err != nil {
+	// Read only, without copies: the sweep reads every replica of the node.
+	if err := a.cache.List(ctx, &rvrs, client.MatchingLabels{v1.LabelNode: a.cfg.NodeName}, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	volumes, replicas := map[string]bool{}, map[string]bool{}
