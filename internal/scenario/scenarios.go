@@ -60,6 +60,7 @@ type run struct {
 	rec *Record
 
 	vols      map[string]string            // layout → volume id
+	extra     []string                     // volumes of a single scenario, recorded while they exist
 	secrets   map[string]string            // volume id → its Secret's name
 	published map[string]string            // volume id → node it is published on
 	sums      map[string]string            // volume id → checksum of the file written
@@ -68,7 +69,7 @@ type run struct {
 }
 
 // Run runs the scenario list — 1 create, 2 publish and write, 3 move, 4
-// expand, 7 agent restart, 8 protection change, 5 crash (the crashed node stays down), 9 delete —
+// expand, 7 agent restart, 8 protection change, 10 retype, 5 crash (the crashed node stays down), 9 delete —
 // each as a subtest, stopping at the first that fails, and returns what
 // every step looked like.
 func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
@@ -87,6 +88,7 @@ func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
 		{"4-expand", r.expand},
 		{"7-agent-restart", r.agentRestart},
 		{"8-protection-change", r.protectionChange},
+		{"10-retype", r.retype},
 		{"5-crash", r.crash},
 		{"9-delete", r.delete},
 	} {
@@ -107,7 +109,7 @@ func (r *run) volumes() []string {
 			out = append(out, v)
 		}
 	}
-	return out
+	return append(out, r.extra...)
 }
 
 // step records what every replica looks like now.
@@ -182,39 +184,52 @@ func (r *run) rv(t *testing.T, id string) *v1.ReplicatedVolume {
 // member types as the layout says, read from the kernel.
 func (r *run) create(t *testing.T) {
 	for _, l := range Layouts {
-		rsc := &v1.ReplicatedStorageClass{ObjectMeta: metav1.ObjectMeta{Name: l.Name}}
-		rsc.Spec.StoragePool = r.b.Pool()
-		ftt, gmdr := l.FTT, l.GMDR
-		rsc.Spec.FailuresToTolerate, rsc.Spec.GuaranteedMinimumDataRedundancy = &ftt, &gmdr
-		rsc.Spec.Topology = v1.TopologyIgnored
-		if err := r.b.Client().Create(r.ctx, rsc); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
+		r.createClass(t, l)
 	}
 	for _, l := range Layouts {
-		var resp *csipb.CreateVolumeResponse
-		classSeen := time.Now().Add(time.Minute)
-		r.call(t, "CreateVolume "+l.Name, func(ctx context.Context) (err error) {
-			resp, err = r.b.Controller().CreateVolume(ctx, &csipb.CreateVolumeRequest{
-				Name:               "pvc-scenario-" + l.Name,
-				CapacityRange:      &csipb.CapacityRange{RequiredBytes: VolumeSize},
-				VolumeCapabilities: []*csipb.VolumeCapability{mountCap},
-				Parameters:         map[string]string{v1.CSIParameterStorageClass: l.Name},
-			})
-			// The CSI controller reads classes from its informer, which
-			// may not have seen the class created a moment ago; on a
-			// cluster the class exists long before its first volume.
-			if status.Code(err) == codes.InvalidArgument && strings.Contains(err.Error(), "does not exist") && time.Now().Before(classSeen) {
-				return status.Error(codes.Unavailable, err.Error())
-			}
-			return err
-		})
-		r.vols[l.Name] = resp.GetVolume().GetVolumeId()
+		r.vols[l.Name] = r.createVolume(t, l.Name, mountCap)
 	}
 	for _, l := range Layouts {
 		r.ready(t, l)
 	}
 	r.step(t, "1 created")
+}
+
+// createClass creates the class of layout l, named as l.
+func (r *run) createClass(t *testing.T, l Layout) {
+	t.Helper()
+	rsc := &v1.ReplicatedStorageClass{ObjectMeta: metav1.ObjectMeta{Name: l.Name}}
+	rsc.Spec.StoragePool = r.b.Pool()
+	ftt, gmdr := l.FTT, l.GMDR
+	rsc.Spec.FailuresToTolerate, rsc.Spec.GuaranteedMinimumDataRedundancy = &ftt, &gmdr
+	rsc.Spec.Topology = v1.TopologyIgnored
+	if err := r.b.Client().Create(r.ctx, rsc); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// createVolume is external-provisioner's CreateVolume of a volume of class
+// with capability c; it returns the volume's id.
+func (r *run) createVolume(t *testing.T, class string, c *csipb.VolumeCapability) string {
+	t.Helper()
+	var resp *csipb.CreateVolumeResponse
+	classSeen := time.Now().Add(time.Minute)
+	r.call(t, "CreateVolume "+class, func(ctx context.Context) (err error) {
+		resp, err = r.b.Controller().CreateVolume(ctx, &csipb.CreateVolumeRequest{
+			Name:               "pvc-scenario-" + class,
+			CapacityRange:      &csipb.CapacityRange{RequiredBytes: VolumeSize},
+			VolumeCapabilities: []*csipb.VolumeCapability{c},
+			Parameters:         map[string]string{v1.CSIParameterStorageClass: class},
+		})
+		// The CSI controller reads classes from its informer, which
+		// may not have seen the class created a moment ago; on a
+		// cluster the class exists long before its first volume.
+		if status.Code(err) == codes.InvalidArgument && strings.Contains(err.Error(), "does not exist") && time.Now().Before(classSeen) {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		return err
+	})
+	return resp.GetVolume().GetVolumeId()
 }
 
 // ready waits until the layout's volume is Ready and checks it against the kernel.
