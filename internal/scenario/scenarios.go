@@ -49,6 +49,11 @@ type Options struct {
 	// Wait bounds every wait for the cluster to converge (a volume Ready,
 	// an attachment): seconds on drbdsim, minutes under emulation.
 	Wait time.Duration
+	// Partition adds scenario 6 (partition and heal) before scenario 5.
+	// It is off in `make test`: on drbdsim the cut-off Primary rejoins after
+	// the heal and writes again (test/vm/FINDINGS.md, "The product on real
+	// DRBD", 8), so the scenario fails there until that is fixed.
+	Partition bool
 }
 
 // run is one pass of the scenario list.
@@ -69,7 +74,8 @@ type run struct {
 }
 
 // Run runs the scenario list — 1 create, 2 publish and write, 3 move, 4
-// expand, 7 agent restart, 8 protection change, 10 retype, 5 crash (the crashed node stays down), 9 delete —
+// expand, 7 agent restart, 8 protection change, 10 retype, 6 partition (with
+// Options.Partition), 5 crash (the crashed node stays down), 9 delete —
 // each as a subtest, stopping at the first that fails, and returns what
 // every step looked like.
 func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
@@ -78,10 +84,15 @@ func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
 	}
 	r := &run{t: t, ctx: ctx, b: b, o: o, rec: &Record{Backend: b.Name()},
 		vols: map[string]string{}, secrets: map[string]string{}, published: map[string]string{}, sums: map[string]string{}, pubCtx: map[string]map[string]string{}, down: map[string]bool{}}
-	for _, s := range []struct {
+	type scenario struct {
 		name string
 		fn   func(t *testing.T)
-	}{
+	}
+	partition := []scenario{}
+	if o.Partition {
+		partition = append(partition, scenario{"6-partition", r.partition})
+	}
+	for _, s := range slices.Concat([]scenario{
 		{"1-create", r.create},
 		{"2-publish-write", r.publishWrite},
 		{"3-move", r.move},
@@ -89,9 +100,10 @@ func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
 		{"7-agent-restart", r.agentRestart},
 		{"8-protection-change", r.protectionChange},
 		{"10-retype", r.retype},
+	}, partition, []scenario{
 		{"5-crash", r.crash},
 		{"9-delete", r.delete},
-	} {
+	}) {
 		began := time.Now()
 		ok := t.Run(s.name, s.fn)
 		r.rec.Times = append(r.rec.Times, Timing{s.name, time.Since(began)})
@@ -689,7 +701,7 @@ func (r *run) rvrsOf(t *testing.T, id string) []v1.ReplicatedVolumeReplica {
 }
 
 // Scenario 5: the node holding the Primary of the 2d-1tb and 3d volumes
-// (scenario 8 left both published there, with data written) crashes; as Kubernetes does for a lost node, each attachment is released
+// (scenario 8, or 6, left both published there, with data written) crashes; as Kubernetes does for a lost node, each attachment is released
 // (ControllerUnpublish) and the volume published on a survivor, where every
 // fsynced byte reads back. The figures: time from the crash to published
 // elsewhere, bytes checked.
@@ -697,7 +709,7 @@ func (r *run) crash(t *testing.T) {
 	two, three := r.vols["2d-1tb"], r.vols["3d"]
 	node := r.published[two]
 	if r.published[three] != node {
-		t.Fatalf("scenario 8 left %s published on %q, not on %s with %s", three, r.published[three], node, two)
+		t.Fatalf("%s is published on %q, not on %s with %s", three, r.published[three], node, two)
 	}
 	crashed := time.Now()
 	if err := r.b.Crash(r.ctx, node); err != nil {

@@ -112,9 +112,10 @@ func TestStalePrimaryAfterPartition(t *testing.T) {
 		done = &r
 	case <-time.After(60 * time.Second):
 	}
+	since := time.Since(healed).Round(time.Millisecond)
 	for _, n := range []string{"node1", "node2", "node3"} {
 		s := st(t, n)
-		t.Logf("%s 60 s after the heal: %s suspended:%t suspended-quorum:%t suspended-no-data:%t", n, line(s), s.Suspended, s.SuspendedQuorum, s.SuspendedNoData)
+		t.Logf("%s %s after the heal: %s suspended:%t suspended-quorum:%t suspended-no-data:%t", n, since, line(s), s.Suspended, s.SuspendedQuorum, s.SuspendedNoData)
 	}
 	switch {
 	case done == nil:
@@ -141,7 +142,7 @@ func TestStalePrimaryAfterPartition(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("kernel log from node1's promotion to 60 s after the heal:\n%s", strings.Join(all, "\n"))
+	t.Logf("kernel log from node1's promotion to %s after the heal:\n%s", since, strings.Join(all, "\n"))
 
 	// Recovery as the product would do it once the stale member is
 	// detached: node1 demoted with --force (its pending IO fails), the
