@@ -102,7 +102,7 @@ func (r *run) partition(t *testing.T) {
 	})
 	// A write in flight at the cut completes or not by then; none after.
 	time.Sleep(5 * time.Second)
-	atCut, log := w.completed(t)
+	atCut, _ := w.completed(t)
 	r.step(t, "6 "+node+" cut off")
 
 	var to string // a Diskful node of 2d-1tb; every node is one of 3d's
