@@ -196,7 +196,7 @@ func TestBadInput(t *testing.T) {
 // rewritten only when something placement or a person cares about changes: a capacity
 // drift below min(1 %, 1 GiB) is not written, a larger one and a lost agent are.
 func TestPoolStatus(t *testing.T) {
-	cl := newCluster(t, nodeSpec{"a", "z1", 100}, nodeSpec{"b", "z2", 100})
+	cl := newClusterWith(t, clusterOptions{leaseSeconds: 10}, nodeSpec{"a", "z1", 100}, nodeSpec{"b", "z2", 100})
 	rsp := func() *v1.ReplicatedStoragePool {
 		p := &v1.ReplicatedStoragePool{}
 		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: cl.pool}, p))
