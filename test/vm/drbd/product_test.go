@@ -437,9 +437,15 @@ func TestProduct(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
-	// Scenario 6 (VM_PARTITION=1) on both backends: off by default while
-	// drbdsim fails it (scenario.Options.Partition).
+	// Scenario 6 (VM_PARTITION=1): off by default while drbdsim fails it
+	// (scenario.Options.Partition).
 	partition := os.Getenv("MESHVOL_VM_PARTITION") != ""
+	// Scenario 10 (VM_RETYPE=1) joins the default list once it has passed
+	// twice in a row on the guests (test/vm/README.md).
+	var skip map[string]bool
+	if os.Getenv("MESHVOL_VM_RETYPE") == "" {
+		skip = map[string]bool{"10-retype": true}
+	}
 	var sim, real *scenario.Record
 	t.Run("drbdsim", func(t *testing.T) {
 		l, err := scenario.StartLocal(ctx, nil, logr.Discard())
@@ -451,10 +457,12 @@ func TestProduct(t *testing.T) {
 				t.Errorf("stopping the drbdsim cluster: %v", err)
 			}
 		}()
-		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Partition: partition})
+		// Scenario 6 on the guests only: on drbdsim its old Primary may keep a
+		// writer blocked in the shared kernel past the scenario (FINDINGS 8).
+		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Skip: skip})
 	})
 	t.Run("real", func(t *testing.T) {
-		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute, Partition: partition})
+		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute, Partition: partition, Skip: skip})
 	})
 	var w io.Writer = os.Stdout
 	if f, err := os.Create(filepath.Join(prod.out, "scenario-compare.txt")); err == nil {
