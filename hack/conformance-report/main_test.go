@@ -37,7 +37,7 @@ func TestReportCountsAndGroupsSkips(t *testing.T) {
 		t.Error("write reported no failure")
 	}
 	for _, want := range []string{
-		"| parallel | 1 | 1 | 2 | 5s |",
+		"| parallel | 1 | 1 | 2 | 0 | 5s |",
 		"- External Storage [Driver: csi.meshvol.io] [Testpattern: Dynamic PV (block volmode)] multiVolume should access to two volumes (failed)\n  - multivolume.go:42: timed out waiting …",
 		"| 2 | Driver csi.meshvol.io doesn't support NGi -- skipping |",
 	} {
