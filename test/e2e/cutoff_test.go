@@ -1,9 +1,10 @@
 package e2e
 
-// Nodes cut off from the control plane while they run, not crashed: one
-// node alone, and every node's connection stalled for two seconds. The
-// file's name sorts before e2e_test.go, whose TestNodeCrash leaves a node
-// dead: these need all three.
+// Nodes cut off while they run, not crashed: from their DRBD peers and the
+// control plane at once, from the control plane alone, and every node's
+// control-plane connection stalled for two seconds. The file's name sorts
+// before e2e_test.go, whose TestNodeCrash leaves a node dead: these need
+// all three.
 
 import (
 	"context"
@@ -19,6 +20,76 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 )
+
+// TestPartitionFailover: the node of a writer pod (fsync after every write)
+// is cut off from its DRBD peers and from the control plane while it and
+// the pod keep running. Its volume's other replicas hold quorum without
+// it, so meshvol declares it lost, deletes the pod and its
+// VolumeAttachment, and the Deployment's new pod writes on another node
+// from at least the old pod's last acknowledged counter. The old pod,
+// still running behind the cut, acknowledges nothing more (DRBD's
+// on-no-quorum: its fsync blocks or fails).
+//
+// What follows the heal is not checked yet (the test is skipped there): the
+// old Primary's connects are refused (drbdsim, as DRBD 9.2.18: a stale
+// Primary does not rejoin a side that promoted and wrote), so it never
+// regains quorum and its IO stays suspended; the old pod's fsync never
+// returns, its kubelet cannot end it, and the resource stays Primary under
+// its mount. meshvol does not yet fail that IO (docs/controller.md,
+// "--delete-lost-pods"). The cleanup reboots the node, as an
+// operator would, so that the tests after it find three working nodes.
+func TestPartitionFailover(t *testing.T) {
+	for _, cls := range []string{"meshvol-3d", "meshvol-2d-1tb"} {
+		t.Run(cls, func(t *testing.T) { partitionFailover(t, cls) })
+	}
+}
+
+func partitionFailover(t *testing.T, cls string) {
+	ctx := ctxT(t, 8*time.Minute)
+	r, err := sb.StartWriter(ctx, sandbox.FailoverOptions{Name: name(t, ""), Class: cls, Node: quietNode(t, ctx), Fault: sandbox.FaultPartition})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sb.Heal(r.From)
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		err := sb.CrashNode(r.From)
+		if err == nil {
+			err = sb.RestartNode(cctx, r.From)
+		}
+		if err != nil {
+			t.Errorf("rebooting the partitioned node %s: %v", r.From, err)
+		}
+		if err := sb.DeleteWriter(cctx, r, 3*time.Minute); err != nil {
+			t.Error(err)
+		}
+	})
+	err = sb.Failover(ctx, r, 2*time.Minute)
+	for _, s := range r.Steps {
+		t.Log(s)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.To == r.From {
+		t.Fatalf("the writer came back on the partitioned node %s", r.From)
+	}
+	saw := r.OldAfterFault
+	t.Logf("%s cut off: the writer on %s moved to %s in %s; it had acknowledged %d, the new pod found %d",
+		cls, r.From, r.To, r.Total().Round(10*time.Millisecond), r.LastAck, r.Resumed)
+	t.Logf("the partitioned pod after the cut: %d writes acknowledged, %d failed (first: %q), last write tried %d",
+		saw.Acks, saw.Fails, saw.FirstFail, saw.LastTry)
+	old, _ := r.OldPod()
+	l, err := sb.WriterLog(old, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.LastAck > r.Resumed {
+		t.Fatalf("two writers: the partitioned pod acknowledged counter %d, beyond the %d the new pod started from", l.LastAck, r.Resumed)
+	}
+	t.Skip("the heal: the partitioned Primary's connects are refused (drbdsim, as DRBD 9.2.18: a stale Primary does not rejoin a side that promoted and wrote), its IO stays suspended without quorum, and meshvol does not yet fail it, so the old pod's fsync never returns and its kubelet cannot end it")
+}
 
 // TestAPIServerCutOffKeepsVolume: a writer's node is cut off from the
 // control plane only; its DRBD peers still reach it. Its agent's Lease
