@@ -10,7 +10,7 @@
 #   csi-provisioner csi-attacher csi-snapshotter snapshot-controller
 #   crds/*.yaml (VolumeSnapshot CRDs)                       external-snapshotter/client/v8
 #   helm                                                    helm.sh/helm/v3
-#   monitoring-crds/ (ServiceMonitor CRD)                   prometheus-operator
+#   monitoring-crds/ (ServiceMonitor, PrometheusRule CRDs)  prometheus-operator
 #
 # Nothing is downloaded from anywhere but the Go module proxy. Most of these
 # modules cannot be `go install`ed (their go.mod has replace directives), so
@@ -51,7 +51,7 @@ SNAPSHOTTER_VERSION=v8.7.0
 # release built against k8s.io/* v0.33, the API version go.mod pins.
 HELM_MODULE=helm.sh/helm/v3
 HELM_VERSION=v3.18.6
-# The ServiceMonitor CRD, so the chart's monitoring objects can be checked by the
+# The ServiceMonitor and PrometheusRule CRDs, so the chart's monitoring objects can be checked by the
 # apiserver in the packaging tests (no prometheus-operator runs).
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.80.1
@@ -238,21 +238,23 @@ else
 	log "crds: copied $n CRDs from $SNAPSHOTTER_CLIENT_MODULE@$SNAPSHOTTER_VERSION"
 fi
 
-promop_key="$PROMOP_MODULE@$PROMOP_VERSION servicemonitors"
+promop_key="$PROMOP_MODULE@$PROMOP_VERSION servicemonitors prometheusrules"
 if stamp_ok monitoring-crds "$promop_key"; then
 	log "monitoring-crds: up to date ($PROMOP_MODULE@$PROMOP_VERSION)"
 else
 	promop_dir=$(go mod download -json "$PROMOP_MODULE@$PROMOP_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
-	f="$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
-	if [[ ! -f "$f" ]]; then
-		log "ERROR: no ServiceMonitor CRD in $PROMOP_MODULE@$PROMOP_VERSION (looked for $f)"
-		exit 1
-	fi
 	rm -rf "$OUT/monitoring-crds"
 	mkdir -p "$OUT/monitoring-crds"
-	install -m 0644 "$f" "$OUT/monitoring-crds/"
+	for kind in servicemonitors prometheusrules; do
+		f="$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml"
+		if [[ ! -f "$f" ]]; then
+			log "ERROR: no $kind CRD in $PROMOP_MODULE@$PROMOP_VERSION (looked for $f)"
+			exit 1
+		fi
+		install -m 0644 "$f" "$OUT/monitoring-crds/"
+	done
 	printf '%s' "$promop_key" >"$STAMPS/monitoring-crds"
-	log "monitoring-crds: copied the ServiceMonitor CRD from $PROMOP_MODULE@$PROMOP_VERSION"
+	log "monitoring-crds: copied the ServiceMonitor and PrometheusRule CRDs from $PROMOP_MODULE@$PROMOP_VERSION"
 fi
 
 log "done in $((SECONDS - total_start)) s"

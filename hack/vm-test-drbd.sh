@@ -137,7 +137,7 @@ for i in 1 2 3; do
 	ip netns exec "$NS" timeout -k 10 "${VM_TIMEOUT:-3600}" qemu-system-x86_64 \
 		-accel tcg -cpu max -m "$mem" -smp 1 \
 		-kernel "$OUT/vmlinuz" -initrd "$RUN/initrd.cpio" \
-		-append "console=ttyS0 panic=-1 loglevel=4 MESHVOL_VM_NODE=$n MESHVOL_VM_IP=10.99.0.$i MESHVOL_VM_DISK=$diskful MESHVOL_VM_PRODUCT=$([[ $suite == product ]] && echo yes || echo no)" \
+		-append "console=ttyS0 panic=-1 loglevel=4 no_timer_check MESHVOL_VM_NODE=$n MESHVOL_VM_IP=10.99.0.$i MESHVOL_VM_DISK=$diskful MESHVOL_VM_PRODUCT=$([[ $suite == product ]] && echo yes || echo no)" \
 		"${disk[@]}" \
 		-netdev "tap,id=net0,ifname=tap-$n,script=no,downscript=no" \
 		-device "virtio-net-pci,netdev=net0,mac=52:54:00:99:00:0$i" \
@@ -172,7 +172,7 @@ if ((test_rc != 0)) && ((failed == 0)); then
 	failed=1 # the binary failed outside a test (setup, timeout, panic)
 	for n in "${nodes[@]}"; do
 		echo "--- last lines of $n's console and agent log:" >&2
-		tail -5 "$RUN/$n.console.log" "$RUN/$n.agent.txt" >&2 || true
+		tail -n 5 "$RUN/$n.console.log" "$RUN/$n.agent.txt" >&2 || true
 	done
 fi
 echo "vm-test-drbd: modules ${t_module}s, image ${t_image}s, guests and tests $((SECONDS - boot))s, whole run $((SECONDS - start))s"

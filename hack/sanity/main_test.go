@@ -9,10 +9,10 @@ import (
 // A skipped spec as csi-sanity v5.6.0 prints it with --ginkgo.v --ginkgo.no-color.
 const skippedLog = `  [SKIPPED] in [It] - github.com/kubernetes-csi/csi-test/v5@v5.6.0/pkg/sanity/controller.go:473 @ 11/25/26 23:08:09.56
 S [SKIPPED] [0.004 seconds]
-Controller Service [Controller Server] CreateVolume [It] should create volume from an existing source snapshot
+Controller Service [Controller Server] ModifyVolume [It] should fail if no volume id is given
 github.com/kubernetes-csi/csi-test/v5@v5.6.0/pkg/sanity/controller.go:471
 
-  [SKIPPED] Snapshot not supported
+  [SKIPPED] Modify volume not supported
   In [It] at: github.com/kubernetes-csi/csi-test/v5@v5.6.0/pkg/sanity/controller.go:473 @ 11/25/26 23:08:09.56
 ------------------------------
 S [SKIPPED] [0.003 seconds]
@@ -28,7 +28,7 @@ SUCCESS! -- 57 Passed | 0 Failed | 1 Pending | 45 Skipped
 func TestSkipped(t *testing.T) {
 	got := skipped([]byte(skippedLog))
 	want := []skip{
-		{"Controller Service [Controller Server] CreateVolume [It] should create volume from an existing source snapshot", "Snapshot not supported"},
+		{"Controller Service [Controller Server] ModifyVolume [It] should fail if no volume id is given", "Modify volume not supported"},
 		{"Node Service NodePublishVolume [BeforeEach] should do something new", "Service does not have a capability meshvol should have"},
 	}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {

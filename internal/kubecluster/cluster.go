@@ -428,7 +428,7 @@ func (c *Cluster) startNodeNamespaces(ctx context.Context, n *Node, prepare func
 			return fmt.Errorf("kubecluster: preparing %s: %w", n.Name, err)
 		}
 	}
-	return c.routePodSubnets(ctx)
+	return c.routePodSubnets(ctx, n)
 }
 
 // buildImages writes the pause and busybox OCI archives.

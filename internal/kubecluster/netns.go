@@ -230,20 +230,27 @@ func (n *Node) podNetworkConfig() string {
 `, podBridge, podSubnet(n.IP), filepath.Join(n.Dir, "cni-ipam"))
 }
 
-// routePodSubnets routes every other node's pod subnet through that node.
-func (c *Cluster) routePodSubnets(ctx context.Context) error {
-	for _, n := range c.Nodes {
-		var script []string
-		for _, o := range c.Nodes {
-			if o != n {
-				script = append(script, "ip route add "+podSubnet(o.IP)+" via "+o.IP+" dev eth0")
-			}
+// routePodSubnets routes pod subnets between node n, whose namespaces have
+// just started (at Start, one node after another, or when a crashed node
+// boots again), and every other node that runs: n reaches their pods
+// through them, they reach n's through n. Routes are replaced, not added: a
+// node that boots again finds its peers' routes to it still there.
+func (c *Cluster) routePodSubnets(ctx context.Context, n *Node) error {
+	route := func(from, to *Node) error {
+		if _, err := from.Run(ctx, "ip route replace "+podSubnet(to.IP)+" via "+to.IP+" dev eth0"); err != nil {
+			return fmt.Errorf("kubecluster: the pod route of %s to %s: %w", from.Name, to.Name, err)
 		}
-		if len(script) == 0 {
-			continue
+		return nil
+	}
+	for _, o := range c.Nodes {
+		if o == n || o.IP == "" || o.crashed {
+			continue // itself, not started yet, or down
 		}
-		if _, err := n.Run(ctx, "set -e\n"+strings.Join(script, "\n")); err != nil {
-			return fmt.Errorf("kubecluster: the pod routes of %s: %w", n.Name, err)
+		if err := route(n, o); err != nil {
+			return err
+		}
+		if err := route(o, n); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -28,6 +28,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -67,6 +68,9 @@ type Options struct {
 	// Controller starts the controller. Nil runs none: the caller drives RV
 	// status itself, as the agent's tests do.
 	Controller ControllerFunc
+	// ControllerReplicas is how many controllers run side by side (default 1);
+	// with more, Controller must elect a leader (ElectedController).
+	ControllerReplicas int
 	// Env is a control plane to use (shared by a test package); nil starts
 	// one that Stop stops.
 	Env *testenv.Env
@@ -108,9 +112,19 @@ type Cluster struct {
 	cancel  context.CancelFunc
 	clockWG sync.WaitGroup
 
-	mu         sync.Mutex
-	controller *goproc.Proc
+	mu          sync.Mutex
+	controllers []*controllerReplica
 }
+
+// controllerReplica is one running controller; elected is set once it leads
+// (ElectedController).
+type controllerReplica struct {
+	proc    *goproc.Proc
+	elected atomic.Bool
+}
+
+// replicaKey carries a controller's *controllerReplica in its context.
+type replicaKey struct{}
 
 // Node is one simulated machine.
 type Node struct {
@@ -140,9 +154,10 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		opts.Log = logr.Discard()
 	}
 	c = &Cluster{opts: opts, Namespace: v1.DefaultNamespace, Env: opts.Env, Dir: opts.Dir, Writes: &Writes{}}
+	started := c // the returns below set c to nil on an error: stop what had started
 	defer func() {
 		if err != nil {
-			_ = c.Stop()
+			_ = started.Stop()
 		}
 	}()
 	if c.Dir == "" {
@@ -280,6 +295,13 @@ func (n *Node) PoolDir(rsp *v1.ReplicatedStoragePool) string {
 func (n *Node) startAgent() {
 	cfg := n.AgentConfig()
 	restCfg := n.c.Writes.counted(n.c.Env.Config, "agent")
+	if restCfg.QPS == 0 {
+		// The client-side rate limit `meshvol node` runs with (cmd/meshvol,
+		// restConfig), not client-go's default of 5 requests per second: with
+		// that, the agents' reports, not meshvol, set the pace of forming a
+		// few hundred volumes at once (docs/scale.md).
+		restCfg.QPS, restCfg.Burst = 50, 100
+	}
 	n.agent = goproc.Start(n.c.ctx, func(ctx context.Context) error {
 		return agent.Run(ctx, restCfg, n.c.Env.Scheme, cfg)
 	})
@@ -295,25 +317,62 @@ func (c *Cluster) Node(name string) *Node {
 	return nil
 }
 
-// StartController starts the controller (Options.Controller) if it is not running.
+// StartController starts the controllers (Options.Controller, ControllerReplicas of
+// them) that are not running, and replaces any that has returned (a leader that lost
+// its Lease exits, as `meshvol controller` does, and Kubernetes would restart it).
 func (c *Cluster) StartController() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.controller != nil || c.opts.Controller == nil {
+	if c.opts.Controller == nil {
 		return
 	}
-	restCfg := c.Writes.counted(c.Env.Config, "controller")
-	run := c.opts.Controller
-	c.controller = goproc.Start(c.ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
+	for i, r := range c.controllers {
+		if r.proc.Exited() {
+			c.controllers[i] = c.startReplica()
+		}
+	}
+	for len(c.controllers) < max(c.opts.ControllerReplicas, 1) {
+		c.controllers = append(c.controllers, c.startReplica())
+	}
 }
 
-// StopController stops the controller and waits until it has returned.
+// startReplica starts one controller; c.mu is held.
+func (c *Cluster) startReplica() *controllerReplica {
+	restCfg := c.Writes.counted(c.Env.Config, "controller")
+	run := c.opts.Controller
+	r := &controllerReplica{}
+	ctx := context.WithValue(c.ctx, replicaKey{}, r)
+	r.proc = goproc.Start(ctx, func(ctx context.Context) error { return run(ctx, restCfg) })
+	return r
+}
+
+// StopController stops every controller and waits until they have returned.
 func (c *Cluster) StopController() error {
 	c.mu.Lock()
-	p := c.controller
-	c.controller = nil
+	rs := c.controllers
+	c.controllers = nil
 	c.mu.Unlock()
-	return p.Stop()
+	var errs []error
+	for _, r := range rs {
+		errs = append(errs, r.proc.Stop())
+	}
+	return errors.Join(errs...)
+}
+
+// KillLeader stops the controller that leads (ElectedController) as a crash does —
+// its Lease stays until it expires — and starts a new standby in its place, as
+// Kubernetes restarts a crashed pod. It fails when no controller leads yet.
+func (c *Cluster) KillLeader() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, r := range c.controllers {
+		if r.elected.Load() {
+			err := r.proc.Stop()
+			c.controllers[i] = c.startReplica()
+			return err
+		}
+	}
+	return errors.New("localcluster: no controller leads (yet)")
 }
 
 // RestartAgent stops the node's agent and starts a new one; DRBD keeps

@@ -94,16 +94,6 @@ func RebuildImage(ctx context.Context, root string, log io.Writer) (time.Duratio
 	return time.Since(began), nil
 }
 
-func gitOutput(ctx context.Context, root, fallback string, args ...string) string {
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil || strings.TrimSpace(string(out)) == "" {
-		return fallback
-	}
-	return strings.TrimSpace(string(out))
-}
-
 func fileSHA256(p string) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {

@@ -290,10 +290,13 @@ func (s *Sandbox) writeValues(ref string) (string, error) {
 	values := map[string]any{
 		"image": map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
 		"sidecars": map[string]any{
-			"provisioner":         map[string]any{"image": sidecarImages["csi-provisioner"]},
-			"attacher":            map[string]any{"image": sidecarImages["csi-attacher"]},
-			"livenessProbe":       map[string]any{"enabled": false},
-			"resizer":             map[string]any{"enabled": false},
+			"provisioner":   map[string]any{"image": sidecarImages["csi-provisioner"]},
+			"attacher":      map[string]any{"image": sidecarImages["csi-attacher"]},
+			"livenessProbe": map[string]any{"enabled": false},
+			"resizer":       map[string]any{"enabled": false},
+			// Not yet in the sandbox: no csi-snapshotter image is built here and
+			// the VolumeSnapshot CRDs are not installed (docs/snapshots.md).
+			"snapshotter":         map[string]any{"enabled": false},
 			"nodeDriverRegistrar": map[string]any{"enabled": false},
 			"pullPolicy":          "Never",
 		},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -39,9 +40,13 @@ type Step struct {
 
 // Row is one replica after a step: what its RVR status says and what DRBD
 // on its node runs (`drbdsetup status`), in the same words on both backends.
-// A replica is known by its DRBD node-id in the volume (Member, "#1"), not by
-// its node: the two backends' controllers may place a layout on different
-// nodes, and the node-ids, given in the order members join, still match.
+// A replica is known by its member type and rank in the volume (Member,
+// "Diskful-1", "TieBreaker"), not by its node or its DRBD node-id: the two
+// backends' controllers may place a layout on different nodes and hand out
+// node-ids in a different order (the TieBreaker of 2D+1TB got #0 on one and
+// #1 on the other), which paired unlike replicas. Members of one type rank
+// attached first, then by node-id; a peer in the kernel's view is named the
+// same way (memberLabels).
 type Row struct {
 	Volume, Member, Node string
 	// RVR is the replica's status: type, role, disk state, quorum, revision.
@@ -66,13 +71,12 @@ func snapshot(ctx context.Context, b Backend, name string, volumes []string, dow
 		return rows[k]
 	}
 	for _, vol := range volumes {
-		ids := map[string]string{} // node → "#<node-id>"
 		rv := &v1.ReplicatedVolume{}
+		var members []v1.DatameshMember
 		if err := b.Client().Get(ctx, client.ObjectKey{Name: vol}, rv); err == nil {
-			for _, m := range rv.Status.Datamesh.Members {
-				ids[m.NodeName] = fmt.Sprintf("#%d", m.NodeID)
-			}
+			members = rv.Status.Datamesh.Members
 		}
+		ids, byID := memberLabels(members)
 		row := func(vol, node string) *Row {
 			r := row(vol, node)
 			if r.Member == "" {
@@ -106,7 +110,7 @@ func snapshot(ctx context.Context, b Backend, name string, volumes []string, dow
 				}
 				continue
 			}
-			row(vol, node).Kernel = kernelSummary(res[0])
+			row(vol, node).Kernel = kernelSummary(res[0], byID)
 		}
 	}
 	for _, r := range rows {
@@ -127,7 +131,39 @@ func rvrSummary(x *v1.ReplicatedVolumeReplica) string {
 	return fmt.Sprintf("%s %s %s quorum:%s rev:%d", x.Spec.Type, orDash(string(x.Status.Role)), orDash(string(x.Status.DiskState)), q, x.Status.DatameshRevision)
 }
 
-func kernelSummary(r drbd.StatusResource) string {
+// memberLabels names each member by type and rank (Row): by node, and by DRBD
+// node-id for the peers in the kernel's view.
+func memberLabels(members []v1.DatameshMember) (byNode map[string]string, byID map[int]string) {
+	ms := slices.Clone(members)
+	sort.SliceStable(ms, func(i, j int) bool {
+		if ms[i].Type != ms[j].Type {
+			return ms[i].Type < ms[j].Type
+		}
+		if ms[i].Attached != ms[j].Attached {
+			return ms[i].Attached
+		}
+		return ms[i].NodeID < ms[j].NodeID
+	})
+	count := map[v1.MemberType]int{}
+	for _, m := range ms {
+		count[m.Type]++
+	}
+	byNode, byID = map[string]string{}, map[int]string{}
+	rank := map[v1.MemberType]int{}
+	for _, m := range ms {
+		rank[m.Type]++
+		label := string(m.Type)
+		if count[m.Type] > 1 {
+			label = fmt.Sprintf("%s-%d", m.Type, rank[m.Type])
+		}
+		byNode[m.NodeName], byID[int(m.NodeID)] = label, label
+	}
+	return byNode, byID
+}
+
+// kernelSummary is DRBD's status of the resource, each peer named by its
+// member label (byID; "#<node-id>" for one that is not a member).
+func kernelSummary(r drbd.StatusResource, byID map[int]string) string {
 	var b strings.Builder
 	b.WriteString(r.Role)
 	if len(r.Devices) > 0 {
@@ -137,13 +173,21 @@ func kernelSummary(r drbd.StatusResource) string {
 	if r.Suspended {
 		b.WriteString(" suspended")
 	}
-	conns := append([]drbd.StatusConnection(nil), r.Connections...)
-	sort.Slice(conns, func(i, j int) bool { return conns[i].PeerNodeID < conns[j].PeerNodeID })
-	for _, c := range conns {
-		fmt.Fprintf(&b, " #%d:%s", c.PeerNodeID, c.ConnectionState)
-		if len(c.PeerDevices) > 0 {
-			fmt.Fprintf(&b, "/%s", c.PeerDevices[0].PeerDiskState)
+	var peers []string
+	for _, c := range r.Connections {
+		name := byID[c.PeerNodeID]
+		if name == "" {
+			name = fmt.Sprintf("#%d", c.PeerNodeID)
 		}
+		p := name + ":" + c.ConnectionState
+		if len(c.PeerDevices) > 0 {
+			p += "/" + c.PeerDevices[0].PeerDiskState
+		}
+		peers = append(peers, p)
+	}
+	sort.Strings(peers)
+	for _, p := range peers {
+		b.WriteString(" " + p)
 	}
 	return b.String()
 }
@@ -161,7 +205,7 @@ func (r *Record) Print(w io.Writer) {
 	for _, s := range r.Steps {
 		fmt.Fprintf(w, "--- %s\n", s.Name)
 		for _, row := range s.Rows {
-			fmt.Fprintf(w, "    %-19s %-3s %-7s rvr: %-50s drbd: %s\n", row.Volume, row.Member, row.Node, row.RVR, row.Kernel)
+			fmt.Fprintf(w, "    %-19s %-12s %-7s rvr: %-50s drbd: %s\n", row.Volume, row.Member, row.Node, row.RVR, row.Kernel)
 		}
 	}
 	for _, t := range r.Times {

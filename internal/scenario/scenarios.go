@@ -285,21 +285,21 @@ func (r *run) kernelMatches(rv *v1.ReplicatedVolume, m v1.DatameshMember) string
 	}
 	d := st[0].Devices[0]
 	if !d.Quorum {
-		return "no quorum: " + kernelSummary(st[0])
+		return "no quorum: " + kernelSummary(st[0], nil)
 	}
 	want := "UpToDate"
 	if m.Type != v1.MemberTypeDiskful {
 		want = "Diskless"
 	}
 	if d.DiskState != want {
-		return "disk " + d.DiskState + ": " + kernelSummary(st[0])
+		return "disk " + d.DiskState + ": " + kernelSummary(st[0], nil)
 	}
 	if len(st[0].Connections) != len(dm.Members)-1 {
-		return fmt.Sprintf("%d connections for %d members: %s", len(st[0].Connections), len(dm.Members), kernelSummary(st[0]))
+		return fmt.Sprintf("%d connections for %d members: %s", len(st[0].Connections), len(dm.Members), kernelSummary(st[0], nil))
 	}
 	for _, c := range st[0].Connections {
 		if c.ConnectionState != "Connected" {
-			return kernelSummary(st[0])
+			return kernelSummary(st[0], nil)
 		}
 	}
 	return ""

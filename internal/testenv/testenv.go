@@ -111,7 +111,8 @@ type Env struct {
 	// served.
 	StartDuration time.Duration
 
-	env *envtest.Environment
+	env     *envtest.Environment
+	certDir string // the apiserver's certificates (ours to remove)
 }
 
 // ErrBinariesMissing is wrapped by Start's error when bin/k8s lacks a
@@ -219,6 +220,14 @@ func Start(opts Options) (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	// The apiserver's certificates live in a directory of ours, not one envtest
+	// makes and removes when the apiserver stops: RestartAPIServer starts it again
+	// with the same serving certificate, which the clients already trust.
+	certDir, err := os.MkdirTemp("", "meshvol-apiserver-")
+	if err != nil {
+		return nil, fmt.Errorf("testenv: the apiserver's certificate directory: %w", err)
+	}
+	te.ControlPlane.GetAPIServer().CertDir = certDir
 	if len(opts.APIServerArgs) > 0 {
 		args := te.ControlPlane.GetAPIServer().Configure()
 		for name, values := range opts.APIServerArgs {
@@ -233,9 +242,11 @@ func Start(opts Options) (*Env, error) {
 		if stopErr := te.Stop(); stopErr != nil {
 			err = fmt.Errorf("%w (and stopping what had started: %v)", err, stopErr)
 		}
+		_ = os.RemoveAll(certDir)
 		return nil, fmt.Errorf("testenv: starting the control plane from %s: %w", binDir, err)
 	}
 	env := &Env{
+		certDir:       certDir,
 		Config:        cfg,
 		Scheme:        scheme,
 		BinDir:        binDir,
@@ -245,6 +256,7 @@ func Start(opts Options) (*Env, error) {
 	}
 	if err := env.connect(); err != nil {
 		_ = te.Stop()
+		_ = os.RemoveAll(certDir)
 		return nil, err
 	}
 	fmt.Fprintf(logw, "testenv: kube-apiserver %s (%s, %s) and etcd %s from %s; %d CRDs installed; started in %s\n",
@@ -291,6 +303,22 @@ func (e *Env) KubeConfig(name string, groups ...string) ([]byte, error) {
 // account keys).
 func (e *Env) CertDir() string { return e.env.ControlPlane.APIServer.CertDir }
 
+// RestartAPIServer stops the kube-apiserver, waits down, and starts it again on the
+// same address, over the same etcd: every object stays, every watch breaks, and the
+// clients made from Config (its CA and client certificates are kept) reconnect on their
+// own — what an apiserver upgrade or crash does to meshvol's controller and agents.
+func (e *Env) RestartAPIServer(down time.Duration) error {
+	as := e.env.ControlPlane.APIServer
+	if err := as.Stop(); err != nil {
+		return fmt.Errorf("testenv: stopping the apiserver: %w", err)
+	}
+	time.Sleep(down)
+	if err := as.Start(); err != nil {
+		return fmt.Errorf("testenv: starting the apiserver again: %w", err)
+	}
+	return nil
+}
+
 // Stop stops the apiserver and etcd and removes etcd's data directory.
 func (e *Env) Stop() error {
 	if e == nil || e.env == nil {
@@ -298,6 +326,9 @@ func (e *Env) Stop() error {
 	}
 	err := e.env.Stop()
 	e.env = nil
+	if rmErr := os.RemoveAll(e.certDir); err == nil && rmErr != nil {
+		err = rmErr
+	}
 	if err != nil {
 		return fmt.Errorf("testenv: stopping the control plane: %w", err)
 	}

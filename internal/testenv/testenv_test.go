@@ -226,3 +226,32 @@ func BenchmarkStartStop(b *testing.B) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// An apiserver restart keeps every object and the address, and the clients made
+// before it work again afterwards (the soak's "apiserver restart" fault relies on it).
+func TestRestartAPIServerKeepsObjectsAndClients(t *testing.T) {
+	t.Parallel()
+	own := testenv.StartT(t, testenv.Options{CRDDirs: []string{filepath.Join("testdata", "crd")}})
+	ctx := context.Background()
+	w := widget("before-restart", 3)
+	if err := own.Client.Create(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.RestartAPIServer(100 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	got := &unstructured.Unstructured{}
+	got.SetGroupVersionKind(widgetGVK)
+	var err error
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if err = own.Client.Get(ctx, client.ObjectKey{Name: "before-restart"}, got); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("the client made before the restart cannot read the widget after it: %v", err)
+	}
+	if size, _, _ := unstructured.NestedInt64(got.Object, "spec", "size"); size != 3 {
+		t.Fatalf("the widget's size after the restart is %d, want 3", size)
+	}
+}

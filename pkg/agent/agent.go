@@ -258,6 +258,13 @@ func (a *Agent) addRunnables(mgr manager.Manager) error {
 	if err != nil {
 		return fmt.Errorf("agent: controller: %w", err)
 	}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("meshvol-agent-snapshot").
+		For(&v1.ReplicatedVolumeSnapshot{}).
+		Complete(reconcile.Func(a.reconcileSnapshot))
+	if err != nil {
+		return fmt.Errorf("agent: snapshot controller: %w", err)
+	}
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		return a.runObserver(ctx, kernel)
 	})); err != nil {

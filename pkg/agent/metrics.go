@@ -37,11 +37,14 @@ func init() {
 	metrics.Registry.MustRegister(drbdCommandSeconds, drbdCommandFailures)
 }
 
-// observeCommand records one DRBD command's duration and outcome.
+// observeCommand records one DRBD command's duration and outcome. The failure counter
+// of a command exists from its first run, at 0: an alert on its increase sees the first
+// failure, which it would miss on a series that appears with it.
 func observeCommand(command string, start time.Time, err error) {
 	drbdCommandSeconds.WithLabelValues(command).Observe(time.Since(start).Seconds())
+	failures := drbdCommandFailures.WithLabelValues(command)
 	if err != nil {
-		drbdCommandFailures.WithLabelValues(command).Inc()
+		failures.Inc()
 	}
 }
 

@@ -85,6 +85,13 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	if member == nil {
 		return a.leave(ctx, r)
 	}
+	if a.userSuspended(rv.Name) {
+		// suspend-io is only ever meshvol's, for a snapshot; none holds it now (a
+		// crash between suspend and resume, or a snapshot deleted meanwhile).
+		if err := a.resumeUnlessHeld(ctx, rv.Name); err != nil {
+			return r.failed(ctx, "resume-io", err)
+		}
+	}
 	vol, err := a.backing(ctx, r, member)
 	if err != nil {
 		return r.failed(ctx, "backing volume", err)
@@ -254,7 +261,7 @@ func (a *Agent) applyConfig(ctx context.Context, r *replicaStep, want *drbd.Reso
 // size and the role are what it asks.
 func (a *Agent) confirm(ctx context.Context, r *replicaStep, member *v1.DatameshMember, vol *storage.Volume) step {
 	rv, rev := r.rv, r.rv.Status.DatameshRevision
-	if a.dayZero(ctx, rv, member) {
+	if a.dayZero(ctx, rv, member) || a.seed(ctx, rv, member) {
 		r.acted = true
 	}
 	resized, err := a.resizeDevice(ctx, rv, member, vol)
@@ -355,8 +362,8 @@ func (a *Agent) apply(ctx context.Context, want *drbd.Resource) error {
 // would be refused by DRBD ("only on a just-created, Inconsistent device") or,
 // worse, run on a disk that holds data.
 func (a *Agent) dayZero(ctx context.Context, rv *v1.ReplicatedVolume, self *v1.DatameshMember) bool {
-	if self.Type != v1.MemberTypeDiskful || !formationActive(rv) {
-		return false
+	if self.Type != v1.MemberTypeDiskful || !formationActive(rv) || rv.Spec.DataSource != nil {
+		return false // a volume with a data source is not empty: restore.go seeds it
 	}
 	s, ok := a.obs.Snapshot(rv.Name)
 	if !ok || !dayZeroObserved(s, rv, self) {
@@ -440,9 +447,17 @@ func (a *Agent) applyRole(ctx context.Context, name string, m *v1.DatameshMember
 		role = st[0].Role // the observer may lag a role change just made
 	}
 	switch {
+	case m.Attached && role != "Primary" && a.snapshotHolds(ctx, name):
+		cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonPromoteFailed,
+			"Promotion waits: a snapshot of the volume holds its IO suspended (docs/snapshots.md)")
+		return false, 100 * time.Millisecond, false
 	case m.Attached && role != "Primary":
 		if err := a.drv.Primary(ctx, name, drbd.NoForce); err != nil {
-			cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonPromoteFailed, "Promotion refused: "+drbd.RedactSecrets(err.Error()))
+			reason := v1.ReasonPromoteFailed
+			if errors.Is(err, drbd.ErrNoQuorum) {
+				reason = v1.ReasonPromoteNoQuorum // the engine withdraws the Attach on it
+			}
+			cond(v1.ConditionDRBDRole, metav1.ConditionFalse, reason, "Promotion refused: "+drbd.RedactSecrets(err.Error()))
 			return false, a.cfg.RetryInterval, false
 		}
 		cond(v1.ConditionDRBDRole, metav1.ConditionTrue, v1.ReasonPrimary, "Primary: the datamesh marks this member attached")
@@ -528,7 +543,11 @@ func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplic
 	v, err = p.Get(ctx, rvr.Name)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		v, err = p.Create(ctx, storage.CreateRequest{Replica: rvr.Name, SizeBytes: need})
+		var src *storage.Source
+		if src, err = a.seedSource(ctx, rvr, rv); err != nil {
+			return storage.Volume{}, err
+		}
+		v, err = p.Create(ctx, storage.CreateRequest{Replica: rvr.Name, SizeBytes: need, Source: src})
 		if err == nil {
 			a.markCapacity()
 		}

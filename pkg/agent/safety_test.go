@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -122,7 +123,9 @@ func TestNeverPromotesWithForce(t *testing.T) {
 	r.eventually("the refusals reported", 30*time.Second, func() string {
 		for _, n := range []string{names[2], joining} {
 			c := meta.FindStatusCondition(r.rvr(n).Status.Conditions, v1.ConditionDRBDRole)
-			if c == nil || c.Reason != v1.ReasonPromoteFailed {
+			// Refused for want of quorum (PromoteNoQuorum) or of UpToDate data
+			// (PromoteFailed): either way reported, never forced.
+			if c == nil || c.Status != metav1.ConditionFalse || (c.Reason != v1.ReasonPromoteFailed && c.Reason != v1.ReasonPromoteNoQuorum) {
 				return fmt.Sprintf("%s: %v", n, c)
 			}
 		}
@@ -202,7 +205,12 @@ func (d laggingDriver) Events(ctx context.Context) (io.ReadCloser, error) {
 	go func() {
 		defer rc.Close()
 		for l := range lines {
-			time.Sleep(time.Until(l.at.Add(d.lag)))
+			select {
+			case <-ctx.Done(): // the stream ends with its context, as drbdsetup's does
+				pw.CloseWithError(ctx.Err())
+				return
+			case <-time.After(time.Until(l.at.Add(d.lag))):
+			}
 			if _, err := pw.Write(l.text); err != nil {
 				return
 			}

@@ -67,6 +67,9 @@ type Options struct {
 	// meshvol volumes and the node's meshvol VolumeAttachments, once every such volume's
 	// survivors hold quorum without the node (docs/controller.md, "--delete-lost-pods").
 	DeleteLostPods bool
+	// SnapshotSuspendTimeout bounds how long a snapshot attempt may hold a volume's IO
+	// suspended (default 10 s; docs/snapshots.md, "The guarantee").
+	SnapshotSuspendTimeout time.Duration
 	// Workers is the number of concurrent volume reconciles (default 4).
 	Workers int
 	// Features are the DRBD features the engine may use.
@@ -96,6 +99,9 @@ func (o *Options) defaults() {
 	}
 	if o.Workers <= 0 {
 		o.Workers = 4
+	}
+	if o.SnapshotSuspendTimeout <= 0 {
+		o.SnapshotSuspendTimeout = 10 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -141,6 +147,10 @@ type ManagerOptions struct {
 	// LeaseDuration + RetryPeriod after the old one's last renewal; the old one stops
 	// leading RenewDeadline after its last renewal, before the Lease can pass on.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// KeepLeaseOnStop keeps the Lease when the manager's context ends, as a
+	// crashed leader does: the next leader waits for it to expire. Without it the
+	// leader steps down at once (a SIGTERM). Tests of a leader's crash set it.
+	KeepLeaseOnStop bool
 }
 
 // LeaderElectionID is the default name of the controller's leader-election Lease.
@@ -196,7 +206,7 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 		RenewDeadline:           nonZero(mo.RenewDeadline),
 		RetryPeriod:             nonZero(mo.RetryPeriod),
 		// Step down cleanly on SIGTERM so the next controller starts at once.
-		LeaderElectionReleaseOnCancel: true,
+		LeaderElectionReleaseOnCancel: !mo.KeepLeaseOnStop,
 		// Tests and the sandbox run a controller again in the same process (a restart);
 		// controller-runtime would refuse the second manager's controller names.
 		Controller: config.Controller{SkipNameValidation: &skipNameValidation},
@@ -278,7 +288,13 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 	if err := c.setupLifecycle(mgr); err != nil {
 		return nil, err
 	}
+	if err := c.setupMaintenance(mgr); err != nil {
+		return nil, err
+	}
 	if err := c.setupStateMetrics(mgr); err != nil {
+		return nil, err
+	}
+	if err := c.setupSnapshot(mgr); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -311,6 +327,9 @@ func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
 		}},
 		{&v1.ReplicatedVolumeAttachment{}, indexVolume, func(o client.Object) []string {
 			return []string{o.(*v1.ReplicatedVolumeAttachment).Spec.ReplicatedVolumeName}
+		}},
+		{&v1.ReplicatedVolumeSnapshot{}, indexVolume, func(o client.Object) []string {
+			return []string{o.(*v1.ReplicatedVolumeSnapshot).Spec.ReplicatedVolumeName}
 		}},
 		{&v1.ReplicatedVolumeAttachment{}, indexNodeRVA, func(o client.Object) []string {
 			return []string{o.(*v1.ReplicatedVolumeAttachment).Spec.NodeName}

@@ -85,7 +85,9 @@ func (c *Controller) applyAgentReady(ctx context.Context, name string, cond meta
 // and to which no replica on a live node reports a connection: ForceLeave for each,
 // ForceDetach for those attached. A member some live peer still reaches is not lost,
 // whatever its Lease says (its agent may just be restarting); the engine checks the
-// same again (MemberUnreachable) before it removes anything.
+// same again (MemberUnreachable) before it removes anything. A node taken down for
+// maintenance is away, not lost: its members stay (docs/operating.md, "Node
+// maintenance").
 func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) (forceLeave, forceDetach []string) {
 	members := map[string]v1.DatameshMember{}
 	for _, m := range v.rv.Status.Datamesh.Members {
@@ -93,7 +95,7 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 	}
 	for _, r := range rvrs {
 		m, ok := members[r.Name]
-		if !ok || r.Spec.NodeName == "" || !agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		if !ok || r.Spec.NodeName == "" || v.away[r.Spec.NodeName] || !agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if c.reachedByLivePeer(v, rvrs, r.Name) {

@@ -223,6 +223,9 @@ func (c *Controller) placementInput(ctx context.Context, v *volume, work *v1.Rep
 	if h := v.rv.Spec.PlacementHints; h != nil {
 		in.Requisite, in.Preferred = h.Requisite, h.Preferred
 	}
+	if ds := v.rv.Spec.DataSource; ds != nil && !meta.IsStatusConditionTrue(work.Status.Conditions, v1.ConditionFormed) {
+		in.SeedNode = ds.NodeName // only the first replicas start from the source's copy
+	}
 	return in, nil
 }
 

@@ -107,8 +107,11 @@ type volume struct {
 	rvas                    []*v1.ReplicatedVolumeAttachment
 	nodes                   map[string]*corev1.Node
 	leases                  map[string]*coordinationv1.Lease
-	eligible                []v1.EligibleNode
-	now                     time.Time
+	// away are the nodes taken down for maintenance (ReadyForMaintenance or
+	// Returning): their members are never force-removed.
+	away     map[string]bool
+	eligible []v1.EligibleNode
+	now      time.Time
 }
 
 func (v *volume) liveness(node string) agentlease.Liveness {
@@ -154,8 +157,11 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 			v.leases[n] = &leases.Items[i]
 		}
 	}
+	var err error
+	if v.away, err = c.nodesAway(ctx); err != nil {
+		return nil, err
+	}
 	if v.rsp != nil {
-		var err error
 		if v.eligible, err = EligibleNodes(v.rsp, nodes.Items, v.leases, v.now, c.opts.AgentGracePeriod); err != nil {
 			v.configWhy = fmt.Sprintf("storage pool %s: %v", v.rsp.Name, err)
 			v.configReason = reasonInvalidInput
@@ -396,6 +402,7 @@ func (c *Controller) publish(ctx context.Context, v *volume, work *v1.Replicated
 	}
 	if work.Status.Phase != v.rv.Status.Phase {
 		phaseChanges.WithLabelValues(string(work.Status.Phase)).Inc()
+		c.recordPVCEvent(ctx, work)
 	}
 	for _, e := range out.events {
 		c.recorder.Event(v.rv, string(e.Type), e.Reason, e.Message)

@@ -35,7 +35,7 @@ func (c *CachedClient) Synced(ctx context.Context) error {
 }
 
 // NewControllerClient starts the controller service's informers (RV, RVA, RVR, RSC,
-// RSP, and agent Leases in namespace) and waits for them to sync or ctx to end.
+// RSP, RVS, and agent Leases in namespace) and waits for them to sync or ctx to end.
 func NewControllerClient(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, namespace string) (*CachedClient, error) {
 	return newCachedClient(ctx, cfg, scheme, cache.Options{
 		Scheme: scheme,
@@ -43,7 +43,7 @@ func NewControllerClient(ctx context.Context, cfg *rest.Config, scheme *runtime.
 			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{namespace: {}}},
 		},
 	}, &v1.ReplicatedVolume{}, &v1.ReplicatedVolumeAttachment{}, &v1.ReplicatedVolumeReplica{},
-		&v1.ReplicatedStorageClass{}, &v1.ReplicatedStoragePool{}, &coordinationv1.Lease{})
+		&v1.ReplicatedStorageClass{}, &v1.ReplicatedStoragePool{}, &v1.ReplicatedVolumeSnapshot{}, &coordinationv1.Lease{})
 }
 
 // NewNodeClient starts the node service's one informer: the RVRs of its node.

@@ -58,6 +58,10 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csipb.Controlle
 		// The access modes SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER, which
 		// checkCapability accepts; the node service enforces the single writer.
 		csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		// docs/snapshots.md
+		csipb.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csipb.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csipb.ControllerServiceCapability_RPC_CLONE_VOLUME,
 	} {
 		caps = append(caps, &csipb.ControllerServiceCapability{Type: &csipb.ControllerServiceCapability_Rpc{
 			Rpc: &csipb.ControllerServiceCapability_RPC{Type: t}}})
@@ -186,7 +190,13 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		if err := compatible(rv, r, req.GetCapacityRange()); err != nil {
 			return nil, err
 		}
+		if err := sourceCompatible(rv, r); err != nil {
+			return nil, err
+		}
 	} else {
+		if err := c.resolveSource(ctx, &r, rsc, req.GetCapacityRange()); err != nil {
+			return nil, err
+		}
 		if err := c.checkCapacity(ctx, rsc, l, r); err != nil {
 			return nil, err
 		}
@@ -198,6 +208,9 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if rv, err = c.waitFormed(ctx, r.rvName, created); err != nil {
 		return nil, err
 	}
+	if err := c.dropCloneSnapshot(ctx, r); err != nil {
+		return nil, err
+	}
 	top, err := c.accessibleTopology(ctx, rv, rsc, r.hints, req.GetParameters())
 	if err != nil {
 		return nil, err
@@ -206,6 +219,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		VolumeId:           rv.Name,
 		CapacityBytes:      reportedSize(rv, req.GetCapacityRange()),
 		AccessibleTopology: top,
+		ContentSource:      req.GetVolumeContentSource(),
 	}}, nil
 }
 
@@ -282,6 +296,7 @@ func (c *Controller) createRV(ctx context.Context, r createRequest) error {
 			ReplicatedStorageClassName: r.rsc,
 			MaxAttachments:             1,
 			PlacementHints:             r.hints,
+			DataSource:                 r.dataSource,
 		},
 	}
 	if r.caps.multiNode {
@@ -515,6 +530,9 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 			nodes = append(nodes, a.Spec.NodeName)
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "volume_id: volume %q is published to node(s) %s; unpublish it first", id, strings.Join(nodes, ", "))
+	}
+	if err := c.dropUnreadySnapshots(ctx, id); err != nil {
+		return nil, err
 	}
 	if rv.DeletionTimestamp == nil {
 		if err := c.Client.Delete(ctx, rv, client.Preconditions{UID: &rv.UID}); err != nil && !apierrors.IsNotFound(err) {

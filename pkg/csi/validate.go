@@ -273,6 +273,34 @@ type createRequest struct {
 	rsc             string
 	caps            capsSummary
 	hints           *v1.PlacementHints
+	// source is the volume_content_source, nil for an empty volume.
+	source *contentSourceRequest
+	// dataSource is what the source resolves to (CreateVolume fills it in).
+	dataSource *v1.VolumeDataSource
+}
+
+// contentSourceRequest is a validated volume_content_source: a snapshot or a volume.
+type contentSourceRequest struct {
+	snapshot, volume string
+}
+
+func contentSource(cs *csipb.VolumeContentSource) (*contentSourceRequest, error) {
+	if cs == nil {
+		return nil, nil
+	}
+	switch {
+	case cs.GetSnapshot() != nil:
+		if cs.GetSnapshot().GetSnapshotId() == "" {
+			return nil, invalid("volume_content_source.snapshot.snapshot_id: required")
+		}
+		return &contentSourceRequest{snapshot: cs.GetSnapshot().GetSnapshotId()}, nil
+	case cs.GetVolume() != nil:
+		if cs.GetVolume().GetVolumeId() == "" {
+			return nil, invalid("volume_content_source.volume.volume_id: required")
+		}
+		return &contentSourceRequest{volume: cs.GetVolume().GetVolumeId()}, nil
+	}
+	return nil, invalid("volume_content_source: must name a snapshot or a volume")
 }
 
 // validateCreate checks everything CreateVolume can check without the API.
@@ -284,10 +312,10 @@ func validateCreate(req *csipb.CreateVolumeRequest) (createRequest, error) {
 	if len(req.GetName()) > 1024 {
 		return r, invalid("name: at most 1024 bytes, got %d", len(req.GetName()))
 	}
-	if req.GetVolumeContentSource() != nil {
-		return r, invalid("volume_content_source: creating a volume from a snapshot or another volume is not supported yet")
-	}
 	var err error
+	if r.source, err = contentSource(req.GetVolumeContentSource()); err != nil {
+		return r, err
+	}
 	if r.caps, err = checkCapabilities("volume_capabilities", req.GetVolumeCapabilities()); err != nil {
 		return r, err
 	}

@@ -84,11 +84,14 @@ func TestValidateCreate(t *testing.T) {
 		{"unknown parameter", createReq("v", func(r *csipb.CreateVolumeRequest) { r.Parameters["replicas"] = "3" }), codes.InvalidArgument, `parameters["replicas"]`},
 		{"provisioner parameters ignored", createReq("v", func(r *csipb.CreateVolumeRequest) { r.Parameters["csi.storage.k8s.io/pvc/name"] = "x" }), codes.OK, ""},
 		{"bad class name", createReq("v", func(r *csipb.CreateVolumeRequest) { r.Parameters[v1.CSIParameterStorageClass] = "Not_A_Name" }), codes.InvalidArgument, `parameters["replicatedStorageClassName"]`},
-		{"snapshot source", createReq("v", func(r *csipb.CreateVolumeRequest) {
-			r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: "s"}}}
-		}), codes.InvalidArgument, "volume_content_source"},
-		{"clone source", createReq("v", func(r *csipb.CreateVolumeRequest) {
-			r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: "x"}}}
+		{"snapshot source without an id", createReq("v", func(r *csipb.CreateVolumeRequest) {
+			r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{}}}
+		}), codes.InvalidArgument, "volume_content_source.snapshot.snapshot_id"},
+		{"clone source without an id", createReq("v", func(r *csipb.CreateVolumeRequest) {
+			r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{Volume: &csipb.VolumeContentSource_VolumeSource{}}}
+		}), codes.InvalidArgument, "volume_content_source.volume.volume_id"},
+		{"source of no kind", createReq("v", func(r *csipb.CreateVolumeRequest) {
+			r.VolumeContentSource = &csipb.VolumeContentSource{}
 		}), codes.InvalidArgument, "volume_content_source"},
 		{"unknown topology key", createReq("v", func(r *csipb.CreateVolumeRequest) {
 			r.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: []*csipb.Topology{{Segments: map[string]string{"kubernetes.io/hostname": "n1"}}}}

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strconv"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -171,6 +173,8 @@ func (rc *reconcile) attachmentBlocked(quorumBusy bool) string {
 		return "Waiting for ChangeQuorum to complete"
 	case rc.groupInFlight(v1.GroupMultiattach):
 		return msgWaitMultiattach
+	case rc.quorumDropDue():
+		return "Waiting for q to come down to what the remaining voters give, after a lost member's force removal"
 	}
 	return ""
 }
@@ -319,6 +323,9 @@ func (rc *reconcile) attachBlocked(mi int, local bool, attached int) string {
 	if attached >= 1 && !rc.st.Datamesh.Multiattach {
 		return "Waiting for multiattach to be enabled"
 	}
+	if step := rc.stepAwaiting(mi); step != "" {
+		return "Waiting for " + m.Name + " to confirm " + step + " first"
+	}
 	if state == StateA || state == StateTB || state == StateSDL {
 		c := rc.counts()
 		if c.upToDateD <= rc.cfg.GMDR {
@@ -362,4 +369,105 @@ func (rc *reconcile) wantAccessReplicas(sv serving) (wanted []WantedReplica) {
 			Reason: "no attachment needs the Access replica on node " + m.NodeName})
 	}
 	return wanted
+}
+
+// stepAwaiting names a step of another transition that waits for member mi's
+// confirmation ("the ForceRemoveReplica of r3 (revision 7)"), or "". An Attach of mi
+// waits for it (attachBlocked): the Attach's revision would carry that step too, and
+// mi confirms a revision only once it is Primary, so a member that cannot be promoted
+// yet — a survivor whose quorum a lost voter took, until the removal's q↓ or the
+// replacement's join that the step belongs to — would confirm neither (docs/datamesh.md,
+// "An Attach its member cannot promote").
+func (rc *reconcile) stepAwaiting(mi int) string {
+	m := &rc.st.Datamesh.Members[mi]
+	bit := uint32(1) << uint(m.NodeID&31)
+	for i := range rc.st.DatameshTransitions {
+		t := &rc.st.DatameshTransitions[i]
+		if (t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach) && t.ReplicaName == m.Name {
+			continue
+		}
+		p, ok := rc.planOf(t)
+		si := activeStep(t)
+		if !ok || si < 0 || len(p.Steps) != len(t.Steps) || t.Steps[si].Status != v1.StepActive {
+			continue
+		}
+		rev := t.Steps[si].DatameshRevision
+		if w := rc.waitSet(t, &p.Steps[si], rev); w.Must&^w.Confirmed&bit != 0 {
+			what := string(t.Type)
+			if t.ReplicaName != "" {
+				what += " of " + t.ReplicaName
+			}
+			return "the " + what + " (revision " + strconv.FormatInt(rev, 10) + ")"
+		}
+	}
+	return ""
+}
+
+// promotionRefused says why DRBD refused to promote member mi for want of quorum, or
+// "": its agent (reporting) says the last promotion failed with "No quorum" (-25), a
+// refusal the kernel computes afresh, unlike the quorum flag it displays.
+func (rc *reconcile) promotionRefused(mi int) string {
+	r := rc.rvrOfMember(mi)
+	if r == nil || agentNotReady(r) {
+		return ""
+	}
+	for k := range r.Status.Conditions {
+		if c := &r.Status.Conditions[k]; c.Type == v1.ConditionDRBDRole && c.Status != metav1.ConditionTrue && c.Reason == v1.ReasonPromoteNoQuorum {
+			return "DRBD refused to promote replica " + r.Name + ": " + c.Message
+		}
+	}
+	return ""
+}
+
+// lossPending: a lost member's force removal is asked for or in flight, or the q↓
+// after one is due — the steps that give a survivor its quorum back.
+func (rc *reconcile) lossPending() bool {
+	for i := range rc.st.DatameshReplicaRequests {
+		if rc.st.DatameshReplicaRequests[i].Operation == v1.ReplicaOperationForceLeave {
+			return true
+		}
+	}
+	return rc.forceRemovalUnconfirmed() || rc.quorumDropDue()
+}
+
+// withdrawAttaches gives up every Attach that its member has not confirmed because DRBD
+// refused the promotion for want of quorum (promotionRefused), when something else
+// waits behind it: another transition's step the member must confirm (stepAwaiting),
+// or a lost member's removal or the q↓ after it (lossPending) — often the very steps
+// that would give the member its quorum back. The member confirms a revision only once
+// it is Primary, so those would wait for good (docs/datamesh.md, "An Attach its
+// member cannot promote"). The Attach is cancelled and a Detach publishes the member
+// not attached; it is Secondary, so that takes nothing from anyone: no RVA was
+// Attached, nothing opened the device. The RVA waits, saying why (attachBlocked,
+// attachmentBlocked), and attaches once the member has confirmed what it waited for.
+// With nothing behind it the Attach stays: quorum may come back by itself (a partition
+// heals), and withdrawing would only churn revisions.
+func (rc *reconcile) withdrawAttaches() {
+	loss := rc.lossPending()
+	for ti := 0; ti < len(rc.st.DatameshTransitions); ti++ {
+		t := &rc.st.DatameshTransitions[ti]
+		si := activeStep(t)
+		if t.Type != v1.TransitionAttach || si < 0 || t.Steps[si].Status != v1.StepActive {
+			continue
+		}
+		mi := rc.memberIndex(t.ReplicaName)
+		r := rc.rvrOfMember(mi)
+		if mi < 0 || r == nil || r.Status.Role == v1.RolePrimary || r.Status.DatameshRevision >= t.Steps[si].DatameshRevision {
+			continue
+		}
+		why := rc.promotionRefused(mi)
+		if why == "" || (!loss && rc.stepAwaiting(mi) == "") {
+			continue
+		}
+		name := t.ReplicaName
+		rc.cancel(ti)
+		p, ok := rc.reg.Latest(PlanDetach)
+		if !ok {
+			return
+		}
+		nt := rc.start(p, name)
+		rc.confirm(nt, p, 0)
+		rc.event(EventWarning, "AttachWithdrawn", "The Attach of "+name+" was withdrawn until the steps waiting behind it are done: "+why)
+		ti = -1 // the list changed: look again from the start
+	}
 }

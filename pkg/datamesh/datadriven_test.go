@@ -578,6 +578,21 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 			setCondition(r, metav1.Condition{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg})
 		}
 		return "ok"
+	case "promote-refused":
+		// promote-refused r1 (the message as input): r1's agent reports that DRBD
+		// refused its promotion for want of quorum (DRBDRole=False, PromoteNoQuorum).
+		msg := "Promotion refused: drbd: no quorum"
+		if d.Input != "" {
+			msg = strings.TrimSpace(d.Input)
+		}
+		for _, n := range w.names(d) {
+			r := w.rvr(n)
+			if r == nil {
+				t.Fatalf("no replica %q", n)
+			}
+			setCondition(r, metav1.Condition{Type: v1.ConditionDRBDRole, Status: metav1.ConditionFalse, Reason: v1.ReasonPromoteNoQuorum, Message: msg})
+		}
+		return "ok"
 	case "agent":
 		// agent r2 ready=false [reason=LeaseExpired] [message="..."]: the controller's
 		// AgentReady verdict on the replicas (docs/contract.md). ready=none removes it.

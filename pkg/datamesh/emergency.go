@@ -89,6 +89,9 @@ func (rc *reconcile) forceRemovalsReady() (ready []string) {
 // forceRemovalBlocked returns why member mi may not be force-removed now, or "".
 func (rc *reconcile) forceRemovalBlocked(mi int) string {
 	name := rc.st.Datamesh.Members[mi].Name
+	if rc.lastCopy(mi) {
+		return lastCopyMessage // first: no other guard's answer would let it go
+	}
 	if rc.st.Datamesh.Members[mi].Attached || rc.attachmentInFlight(name) {
 		return "Cannot force-remove attached member; ForceDetach first"
 	}
@@ -99,6 +102,42 @@ func (rc *reconcile) forceRemovalBlocked(mi int) string {
 		return "Force-removal blocked: cannot confirm the member is unreachable: the agent of " + stale + " is not reporting"
 	}
 	return rc.awaitReplacement(mi)
+}
+
+// lastCopyMessage is the request's message while lastCopy blocks a force removal.
+const lastCopyMessage = "Force-removal blocked: no other member holds an UpToDate copy of the data; " +
+	"the member stays until its node returns or another copy is UpToDate (docs/controller.md, \"The last copy\")"
+
+// heldAsLastCopy: name is a member whose force removal lastCopy holds back.
+func (rc *reconcile) heldAsLastCopy(name string) bool {
+	mi := rc.memberIndex(name)
+	return mi >= 0 && !rc.forceInFlight(name) && rc.lastCopy(mi)
+}
+
+// lastCopy: member mi may hold the data (a member with a disk, or a liminal one whose
+// disk is being attached or detached) and no other member holds an UpToDate copy — a D
+// or sD whose agent reports UpToDate and that is not itself force-leaving. Removing it
+// would destroy the only data there is: once out of the datamesh, its replica is deleted
+// and a node that comes back tears down what it still holds (docs/controller.md, "The
+// last copy"). A missed Lease is not proof that a node is gone (a node under load, a
+// stalled apiserver, a grace period set too short), and no grace period makes it one, so
+// no length of silence removes the last copy: the member waits for its node, or for a
+// person to delete the volume. The check covers the members force-leaving in the same
+// pass together (two lost Diskfuls of 2D: neither counts as the other's copy).
+func (rc *reconcile) lastCopy(mi int) bool {
+	if !rc.mstate(mi).IsFullMesh() {
+		return false // A and TB hold no data
+	}
+	for k := range rc.st.Datamesh.Members {
+		st := rc.mstate(k)
+		if k == mi || st != StateD && st != StateSD || rc.forceLeaving(rc.st.Datamesh.Members[k].Name) {
+			continue
+		}
+		if upToDate(rc.rvrOfMember(k)) {
+			return false
+		}
+	}
+	return true
 }
 
 // startForceRemovals appends a ForceRemoveReplica for each member named and takes the

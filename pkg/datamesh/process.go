@@ -66,6 +66,7 @@ func (e *Engine) Process(in *Input) (Result, error) {
 	case rc.formationActive() || rc.maybeStartFormation():
 		wanted = rc.formation()
 	case rc.hasCfg && len(rc.st.Datamesh.Members) > 0:
+		rc.withdrawAttaches()
 		rc.emergency(anyForce)
 		quorumBusy := rc.changeQuorum()
 		rc.membership(open, quorumBusy)

@@ -93,6 +93,7 @@ func (rc *reconcile) syncRequests() (open, anyForce bool) {
 			rc.setRequest(name, v1.ReplicaOperationForceLeave, "")
 		}
 	}
+	rc.withdrawLastCopyForceLeaves()
 	for _, j := range rc.rvrOrd {
 		open = rc.syncReplicaRequest(j) || open
 	}
@@ -115,6 +116,28 @@ func (rc *reconcile) syncRequests() (open, anyForce bool) {
 		return rc.rvrIndex(r.Name) < 0 && rc.memberIndex(r.Name) < 0 && rc.transitionOf(r.Name, false) < 0
 	})
 	return open, anyForce
+}
+
+// withdrawLastCopyForceLeaves drops the ForceLeave requests that wait only because
+// their member holds the last copy (lastCopy) once Input.ForceLeave no longer names
+// them: the node is back. Such a removal never starts, and its request would otherwise
+// stay for ever and force-detach the member in every pass (emergency), so the volume
+// could not attach again. The replica's own request follows from its RVR as usual.
+func (rc *reconcile) withdrawLastCopyForceLeaves() {
+	var back []string // decided before any is dropped: lastCopy reads the requests
+	for _, r := range rc.st.DatameshReplicaRequests {
+		if r.Operation != v1.ReplicaOperationForceLeave || slices.Contains(rc.in.ForceLeave, r.Name) {
+			continue
+		}
+		if rc.heldAsLastCopy(r.Name) {
+			back = append(back, r.Name)
+		}
+	}
+	for _, name := range back {
+		if i := rc.findRequest(name); i >= 0 {
+			rc.st.DatameshReplicaRequests = slices.Delete(rc.st.DatameshReplicaRequests, i, i+1)
+		}
+	}
 }
 
 func compareRequests(a, b v1.DatameshReplicaRequest) int { return strings.Compare(a.Name, b.Name) }

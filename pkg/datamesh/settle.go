@@ -64,10 +64,13 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 }
 
 // layoutReplicas counts the Diskful and TieBreaker replica objects that stay (not
-// being deleted, not force-leaving).
+// being deleted, not force-leaving). A force-leaving member that holds the last copy
+// stays (lastCopy): no replacement is asked for it, since a new Diskful would have
+// nothing to sync from, and once the node is back it would be a peer the returning
+// disk must first reach before DRBD calls it UpToDate again.
 func (rc *reconcile) layoutReplicas() (d, tb int) {
 	for _, r := range rc.in.RVRs {
-		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) {
+		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) && !rc.heldAsLastCopy(r.Name) {
 			continue
 		}
 		switch r.Spec.Type {
@@ -151,11 +154,7 @@ func (rc *reconcile) quorumAfterForceRemoval(c counts) bool {
 	if oq, _ := rc.override(); oq > 0 {
 		return false
 	}
-	eff := rc.effective()
-	if provided := eff.FTTForVoters(c.voters, c.tb); provided < eff.FTT {
-		eff.FTT = provided
-	}
-	switch want := layout.Quorum(c.voters, eff); {
+	switch want, eff := rc.quorumVotersGive(c); {
 	case want < int(rc.st.Datamesh.Quorum):
 		rc.startQuorum(want, int(rc.st.Datamesh.QuorumMinimumRedundancy), &eff)
 		return true
@@ -163,6 +162,37 @@ func (rc *reconcile) quorumAfterForceRemoval(c counts) bool {
 		rc.setEffective(eff) // q stays: no revision to publish
 	}
 	return false
+}
+
+// quorumVotersGive is the q the members give (layout.Quorum of the voters, under the
+// effective FTT lowered to what the voters provide) and that layout.
+func (rc *reconcile) quorumVotersGive(c counts) (int, layout.Layout) {
+	eff := rc.effective()
+	if provided := eff.FTTForVoters(c.voters, c.tb); provided < eff.FTT {
+		eff.FTT = provided
+	}
+	return layout.Quorum(c.voters, eff), eff
+}
+
+// quorumDropDue: quorumAfterForceRemoval lowers q as soon as the transitions in flight
+// are Attaches and Detaches at most (they are the only ones an Attach may overlap).
+// Attaches wait for it (attachmentBlocked): the survivor of a lost voter may have no
+// quorum until q comes down, an Attach it cannot confirm would keep the q↓ from ever
+// starting, and one it can confirm may wait a few rounds.
+func (rc *reconcile) quorumDropDue() bool {
+	if rc.in.ChangeQuorum != nil || rc.in.RV.DeletionTimestamp != nil {
+		return false
+	}
+	if oq, _ := rc.override(); oq > 0 {
+		return false
+	}
+	for i := range rc.st.DatameshTransitions {
+		if rc.st.DatameshTransitions[i].Group != v1.GroupAttachment {
+			return false
+		}
+	}
+	want, _ := rc.quorumVotersGive(rc.counts())
+	return want < int(rc.st.Datamesh.Quorum)
 }
 
 // addsLanded: every replica that is not leaving is a member of the type it asks for and

@@ -23,6 +23,9 @@ const usage = `kubectl meshvol: meshvol's volumes and nodes as an operator sees 
 Usage:
   kubectl meshvol status (PVC|RV) [flags]   one volume: members, protection, transitions, why it is not Ready
   kubectl meshvol nodes [flags]             every node: agent liveness, pool capacity, replicas, attached volumes
+  kubectl meshvol drain NODE [flags]        take a node out of service: refused (naming the volumes) when a volume
+                                            would lose quorum or its guaranteed redundancy; returns once it may go down
+  kubectl meshvol uncordon NODE [flags]     bring it back: returns once every replica on it is in sync again
 
 Flags:
 `
@@ -38,6 +41,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		namespace  = fs.String("namespace", "", "the namespace of a PVC (default: the context's)")
 		meshvolNS  = fs.String("meshvol-namespace", v1.DefaultNamespace, "the namespace of meshvol's controller and agent Leases")
 		output     = fs.String("output", "", "output format: wide, yaml or json")
+		timeout    = fs.Duration("timeout", 10*time.Minute, "how long drain and uncordon follow the maintenance")
 	)
 	fs.StringVar(namespace, "n", "", "shorthand for --namespace")
 	fs.StringVar(output, "o", "", "shorthand for --output")
@@ -52,7 +56,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if len(pos) == 0 {
 		fs.Usage()
-		return errors.New("a command is required: status or nodes")
+		return errors.New("a command is required: status, nodes, drain or uncordon")
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = *kubeconfig
@@ -72,6 +76,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	r := Reader{Client: cl, Namespace: ns, MeshvolNamespace: *meshvolNS}
+	if pos[0] == "drain" || pos[0] == "uncordon" {
+		if len(pos) != 2 {
+			return fmt.Errorf("%s takes one argument: a node name", pos[0])
+		}
+		m := &Maintainer{Client: cl, Reader: r, Out: stdout, Timeout: *timeout}
+		if pos[0] == "drain" {
+			return m.Drain(ctx, pos[1])
+		}
+		return m.Uncordon(ctx, pos[1])
+	}
 	return r.Run(ctx, pos, out, stdout, time.Now())
 }
 
@@ -107,7 +121,7 @@ func (r Reader) Run(ctx context.Context, pos []string, out Output, stdout io.Wri
 		}
 		return RenderNodes(stdout, BuildNodes(o, now), out)
 	}
-	return fmt.Errorf("unknown command %q: status or nodes", pos[0])
+	return fmt.Errorf("unknown command %q: status, nodes, drain or uncordon", pos[0])
 }
 
 // parseInterspersed parses flags anywhere among the arguments, as kubectl does

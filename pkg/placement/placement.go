@@ -93,7 +93,10 @@ type Input struct {
 	// (spec.placementHints). Diskful replicas go to the preferred segments first, in
 	// order; with volumeAccess Local one of them must be in a requisite segment.
 	Requisite, Preferred []v1.TopologySegment
-	Nodes                []Node
+	// SeedNode, when set, must hold a Diskful replica: a restore's first replica starts
+	// from the snapshot's copy on that node (docs/snapshots.md, "Restore and clone").
+	SeedNode string
+	Nodes    []Node
 }
 
 // Choice is a node chosen for a new replica.
@@ -120,6 +123,7 @@ const (
 	ConstraintNodes           = "NotEnoughNodes"
 	ConstraintAccessNode      = "AccessNodeUnavailable"
 	ConstraintRequisite       = "RequisiteTopologyUnavailable"
+	ConstraintSeedNode        = "SourceNodeUnavailable"
 )
 
 // Place chooses nodes for in.Diskful Diskful and in.TieBreaker TieBreaker replicas,
@@ -141,6 +145,11 @@ func Place(in Input) ([]Choice, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if p.needSeed() {
+		return nil, &Error{Constraint: ConstraintSeedNode,
+			Message: "the volume starts from the copy of its data source on node " + in.SeedNode +
+				", which cannot take a Diskful replica in pool " + strconv.Quote(in.Config.StoragePool) + p.excluded()}
 	}
 	if p.needRequisite() {
 		var segs []string
@@ -189,6 +198,17 @@ func (p *placer) needRequisite() bool {
 		}
 	}
 	return true
+}
+
+// needSeed: a seed node is set and no Diskful replica of the volume (existing or placed
+// now) is on it yet.
+func (p *placer) needSeed() bool {
+	if p.in.SeedNode == "" || slices.Contains(p.placedD, p.in.SeedNode) {
+		return false
+	}
+	return !slices.ContainsFunc(p.in.Existing, func(r Replica) bool {
+		return !r.Deleting && r.Type == v1.ReplicaTypeDiskful && r.Node == p.in.SeedNode
+	})
 }
 
 func (p *placer) inRequisite(node, zone string) bool {
@@ -274,7 +294,14 @@ func (p *placer) wantsLocal() bool {
 // then the earliest preferred segment; then fewest replicas, most free, name.
 func (p *placer) better(diskful bool) func(a, b *Node) int {
 	needReq := diskful && p.needRequisite()
+	needSeed := diskful && p.needSeed()
 	return func(a, b *Node) int {
+		if needSeed && (a.Name == p.in.SeedNode) != (b.Name == p.in.SeedNode) {
+			if a.Name == p.in.SeedNode {
+				return -1
+			}
+			return 1
+		}
 		if needReq {
 			ra, rb := p.inRequisite(a.Name, a.Zone), p.inRequisite(b.Name, b.Zone)
 			if ra != rb {
@@ -405,6 +432,9 @@ func (p *placer) zoneOptions(zones []string) []zoneOption {
 			r := p.prefRank(n)
 			if p.needRequisite() && p.inRequisite(n.Name, n.Zone) {
 				r = -1
+			}
+			if p.needSeed() && n.Name == p.in.SeedNode {
+				r = -2
 			}
 			o.pref = min(o.pref, r)
 		}

@@ -45,7 +45,8 @@ type Provider interface {
 // copies of a volume (LVM thin). The CSI snapshot feature builds on it: a
 // crash-consistent snapshot across replicas is one Snapshot per diskful replica.
 //
-// Providers that are Snapshotters also honour CreateRequest.Source.
+// File pools also honour CreateRequest.Source; the LVM thin provider refuses it
+// (docs/snapshots.md, "Pools").
 type Snapshotter interface {
 	// CreateSnapshot snapshots the replica's volume; idempotent on req.Name.
 	CreateSnapshot(ctx context.Context, req SnapshotRequest) (Snapshot, error)

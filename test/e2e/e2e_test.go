@@ -15,7 +15,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
 	"flag"
 	"fmt"
 	"os"
@@ -29,9 +28,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/funcr"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -428,15 +425,18 @@ func TestReadWriteOnceRefusesASecondNode(t *testing.T) {
 	}
 }
 
-// TestExpansion: a pod's volume grows online through the CSI sockets
-// (external-resizer cannot be had here): ControllerExpandVolume returns
-// once every diskful replica has grown, with the new size and
-// node_expansion_required; NodeExpandVolume grows the mounted file system;
-// the pod, ControllerGetVolume and NodeGetVolumeStats see the new size.
-// Online ext4 growth needs CAP_SYS_RESOURCE (pkg/csi/expand.go): where the
-// node plugin lacks it, as on this machine, NodeExpandVolume must answer
-// FailedPrecondition saying so, the file system stays as it was, and it
-// grows once a new pod has the volume staged again.
+// TestExpansion: a pod's volume grows online as users grow it, by raising
+// the claim's request: kube-controller-manager hands the claim to the
+// CSI driver's resizer, the sandbox's resizer (external-resizer's part,
+// internal/sandbox/resizer.go) calls ControllerExpandVolume, which returns
+// once every diskful replica has grown, and marks the PV grown and the
+// claim NodeResizePending; the kubelet then calls NodeExpandVolume, which
+// grows the mounted file system, and marks the claim done. The pod,
+// ControllerGetVolume and NodeGetVolumeStats see the new size. Online ext4
+// growth needs CAP_SYS_RESOURCE (pkg/csi/expand.go): where the node plugin
+// lacks it, as on this machine, NodeExpandVolume answers FailedPrecondition
+// saying so (the kubelet's event on the pod), the file system stays as it
+// was, and it grows once a new pod has the volume staged again.
 func TestExpansion(t *testing.T) {
 	t.Run("xfs", func(t *testing.T) { expansion(t, "xfs", 320<<20, 400<<20) })
 	t.Run("ext4", func(t *testing.T) { expansion(t, "ext4", 64<<20, 96<<20) })
@@ -475,26 +475,23 @@ func expansion(t *testing.T, fs string, size, want int64) {
 		t.Fatalf("the PV's fsType is %q, want %s", pv.Spec.CSI.FSType, fs)
 	}
 	volID := pv.Spec.CSI.VolumeHandle
-	mountCap := &csipb.VolumeCapability{
-		AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: fs}},
-		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 
-	cc := csipb.NewControllerClient(csiConn(t, sb.ControllerSocket))
 	began := time.Now()
-	cres, err := cc.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{
-		VolumeId: volID, CapacityRange: &csipb.CapacityRange{RequiredBytes: want}, VolumeCapability: mountCap,
+	grown := pvc.DeepCopy()
+	grown.Spec.Resources.Requests[corev1.ResourceStorage] = *resource.NewQuantity(want, resource.BinarySI)
+	if err := sb.Client.Patch(ctx, grown, client.MergeFrom(pvc)); err != nil {
+		t.Fatal(err)
+	}
+	// The resizer's part: the PV grown once ControllerExpandVolume returned.
+	waitUntil(t, ctx, 2*time.Minute, "the PV of "+pvcName+" to grow to "+strconv.FormatInt(want, 10)+" bytes", func() (bool, string) {
+		if err := sb.Client.Get(ctx, client.ObjectKey{Name: pv.Name}, &pv); err != nil {
+			return false, err.Error()
+		}
+		c := pv.Spec.Capacity[corev1.ResourceStorage]
+		return c.Value() >= want, "capacity " + c.String() + "; claim: " + claimResize(ctx, pvcName)
 	})
-	if err != nil {
-		var rv v1.ReplicatedVolume
-		_ = sb.Client.Get(ctx, client.ObjectKey{Name: volID}, &rv)
-		t.Fatalf("ControllerExpandVolume: %v\nRV spec.size %s, status %+v", err, rv.Spec.Size.String(), rv.Status)
-	}
 	controllerTook := time.Since(began)
-	if cres.CapacityBytes < want || !cres.NodeExpansionRequired {
-		t.Fatalf("ControllerExpandVolume answered %d bytes, node expansion required %v; want ≥ %d and true", cres.CapacityBytes, cres.NodeExpansionRequired, want)
-	}
-	// Every diskful replica has grown when it returns.
+	// Every diskful replica has grown when ControllerExpandVolume returns.
 	var rv v1.ReplicatedVolume
 	if err := sb.Client.Get(ctx, client.ObjectKey{Name: volID}, &rv); err != nil {
 		t.Fatal(err)
@@ -512,6 +509,7 @@ func expansion(t *testing.T, fs string, size, want int64) {
 				m.Name, r.Status.DatameshRevision, rv.Status.DatameshRevision, b)
 		}
 	}
+	cc := csipb.NewControllerClient(csiConn(t, sb.ControllerSocket))
 	got, err := cc.ControllerGetVolume(ctx, &csipb.ControllerGetVolumeRequest{VolumeId: volID})
 	if err != nil {
 		t.Fatal(err)
@@ -520,29 +518,21 @@ func expansion(t *testing.T, fs string, size, want int64) {
 		t.Fatalf("ControllerGetVolume reports %d bytes after growing to %d", got.Volume.CapacityBytes, want)
 	}
 
-	node := sb.Kube.Node(p.Spec.NodeName)
-	// The paths as the kubelet passes them to the node plugin, on the node.
-	staging := filepath.Join(node.KubeletRootOnNode(), "plugins/kubernetes.io/csi", v1.CSIDriverName,
-		fmt.Sprintf("%x", sha256.Sum256([]byte(volID))), "globalmount")
-	target := filepath.Join(node.KubeletRootOnNode(), "pods", string(p.UID), "volumes/kubernetes.io~csi", pv.Name, "mount")
-	nc := csipb.NewNodeClient(csiConn(t, sb.NodeSocket(p.Spec.NodeName)))
-	began = time.Now()
-	nres, err := nc.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{
-		VolumeId: volID, VolumePath: target, StagingTargetPath: staging,
-		CapacityRange: &csipb.CapacityRange{RequiredBytes: want}, VolumeCapability: mountCap,
-	})
-	nodeTook := time.Since(began)
 	if fs == "ext4" && !hasCapSysResource(t) {
 		// The node plugin's pod lacks it where the machine (and so this
-		// test) does: no container has more than the machine gives.
-		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
-			t.Fatalf("NodeExpandVolume of a mounted ext4 without CAP_SYS_RESOURCE: %v; want FailedPrecondition naming it", err)
-		}
+		// test) does: no container has more than the machine gives. The
+		// kubelet's NodeExpandVolume is refused with FailedPrecondition,
+		// which the kubelet logs (no event: it retries once the volume is
+		// staged again).
+		var refused string
+		waitUntil(t, ctx, 2*time.Minute, "the kubelet's refused NodeExpandVolume on "+p.Spec.NodeName, func() (bool, string) {
+			refused = kubeletLogLine(p.Spec.NodeName, "CAP_SYS_RESOURCE")
+			return refused != "", "claim: " + claimResize(ctx, pvcName)
+		})
 		if after := dfBytes(t, ctx, podName); after != before {
 			t.Fatalf("the refused growth changed the pod's file system from %d to %d bytes", before, after)
 		}
-		t.Logf("ControllerExpandVolume %s; NodeExpandVolume refused in %s: %v", controllerTook.Round(time.Millisecond),
-			nodeTook.Round(time.Millisecond), err)
+		t.Logf("ControllerExpandVolume through the resizer in %s; the kubelet's NodeExpandVolume refused: %s", controllerTook.Round(time.Millisecond), refused)
 		// What the message promises: a new pod, the volume staged again, the
 		// file system grown (NodeStage grows the unmounted ext4).
 		began = time.Now()
@@ -555,21 +545,22 @@ func expansion(t *testing.T, fs string, size, want int64) {
 		if after < before+(want-size)*7/8 {
 			t.Fatalf("staged again after the refusal: the file system has %d bytes, had %d, the device grew by %d", after, before, want-size)
 		}
-		t.Logf("pod restarted on %s: file system %d → %d bytes, %s", p.Spec.NodeName, before, after, time.Since(began).Round(time.Millisecond))
+		waitClaimGrown(t, ctx, pvcName, want)
+		t.Logf("pod restarted on %s: file system %d → %d bytes, claim done, %s", p.Spec.NodeName, before, after, time.Since(began).Round(time.Millisecond))
 		return
 	}
-	if err != nil {
-		t.Fatalf("NodeExpandVolume: %v", err)
-	}
-	if nres.CapacityBytes < want {
-		t.Fatalf("NodeExpandVolume answered %d bytes, want ≥ %d", nres.CapacityBytes, want)
-	}
+	// The kubelet's part: NodeExpandVolume, then the claim done.
+	waitClaimGrown(t, ctx, pvcName, want)
+	nodeTook := time.Since(began) - controllerTook
 	after := dfBytes(t, ctx, podName)
 	// df leaves out what the file system keeps for itself (xfs's log, ext4's
 	// journal and tables): most of the bytes gained, not all.
 	if after < before+(want-size)*7/8 {
 		t.Fatalf("the pod's file system had %d bytes, has %d after expanding to %d", before, after, want)
 	}
+	node := sb.Kube.Node(p.Spec.NodeName)
+	target := filepath.Join(node.KubeletRootOnNode(), "pods", string(p.UID), "volumes/kubernetes.io~csi", pv.Name, "mount")
+	nc := csipb.NewNodeClient(csiConn(t, sb.NodeSocket(p.Spec.NodeName)))
 	stats, err := nc.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: volID, VolumePath: target})
 	if err != nil {
 		t.Fatal(err)
@@ -577,8 +568,69 @@ func expansion(t *testing.T, fs string, size, want int64) {
 	if total := stats.Usage[0].Total; total != after {
 		t.Fatalf("NodeGetVolumeStats reports %d bytes, the pod's df %d", total, after)
 	}
-	t.Logf("ControllerExpandVolume %s, NodeExpandVolume %s; file system in the pod: %d → %d bytes",
+	t.Logf("claim edited → PV grown (ControllerExpandVolume) in %s, → claim done (NodeExpandVolume by the kubelet) %s later; file system in the pod: %d → %d bytes",
 		controllerTook.Round(time.Millisecond), nodeTook.Round(time.Millisecond), before, after)
+}
+
+// waitClaimGrown waits until the kubelet marked the claim's resize done:
+// status.capacity at least want, no resize status or condition left.
+func waitClaimGrown(t *testing.T, ctx context.Context, pvcName string, want int64) {
+	t.Helper()
+	waitUntil(t, ctx, 2*time.Minute, "claim "+pvcName+" to be grown to "+strconv.FormatInt(want, 10)+" bytes", func() (bool, string) {
+		var pvc corev1.PersistentVolumeClaim
+		if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: pvcName}, &pvc); err != nil {
+			return false, err.Error()
+		}
+		c := pvc.Status.Capacity[corev1.ResourceStorage]
+		return c.Value() >= want && len(pvc.Status.AllocatedResourceStatuses) == 0 && len(pvc.Status.Conditions) == 0, claimResize(ctx, pvcName)
+	})
+}
+
+// claimResize describes a claim's resize state for a failure message.
+func claimResize(ctx context.Context, pvcName string) string {
+	var pvc corev1.PersistentVolumeClaim
+	if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: pvcName}, &pvc); err != nil {
+		return err.Error()
+	}
+	c := pvc.Status.Capacity[corev1.ResourceStorage]
+	var conds []string
+	for _, cd := range pvc.Status.Conditions {
+		conds = append(conds, string(cd.Type)+": "+cd.Message)
+	}
+	return fmt.Sprintf("capacity %s, allocated %v %v, conditions %v", c.String(), pvc.Status.AllocatedResources, pvc.Status.AllocatedResourceStatuses, conds)
+}
+
+// kubeletLogLine is the last line of a node's kubelet log that contains
+// text ("" when none does).
+func kubeletLogLine(node, text string) string {
+	b, err := os.ReadFile(filepath.Join(sb.Kube.Node(node).LogDir(), "kubelet.log"))
+	if err != nil {
+		return ""
+	}
+	found := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, text) {
+			found = l
+		}
+	}
+	return found
+}
+
+// waitUntil polls cond every half second until it holds, or fails the test
+// after d with what cond last said.
+func waitUntil(t *testing.T, ctx context.Context, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("waiting for %s: not after %s: %s", what, d, state)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // hasCapSysResource reports whether this process may grow a mounted ext4

@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -66,8 +67,8 @@ var valueSets = []struct {
 			if n := count(objs, "StorageClass"); n != 0 {
 				t.Errorf("default values render %d StorageClasses, want none", n)
 			}
-			if n := count(objs, "CustomResourceDefinition"); n != 6 {
-				t.Errorf("%d CRDs rendered, want meshvol's 6", n)
+			if n := count(objs, "CustomResourceDefinition"); n != 7 {
+				t.Errorf("%d CRDs rendered, want meshvol's 7", n)
 			}
 		},
 	},
@@ -200,12 +201,30 @@ node:
 		name: "monitoring-on",
 		values: `monitoring:
   serviceMonitor: {enabled: true, interval: 15s, labels: {release: prometheus}}
+  prometheusRule: {enabled: true, labels: {release: prometheus}}
   grafanaDashboard: {enabled: true}
 `,
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			sm := find(t, objs, "ServiceMonitor", "meshvol")
 			if sm.GetLabels()["release"] != "prometheus" {
 				t.Error("ServiceMonitor labels not rendered")
+			}
+			pr := find(t, objs, "PrometheusRule", "meshvol")
+			groups, _, _ := unstructured.NestedSlice(pr.Object, "spec", "groups")
+			alerts := 0
+			for _, g := range groups {
+				rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+				for _, r := range rules {
+					expr, _, _ := unstructured.NestedString(r.(map[string]any), "expr")
+					alert, _, _ := unstructured.NestedString(r.(map[string]any), "alert")
+					if alert == "" || !strings.Contains(expr, "meshvol_") && !strings.Contains(expr, "controller_runtime_") {
+						t.Errorf("PrometheusRule rule %q with expression %q", alert, expr)
+					}
+					alerts++
+				}
+			}
+			if alerts < 10 || pr.GetLabels()["release"] != "prometheus" {
+				t.Errorf("PrometheusRule: %d alerts rendered, labels %v", alerts, pr.GetLabels())
 			}
 			cm := find(t, objs, "ConfigMap", "meshvol-dashboard")
 			if v, _, _ := unstructured.NestedString(cm.Object, "data", "meshvol.json"); !strings.Contains(v, "controller_runtime_reconcile_total") {
@@ -232,6 +251,13 @@ func TestValueSets(t *testing.T) {
 				}
 				err := env.Client.Patch(ctx(t), o, client.Apply, client.DryRunAll,
 					client.FieldOwner("helm-dry-run"), client.ForceOwnership)
+				if o.GetKind() == "PrometheusRule" && meta.IsNoMatchError(err) {
+					// bin/k8s/monitoring-crds has only the ServiceMonitor CRD until
+					// `make k8s` copies the PrometheusRule one (hack/build-k8s.sh); the
+					// rules themselves are checked by promtool (test/monitoring).
+					t.Logf("PrometheusRule %s not checked by the apiserver: its CRD is not installed", o.GetName())
+					continue
+				}
 				if err != nil {
 					t.Errorf("the apiserver refused %s %s: %v", o.GetKind(), o.GetName(), err)
 				}

@@ -97,6 +97,10 @@ var rbacMatrix = map[string][]access{
 		allow("patch", "", "nodes", "", ""), // the taints of a lost node (controller.deleteLostPods)
 		deny("update", meshvolGroup, "replicatedstorageclasses", "", ""),
 		deny("delete", meshvolGroup, "replicatedstoragepools", "", ""),
+		allow("watch", meshvolGroup, "replicatednodemaintenances", "", ""),
+		allow("patch", meshvolGroup, "replicatednodemaintenances", "status", ""),
+		deny("create", meshvolGroup, "replicatednodemaintenances", "", ""), // a person's (kubectl meshvol drain)
+		deny("patch", meshvolGroup, "replicatednodemaintenances", "", ""),
 		deny("create", "coordination.k8s.io", "leases", "", other),
 		deny("create", "storage.k8s.io", "csistoragecapacities", "", other),
 	},

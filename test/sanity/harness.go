@@ -77,14 +77,13 @@ const (
 )
 
 // AllowedSkip says whether a spec that skipped with reason tests only something meshvol
-// does not advertise: snapshots, clones, group snapshots, volume modification, the
+// does not advertise: GetSnapshot and group snapshots, volume modification, the
 // volume health RPCs, or a per-node volume limit (NodeGetInfo's max_volumes_per_node
 // is 0: meshvol sets none). These are the reasons csi-test v5.4.0 and v5.6.0 give for
 // exactly those cases; any other skip hides a spec meshvol should pass.
 func AllowedSkip(reason string) bool {
 	switch strings.ToLower(strings.TrimSpace(reason)) {
-	case "snapshot not supported", "createsnapshot not supported", "deletesnapshot not supported",
-		"listsnapshots not supported", "getsnapshot not supported", "volume cloning not supported",
+	case "getsnapshot not supported",
 		"modify volume not supported", "controllermodifyvolume not supported",
 		"groupcontrollerservice not supported",
 		"controllergetvolumehealth not supported", "controllerlistvolumehealth not supported",
@@ -336,6 +335,13 @@ func (h *Harness) Leftovers(ctx context.Context) ([]string, error) {
 	}
 	for _, a := range rvas.Items {
 		out = append(out, "ReplicatedVolumeAttachment "+a.Name)
+	}
+	var snaps v1.ReplicatedVolumeSnapshotList
+	if err := h.Cluster.Client.List(ctx, &snaps); err != nil {
+		return nil, err
+	}
+	for _, s := range snaps.Items {
+		out = append(out, "ReplicatedVolumeSnapshot "+s.Name)
 	}
 	return out, nil
 }

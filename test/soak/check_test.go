@@ -70,7 +70,7 @@ func (w *world) checkKernels(name string) {
 func (w *world) heal() {
 	w.step("heal: every fault ends")
 	w.c.Heal()
-	w.partitioned = nil
+	w.partitioned, w.slowLinks = nil, false
 	for _, n := range w.nodeNames() {
 		switch {
 		case w.crashed[n]:
@@ -373,6 +373,7 @@ func (w *world) dump() string {
 				}
 			}
 			b.WriteString("\n")
+			fmt.Fprintf(&b, "      %s\n", n.Sim.QuorumView(name))
 		}
 	}
 	return b.String()

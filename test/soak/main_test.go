@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -86,6 +87,7 @@ func TestMain(m *testing.M) {
 	// controller-runtime takes the first logger it is given, for good: give it one
 	// that writes to the running seed's log (the controller logs through it).
 	ctrllog.SetLogger(logr.New(seedSink{}))
+	klog.SetLogger(logr.New(seedSink{})) // client-go's leader election logs through klog
 	flag.Parse()
 	os.Exit(m.Run())
 }

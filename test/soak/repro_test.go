@@ -36,7 +36,11 @@ func TestAttachMovesToSurvivorAfterVoterLoss(t *testing.T) {
 	needs(t)
 	t.Parallel()
 	if os.Getenv("MESHVOL_SOAK_KNOWN") == "" {
-		t.Skip("known deadlock, reported and not fixed yet (docs/soak.md, Findings): set MESHVOL_SOAK_KNOWN=1 to run it")
+		// The engine's part is fixed and shown by the datamesh scenario
+		// attach_survivor_no_quorum.txt; on the whole system this reproduction has
+		// not passed yet (docs/soak.md: the survivor once did not count its
+		// replacement, and a machine at load 50-85 lost every agent at once).
+		t.Skip("not yet shown to pass on the whole system (docs/soak.md, Findings): set MESHVOL_SOAK_KNOWN=1 to run it")
 	}
 	w := startRepro(t)
 	c, ctx := w.c, w.ctx
@@ -63,8 +67,11 @@ func TestAttachMovesToSurvivorAfterVoterLoss(t *testing.T) {
 		}
 	}
 	w.attachOn(v, spare)
+	if v.sess == nil { // a loaded machine: give the Access member time to join
+		w.step("settle: %s", w.activate(v, 2*time.Minute))
+	}
 	if v.sess == nil {
-		t.Fatalf("not attached on %s: %s", spare, w.history[len(w.history)-1])
+		w.fail("not attached on %s", spare)
 	}
 	lost, survivor := diskful[0], diskful[1]
 	w.deactivate(v)
@@ -77,7 +84,7 @@ func TestAttachMovesToSurvivorAfterVoterLoss(t *testing.T) {
 	v.node = survivor
 	w.attachOn(v, survivor)
 	if v.sess == nil {
-		w.step("settle: %s", w.activate(v, 90*time.Second))
+		w.step("settle: %s", w.activate(v, 3*time.Minute))
 	}
 	if v.sess == nil {
 		w.fail("the attachment did not move to the surviving Diskful %s after %s was lost", survivor, lost)
@@ -97,12 +104,19 @@ func TestAttachMovesToSurvivorAfterVoterLoss(t *testing.T) {
 	}
 }
 
+// reproGracePeriod is how long a reproduction's agents may miss their Lease before
+// their node is lost: long enough that a loaded machine (the campaign saw load averages
+// of 80 on two cores) does not declare every node lost at once, which no reproduction
+// is about (docs/soak.md, "Every node declared lost at once").
+const reproGracePeriod = 15 * time.Second
+
 // startRepro starts a fresh four-node cluster for a reproduction.
 func startRepro(t *testing.T) *world {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	c, err := localcluster.Start(ctx, localcluster.Options{Nodes: 4, NamePrefix: "repro", LoopDevices: true,
-		Controller: localcluster.Controller(controller.Options{AgentGracePeriod: 3 * time.Second})})
+	log := openSeedLog(t, t.Name()+".log")
+	c, err := localcluster.Start(ctx, localcluster.Options{Nodes: 4, NamePrefix: "repro", LoopDevices: true, Log: log,
+		Controller: localcluster.Controller(controller.Options{AgentGracePeriod: reproGracePeriod})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,13 @@ const (
 	// attachWait bounds how long a step waits for an attachment; one that takes
 	// longer stays requested and a later "settle" step mounts it.
 	attachWait = 20 * time.Second
+	// leaseDuration is the controllers' leader-election Lease: controller-runtime's
+	// default, as `meshvol controller --leader-elect` runs, so a killed leader's
+	// successor takes over as late as in production.
+	leaseDuration = 15 * time.Second
+	// maxLinkDelay bounds a slow link's one-way delay: below DRBD's default ping
+	// timeout (0.5 s), so the link slows writes without dropping the connection.
+	maxLinkDelay = 400 * time.Millisecond
 )
 
 // layout is a protection a Manual volume can ask for.
@@ -81,6 +88,7 @@ type world struct {
 	crashed      map[string]bool
 	agentStopped map[string]bool
 	partitioned  []string
+	slowLinks    bool
 	failedDisks  map[string]bool // volume/node
 
 	history []string
@@ -108,29 +116,38 @@ func (w *world) fail(format string, args ...any) {
 		w.t.Name(), fmt.Sprintf(format, args...), w.replay(), strings.Join(w.history, "\n  "), w.dump())
 }
 
+// openSeedLog returns the logger of the controller and the agents: a file called name
+// in -soak.logdir, closed when t ends, or none without that flag. It becomes the
+// running seed's log (seedLog), which controller-runtime's lines go to.
+func openSeedLog(t *testing.T, name string) logr.Logger {
+	if *flagLogDir == "" {
+		return logr.Discard()
+	}
+	f, err := os.Create(filepath.Join(*flagLogDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	var mu sync.Mutex
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		fmt.Fprintln(f, time.Now().Format("15:04:05.000"), prefix, args)
+		mu.Unlock()
+	}, funcr.Options{Verbosity: 1})
+	seedLog.Store(&log)
+	return log
+}
+
 // runSeed runs one seed for d and adds its figures to total, whether it passes or not.
 func runSeed(t *testing.T, seed uint64, d time.Duration, total *stats) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	log := logr.Discard()
+	log := openSeedLog(t, fmt.Sprintf("soak-seed-%d.log", seed))
 	defer seedLog.Store(nil)
-	if *flagLogDir != "" {
-		f, err := os.Create(filepath.Join(*flagLogDir, fmt.Sprintf("soak-seed-%d.log", seed)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		var mu sync.Mutex
-		log = funcr.New(func(prefix, args string) {
-			mu.Lock()
-			fmt.Fprintln(f, time.Now().Format("15:04:05.000"), prefix, args)
-			mu.Unlock()
-		}, funcr.Options{Verbosity: 1})
-		seedLog.Store(&log)
-	}
 	c, err := localcluster.Start(ctx, localcluster.Options{
 		Nodes: nodeCount, NamePrefix: fmt.Sprintf("s%d", seed), LoopDevices: true, Log: log,
-		Controller: localcluster.Controller(controller.Options{AgentGracePeriod: 3 * time.Second}),
+		Controller:         localcluster.ElectedController(controller.Options{AgentGracePeriod: 3 * time.Second}, leaseDuration),
+		ControllerReplicas: 2,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -199,10 +216,16 @@ func (w *world) randomStep() {
 		w.healNet()
 	case k < 88:
 		w.stopAgent()
-	case k < 91:
+	case k < 90:
 		w.restartAgent()
-	case k < 95:
+	case k < 92:
 		w.restartController()
+	case k < 94:
+		w.killLeader()
+	case k < 96:
+		w.slowLink()
+	case k < 97:
+		w.restartAPIServer()
 	default:
 		w.failDisk()
 	}
@@ -318,8 +341,8 @@ func (w *world) activate(v *vol, d time.Duration) string {
 	}
 	dev := rva.Status.DevicePath
 	if !v.formatted {
-		if out, err := exec.Command("mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev).CombinedOutput(); err != nil {
-			return fmt.Sprintf("mkfs failed (%v: %s)", err, strings.TrimSpace(string(out)))
+		if out, err := runFor(2*time.Minute, "mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev); err != nil {
+			return fmt.Sprintf("mkfs failed (%v: %s)", err, out)
 		}
 		v.formatted = true
 	}
@@ -540,6 +563,7 @@ func (w *world) deleteOne() {
 // settle mounts the attachments that completed after their step gave up waiting, and
 // restarts the sessions whose writer stopped (its node crashed, its disk failed).
 func (w *world) settle() {
+	w.c.StartController() // one that exited (its Lease lost under load) comes back
 	for _, v := range w.vols {
 		if v.sess != nil && v.sess.w.exited() {
 			node := v.sess.node
@@ -617,11 +641,11 @@ func (w *world) partition() {
 }
 
 func (w *world) healNet() {
-	if len(w.partitioned) == 0 {
+	if len(w.partitioned) == 0 && !w.slowLinks {
 		return
 	}
 	w.c.Heal()
-	w.partitioned = nil
+	w.partitioned, w.slowLinks = nil, false
 	w.stats.count("fault heal")
 	w.step("heal the network")
 }
@@ -672,6 +696,38 @@ func (w *world) restartController() {
 	w.step("restart the controller")
 }
 
+// killLeader crashes the controller that leads; the other one takes over once the
+// leader's Lease expires, and a new standby starts in the dead one's place.
+func (w *world) killLeader() {
+	err := w.c.KillLeader()
+	w.stats.count("fault leader-kill")
+	w.step("kill the leading controller (%v)", err)
+}
+
+// slowLink slows the link between two nodes: every write replicated over it is
+// acknowledged up to maxLinkDelay later. Healing the network makes it fast again.
+func (w *world) slowLink() {
+	names := w.nodeNames()
+	w.rnd.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
+	d := time.Duration(50+w.pick(int(maxLinkDelay/time.Millisecond)-50)) * time.Millisecond
+	w.c.Sim.SetLinkDelay(names[0], names[1], d)
+	w.slowLinks = true
+	w.stats.count("fault slow-link")
+	w.step("slow link %s–%s: %s", names[0], names[1], d)
+}
+
+// restartAPIServer stops the kube-apiserver for up to 3 s and starts it again over the
+// same etcd: every watch of the controllers and agents breaks and must resume.
+func (w *world) restartAPIServer() {
+	down := time.Duration(w.pick(3000)) * time.Millisecond
+	err := w.c.Env.RestartAPIServer(down)
+	w.stats.count("fault apiserver-restart")
+	w.step("restart the apiserver (down %s): %v", down, err)
+	if err != nil {
+		w.fail("the apiserver did not come back: %v", err)
+	}
+}
+
 func (w *world) failDisk() {
 	if len(w.vols) == 0 || len(w.failedDisks) > 0 {
 		return // one failed disk per seed at a time
@@ -706,10 +762,26 @@ func (w *world) role(volume, node string) string {
 	return st[0].Role
 }
 
-// runFor runs a command with a deadline and returns its combined output.
+// runFor runs a command with a deadline and returns its combined output. A command
+// still running at the deadline is killed and left behind: one blocked in the kernel
+// on a device whose IO is suspended (D state) cannot die until the IO completes, and
+// waiting for it would hold the whole seed up.
 func runFor(d time.Duration, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	var out strings.Builder
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return strings.TrimSpace(out.String()), err
+	case <-t.C:
+		_ = cmd.Process.Kill()
+		return "", fmt.Errorf("%s did not finish within %s (killed, left behind if blocked in the kernel)", name, d)
+	}
 }

@@ -70,6 +70,8 @@ type Cluster struct {
 
 	nodes map[string]*Node
 	cut   map[link]bool
+	// delay is the one-way latency of a slow link (SetLinkDelay).
+	delay map[link]time.Duration
 	// acked remembers, per resource, the content hash of every block whose
 	// write was acknowledged to a writer: the promise DRBD makes.
 	acked map[string]map[int64]uint64
@@ -118,6 +120,7 @@ func NewCluster(opts Options) *Cluster {
 		rng:   rand.New(rand.NewPCG(opts.Seed, 0x6d657368766f6c)),
 		nodes: map[string]*Node{},
 		cut:   map[link]bool{},
+		delay: map[link]time.Duration{},
 		acked: map[string]map[int64]uint64{},
 		wakes: map[string]time.Time{},
 	}
@@ -238,12 +241,43 @@ func (c *Cluster) Connect(a, b string) {
 	c.settle()
 }
 
-// Heal restores every link.
+// Heal restores every link, and the full speed of every slow one.
 func (c *Cluster) Heal() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.cut)
+	clear(c.delay)
 	c.settle()
+}
+
+// SetLinkDelay makes the link between a and b slow: every write-path request (a
+// write, a zero-out, a flush) that a Primary replicates over it is acknowledged d
+// later, as protocol C acknowledges a write only once every connected peer has it
+// (docs/soak.md, "slow link"). d of 0 makes the link fast again. A delay shorter than
+// DRBD's ping timeout leaves the connection up; a cut is Cut's business.
+func (c *Cluster) SetLinkDelay(a, b string, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d <= 0 {
+		delete(c.delay, mkLink(a, b))
+		return
+	}
+	c.delay[mkLink(a, b)] = d
+}
+
+// replicationDelay is how much later than its local completion r's write is
+// acknowledged: the slowest link to a peer the write reached.
+func (c *Cluster) replicationDelay(r *resource) time.Duration {
+	var d time.Duration
+	if len(c.delay) == 0 {
+		return 0
+	}
+	for _, h := range c.holders(r) {
+		if h != r {
+			d = max(d, c.delay[mkLink(r.n.name, h.n.name)])
+		}
+	}
+	return d
 }
 
 func (c *Cluster) linked(a, b string) bool { return !c.cut[mkLink(a, b)] }

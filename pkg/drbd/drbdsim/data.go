@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -61,7 +62,7 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 		why := "suspended by suspend-io"
 		if !r.suspendedUser {
 			if r.cfg.Options.Resource.Quorum == drbd.QuorumOff || r.quorate {
-				return do(r)
+				return c.delayedAck(ctx, r, do(r))
 			}
 			if r.cfg.Options.Resource.OnNoQuorum != drbd.OnNoQuorumSuspendIO {
 				return ioErr(op, name, off, "no quorum (on-no-quorum io-error)")
@@ -86,6 +87,26 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 		}
 		c.cond.Wait()
 	}
+}
+
+// delayedAck returns err, a completed request's outcome, once the slowest link the
+// request crossed has carried its acknowledgment back (Cluster.SetLinkDelay): the
+// replicas have the change already, the writer hears of it later. c.mu is released
+// meanwhile, so the rest of the cluster runs on.
+func (c *Cluster) delayedAck(ctx context.Context, r *resource, err error) error {
+	d := c.replicationDelay(r)
+	if err != nil || d <= 0 {
+		return err
+	}
+	c.mu.Unlock()
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	c.mu.Lock()
+	return nil
 }
 
 // holders are the replicas a write of r reaches: the local disk if

@@ -2,6 +2,7 @@ package drbdsim
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/meshvol/meshvol/pkg/drbd"
@@ -630,6 +631,29 @@ func (c *Cluster) finishSync(src *resource, ks *conn, dst *resource, kd *conn) {
 func (c *Cluster) computeQuorum(r *resource) quorum.Result {
 	in := c.quorumInput(r)
 	return quorum.Compute(&in)
+}
+
+// QuorumView explains the node's quorum for resource name as DRBD would compute it
+// now (its configured peers as it counts them, and the verdict), for a test's report
+// of a failure; "" when the resource does not run there.
+func (n *Node) QuorumView(name string) string {
+	c := n.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := n.res[name]
+	if r == nil || n.crashed {
+		return ""
+	}
+	in := c.quorumInput(r)
+	res := quorum.Compute(&in)
+	var b strings.Builder
+	fmt.Fprintf(&b, "quorum %s qmr %s self %s, displayed %v, now %v (%s); peers:", in.Quorum, in.MinRedundancy, in.Self, r.quorate, res.Quorate, res.Reason())
+	for i, p := range r.cfg.Peers {
+		q := in.Peers[i]
+		fmt.Fprintf(&b, " %s#%d{connected %v diskless %v disk %s outdated %v left %v excluded %v quorate %v}",
+			p.Name, p.NodeID, q.Connected, q.Diskless, q.Disk, q.Outdated, q.LeftMembers, q.Excluded, q.Quorate)
+	}
+	return b.String()
 }
 
 // quorumView is a fingerprint of everything r's quorum depends on except

@@ -93,6 +93,9 @@ func (p *Pool) CreateSnapshot(ctx context.Context, req storage.SnapshotRequest) 
 	if _, err := p.ownedFile(op, req.Replica); err != nil {
 		return storage.Snapshot{}, err
 	}
+	if err := p.flushLoop(req.Replica); err != nil {
+		return storage.Snapshot{}, p.err(op, req.Name, nil, "flushing the volume's loop device", err)
+	}
 	marks := map[string]string{snapshotXattr: req.Name, originXattr: req.Replica}
 	size, err := p.copyInto(op, req.Name, p.path(req.Replica), p.snapshotPath(req.Name), marks, -1, -1)
 	if err != nil {
@@ -147,6 +150,22 @@ func (p *Pool) ListSnapshots(ctx context.Context, replica string) ([]storage.Sna
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// flushLoop writes out what a writer of the replica's loop device left in the device's
+// page cache (a process writing the block device rather than submitting bios, as the
+// DRBD simulator does), so that the file holds every completed write. Callers hold p.mu.
+func (p *Pool) flushLoop(replica string) error {
+	d, found, err := p.device(replica)
+	if err != nil || !found {
+		return err
+	}
+	f, err := os.Open(d.path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // createFrom makes a replica's file from a snapshot: the snapshot's first

@@ -511,3 +511,15 @@ func TestCommandTimeout(t *testing.T) {
 		t.Fatalf("timeout does not name the command: %v", err)
 	}
 }
+
+// A restore into a thin pool is refused before lvm2 runs (the replay has no
+// step: any command would fail the test), never answered with an empty volume.
+func TestThinCreateFromSnapshotRefused(t *testing.T) {
+	p := newThin(t)
+	_, err := p.Create(context.Background(), storage.CreateRequest{Replica: "pvc-a-node-1", SizeBytes: 1 << 30,
+		Source: &storage.Source{Snapshot: "snap-1", DataBytes: 1 << 30}})
+	wantKind(t, err, storage.ErrFailedPrecondition)
+	if !strings.Contains(err.Error(), "snap-1") {
+		t.Fatalf("error %q does not name the snapshot", err)
+	}
+}

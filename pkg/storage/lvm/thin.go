@@ -51,6 +51,12 @@ func NewThin(vg, pool string, opts Options) (*Thin, error) {
 // (25b). lvm2 warns on stderr when the pool is overcommitted (25); that is a
 // warning, not a failure, and capacity planning is the controller's job.
 func (t *Thin) Create(ctx context.Context, req storage.CreateRequest) (storage.Volume, error) {
+	if req.Source != nil {
+		// An empty volume in its place would be made UpToDate by the restore's
+		// forced promotion: refuse rather than hand out zeros as the data.
+		return storage.Volume{}, &storage.Error{Op: "create", Pool: t.poolName(), Name: req.Replica, Kind: storage.ErrFailedPrecondition,
+			Detail: fmt.Sprintf("creating a volume from snapshot %q is not built for LVM thin pools (docs/snapshots.md, \"Pools\")", req.Source.Snapshot)}
+	}
 	return t.create(ctx, req, []string{"-y", "-V", sizeArg(req.SizeBytes), "-T", t.vg + "/" + t.pool, "-n", req.Replica, "--addtag", ownerTag(req.Replica)})
 }
 

@@ -173,9 +173,9 @@ func main() {
 }
 
 func summary(r Result) string {
-	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, %.1f writes/volume (controller %.1f, agents %.1f; agree %v), delete %.1f s %.1f writes/volume, idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
+	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, %.1f writes/volume (controller %.1f, agents %.1f; counters agree over the run: %v), delete %.1f s %.1f writes/volume, idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
 		r.Label, r.Class, r.N, r.Ready, r.ReadySeconds, r.P95, r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume,
-		r.Formation.Agree, r.DeleteSeconds, r.Delete.PerVolume, r.IdleCPU.Controller, r.IdleCPU.Agents, r.Memory.ControllerRSS>>20, r.Memory.AgentsRSS>>20)
+		r.Whole.Agree, r.DeleteSeconds, r.Delete.PerVolume, r.IdleCPU.Controller, r.IdleCPU.Agents, r.Memory.ControllerRSS>>20, r.Memory.AgentsRSS>>20)
 	if r.Error != "" {
 		s += "; " + r.Error
 	}

@@ -66,6 +66,12 @@ var wantColumns = map[string][]column{
 		{"Type", "string", ".spec.type", 0},
 		{"Age", "date", ".metadata.creationTimestamp", 0},
 	},
+	"replicatednodemaintenances": {
+		{"Node", "string", ".spec.nodeName", 0},
+		{"Phase", "string", ".status.phase", 0},
+		{"Message", "string", ".status.message", 1},
+		{"Age", "date", ".metadata.creationTimestamp", 0},
+	},
 }
 
 // TestPrinterColumnsInCRDs reads each installed CRD back from the apiserver and checks
@@ -73,7 +79,7 @@ var wantColumns = map[string][]column{
 func TestPrinterColumnsInCRDs(t *testing.T) {
 	shortNames := map[string]string{
 		"replicatedvolumes": "rv", "replicatedvolumereplicas": "rvr", "replicatedvolumeattachments": "rva",
-		"replicatedstorageclasses": "rsc", "replicatedstoragepools": "rsp",
+		"replicatedstorageclasses": "rsc", "replicatedstoragepools": "rsp", "replicatednodemaintenances": "rnm",
 	}
 	for plural, want := range wantColumns {
 		t.Run(plural, func(t *testing.T) {

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,7 +11,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,9 +29,12 @@ import (
 // plugin runs (a kubeconfig file, a context), on a formed 2D+1TB volume whose
 // non-attached Diskful node crashed with no node left to replace it: the output
 // names the volume Degraded, its effective protection below the configured one,
-// the lost node's agent Lost, and the member left UpToDate.
+// the lost node's agent Lost, and the member left UpToDate. The metrics are
+// scraped all along, and every metric the chart's alerts and dashboard use must
+// have been exported (monitoring_test.go).
 func TestPluginShowsDegraded2D1TB(t *testing.T) {
 	r := newRig(t)
+	scraped := r.scraper()
 	const vol = "plugin-2d1tb"
 	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
 	rv := r.ready(vol, 2*time.Minute)
@@ -41,6 +49,7 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 	attached, lost := diskful[0], diskful[1]
 	r.attach(vol, attached)
 	kubeconfig := r.kubeconfig()
+	claim := r.claim(vol)
 
 	ready := r.plugin(kubeconfig, "status", vol)
 	for _, want := range []string{"ReplicatedVolume " + vol, "Phase:      Ready", "configured 2D+1TB (FTT=1 GMDR=0), effective 2D+1TB (FTT=1 GMDR=0), 2/2 Diskful UpToDate\n", "Diskful,attached"} {
@@ -96,8 +105,11 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 	}
 	r.agentMetrics(vol, attached, lost)
 	r.controllerMetrics(vol, lost)
+	r.claimEvents(claim, corev1.EventTypeWarning, "VolumeDegraded", "meshvol volume "+vol+" is Degraded: 1/2 Diskful UpToDate (layout 2D+1TB)")
 	r.detach(vol, attached)
 	r.must(r.c.RestartNode(lost))
+	r.ready(vol, 2*time.Minute)
+	r.checkMonitored(scraped())
 	r.deleteVolume(vol)
 }
 
@@ -209,6 +221,62 @@ func (r *rig) scrape(prefix string) (map[string]float64, []string) {
 		}
 	}
 	return series, names
+}
+
+// claim creates what the external-provisioner leaves for a provisioned volume: a PV
+// named after the CreateVolume name (the volume's), bound to a claim.
+func (r *rig) claim(vol string) *corev1.PersistentVolumeClaim {
+	r.t.Helper()
+	const ns = "claims"
+	if err := r.cl.Create(r.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		r.t.Fatal(err)
+	}
+	size := resource.MustParse("64Mi")
+	empty := ""
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "claim-" + vol, Namespace: ns}, Spec: corev1.PersistentVolumeClaimSpec{
+		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: &empty, VolumeName: vol,
+		Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+	}}
+	r.must(r.cl.Create(r.ctx, pvc))
+	r.t.Cleanup(func() { r.remove(pvc) })
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: vol}, Spec: corev1.PersistentVolumeSpec{
+		Capacity:                      corev1.ResourceList{corev1.ResourceStorage: size},
+		AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+		PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+		ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: ns, Name: pvc.Name, UID: pvc.UID},
+		PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: v1.CSIDriverName, VolumeHandle: vol}},
+	}}
+	r.must(r.cl.Create(r.ctx, pv))
+	r.t.Cleanup(func() { r.remove(pv) })
+	return pvc
+}
+
+// claimEvents checks what `kubectl describe pvc` lists: the events whose
+// involved object is the claim: the volume's phase change to the wanted reason
+// is there with the Ready condition's message.
+func (r *rig) claimEvents(pvc *corev1.PersistentVolumeClaim, typ, reason, msg string) {
+	r.t.Helper()
+	var list corev1.EventList
+	r.eventually("event "+reason+" on claim "+pvc.Name, 30*time.Second, func() string {
+		r.must(r.cl.List(r.ctx, &list, client.InNamespace(pvc.Namespace)))
+		for _, e := range list.Items {
+			if e.InvolvedObject.UID == pvc.UID && e.Reason == reason {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%d events in %s, none %s on the claim", len(list.Items), pvc.Namespace, reason)
+	})
+	var mine []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.UID != pvc.UID {
+			continue
+		}
+		mine = append(mine, e.Type+" "+e.Reason+": "+e.Message)
+		if e.Reason == reason && (e.Type != typ || !strings.HasPrefix(e.Message, msg)) {
+			r.t.Errorf("claim event %s: %s %q, want %s starting %q", reason, e.Type, e.Message, typ, msg)
+		}
+	}
+	r.t.Logf("events of claim %s/%s:\n%s", pvc.Namespace, pvc.Name, strings.Join(mine, "\n"))
 }
 
 // pluginConfig is a kubeconfig file for the plugin and the context in it that

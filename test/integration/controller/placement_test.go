@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
@@ -209,11 +210,17 @@ func TestPoolStatus(t *testing.T) {
 		}
 		return ok && strings.HasPrefix(cond(p.Status.Conditions, v1.ConditionReady), "True"), fmt.Sprintf("%+v", p.Status)
 	})
+	// The cluster's renewer updates the same Leases every few hundred milliseconds, so an
+	// update here may meet a newer resourceVersion: read again and retry, as an agent does.
 	setFree := func(node string, free int64) {
-		l := &coordinationv1.Lease{}
-		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}, l))
-		l.Annotations[v1.AnnotationPoolCapacityPrefix+cl.pool] = v1.PoolCapacity{Total: 1000 << 30, Free: free}.String()
-		must(t, cl.c.Update(cl.ctx, l))
+		must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			l := &coordinationv1.Lease{}
+			if err := cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}, l); err != nil {
+				return err
+			}
+			l.Annotations[v1.AnnotationPoolCapacityPrefix+cl.pool] = v1.PoolCapacity{Total: 1000 << 30, Free: free}.String()
+			return cl.c.Update(cl.ctx, l)
+		}))
 	}
 	mark := cl.writes.mark()
 	setFree("a", 100<<30-512<<20) // 512Mi less: below 1 GiB (1 % of 1000Gi is 10Gi)

@@ -32,6 +32,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&ReplicatedStorageClass{}, &ReplicatedStorageClassList{},
 		&ReplicatedStoragePool{}, &ReplicatedStoragePoolList{},
 		&ReplicatedVolumeSnapshot{}, &ReplicatedVolumeSnapshotList{},
+		&ReplicatedNodeMaintenance{}, &ReplicatedNodeMaintenanceList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

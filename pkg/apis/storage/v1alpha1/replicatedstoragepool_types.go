@@ -12,7 +12,7 @@ type PoolType string
 const (
 	// PoolTypeLVM: thick logical volumes in a volume group.
 	PoolTypeLVM PoolType = "LVM"
-	// PoolTypeLVMThin: thin volumes in a thin pool; supports snapshots.
+	// PoolTypeLVMThin: thin volumes in a thin pool.
 	PoolTypeLVMThin PoolType = "LVMThin"
 	// PoolTypeFile: sparse files on loop devices, for development and the sandbox.
 	PoolTypeFile PoolType = "File"

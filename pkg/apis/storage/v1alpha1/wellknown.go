@@ -219,6 +219,10 @@ const (
 	ReasonPrimary       = "Primary"
 	ReasonSecondary     = "Secondary"
 	ReasonPromoteFailed = "PromoteFailed"
+	// ReasonPromoteNoQuorum: DRBD refused the promotion because the replica has no
+	// quorum (state change error -25). The engine withdraws such an Attach
+	// (docs/datamesh.md, "An Attach its member cannot promote").
+	ReasonPromoteNoQuorum = "PromoteNoQuorum"
 	// ReasonDemoteRefused: the device is held open (mounted); the agent retries
 	// and never forces a demotion.
 	ReasonDemoteRefused = "DemoteRefused"

@@ -1,0 +1,389 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/meshvol/meshvol/pkg/agentlease"
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/drbd/quorum"
+)
+
+// Node maintenance (docs/operating.md, "Node maintenance"): one reconcile per
+// ReplicatedNodeMaintenance. The phase is a function of what the caches hold now, like a
+// volume's: the pre-checks ask DRBD's own quorum rule (pkg/drbd/quorum) whether every
+// volume with a member on the node keeps quorum, with its quorum-minimum-redundancy (the
+// guaranteed redundancy), on the members left; attached volumes hold the node in
+// Draining until their pods move; then the node may go down. While a maintenance is
+// active its node's members are never force-removed (lostMembers), so a node away for
+// maintenance leaves its volumes Degraded, not replaced (nodesAway). Once ReadyForMaintenance the
+// phase stays until spec.return: the node going down must not turn it into Blocked.
+
+// maintenanceActive: the node is out of service or about to be.
+func maintenanceActive(p v1.MaintenancePhase) bool {
+	return p == v1.MaintenanceDraining || p == v1.MaintenanceReadyForMaintenance || p == v1.MaintenanceReturning
+}
+
+// volumeOnNode is a volume with a replica on the maintained node.
+type volumeOnNode struct {
+	rv   *v1.ReplicatedVolume
+	rvrs map[string]*v1.ReplicatedVolumeReplica
+}
+
+// maintenanceFacts is everything the verdict reads.
+type maintenanceFacts struct {
+	m *v1.ReplicatedNodeMaintenance
+	// busy names another node whose maintenance is active ("" when none).
+	busy    string
+	volumes []volumeOnNode
+	// attached are the volumes attached, or asked to attach, on the node.
+	attached []string
+	// live says whether a node's agent is live; nodeLive is the maintained node's.
+	live     func(node string) bool
+	nodeLive bool
+}
+
+// judgeMaintenance is the maintenance's status for the facts.
+func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
+	m, node := f.m, f.m.Spec.NodeName
+	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation}
+	if m.Spec.Return {
+		if !maintenanceActive(m.Status.Phase) {
+			st.Phase, st.Message = v1.MaintenanceCompleted, "Completed: node "+node+" was never taken out of service"
+			return st
+		}
+		if waits := returnWaits(f); len(waits) > 0 {
+			st.Phase, st.Message = v1.MaintenanceReturning, "Waiting for node "+node+" to be back in sync: "+strings.Join(waits, "; ")
+			return st
+		}
+		st.Phase, st.Message = v1.MaintenanceCompleted, "Node "+node+" is back: its agent is live and every replica on it is in sync"
+		return st
+	}
+	if m.Status.Phase == v1.MaintenanceReadyForMaintenance {
+		st.Phase, st.Message = v1.MaintenanceReadyForMaintenance, m.Status.Message
+		return st
+	}
+	if f.busy != "" {
+		st.Phase = v1.MaintenanceBlocked
+		st.Message = "Node " + f.busy + " is in maintenance: one node at a time"
+		return st
+	}
+	var why []string
+	for _, v := range f.volumes {
+		if ok, reason := survivesWithout(v.rv, v.rvrs, node, f.live); !ok {
+			st.BlockingVolumes = append(st.BlockingVolumes, v.rv.Name)
+			why = append(why, v.rv.Name+": "+reason)
+		}
+	}
+	if len(why) > 0 {
+		st.Phase = v1.MaintenanceBlocked
+		st.Message = "Taking node " + node + " out would leave these volumes without quorum or their guaranteed redundancy: " + strings.Join(why, "; ")
+		return st
+	}
+	if len(f.attached) > 0 {
+		st.Phase, st.AttachedVolumes = v1.MaintenanceDraining, f.attached
+		st.Message = "Waiting for the volumes attached on node " + node + " to detach: " + strings.Join(f.attached, ", ") +
+			"; their pods must be moved by their owners (kubectl drain " + node + ")"
+		return st
+	}
+	st.Phase = v1.MaintenanceReadyForMaintenance
+	st.Message = fmt.Sprintf("Node %s may be taken down: nothing is attached on it, and the %d volume(s) with a replica there keep quorum and their guaranteed redundancy without it",
+		node, len(f.volumes))
+	return st
+}
+
+// returnWaits lists what a returning node still lacks: a live agent; every replica
+// on it UpToDate (Diskful) and running the volume's revision; and, since the node's own
+// report may be the one it left before going down, every peer that connects to it on
+// a live node reporting the connection Established (and its disk UpToDate): the
+// peers' reports are fresh.
+func returnWaits(f maintenanceFacts) []string {
+	node := f.m.Spec.NodeName
+	if !f.nodeLive {
+		return []string{"the agent of node " + node + " is not live"}
+	}
+	var waits []string
+	for _, v := range f.volumes {
+		for _, mem := range v.rv.Status.Datamesh.Members {
+			r := v.rvrs[mem.Name]
+			if mem.NodeName != node || r == nil {
+				continue
+			}
+			switch {
+			case mem.Type.HasDisk() && r.Status.DiskState != v1.DiskStateUpToDate:
+				w := mem.Name + ": " + string(orUnknown(r.Status.DiskState))
+				if pct, ok := resyncPercent(r); ok {
+					w += fmt.Sprintf(" (syncing %d%%)", pct)
+				}
+				waits = append(waits, w)
+			case r.Status.DatameshRevision < v.rv.Status.DatameshRevision:
+				waits = append(waits, fmt.Sprintf("%s: runs revision %d of %d", mem.Name, r.Status.DatameshRevision, v.rv.Status.DatameshRevision))
+			}
+			waits = append(waits, peersWait(v, mem, f.live)...)
+		}
+	}
+	return waits
+}
+
+// peersWait: what the live peers of mem report about their connection to it.
+func peersWait(v volumeOnNode, mem v1.DatameshMember, live func(string) bool) []string {
+	var waits []string
+	for _, p := range v.rv.Status.Datamesh.Members {
+		pr := v.rvrs[p.Name]
+		if p.Name == mem.Name || pr == nil || !live(p.NodeName) || !reportingAgent(pr) ||
+			!p.Type.ConnectsToAllPeers() && !mem.Type.ConnectsToAllPeers() {
+			continue
+		}
+		i := slices.IndexFunc(pr.Status.Peers, func(ps v1.PeerStatus) bool { return ps.Name == mem.Name })
+		if i < 0 {
+			waits = append(waits, p.Name+" reports no connection to "+mem.Name)
+			continue
+		}
+		ps := pr.Status.Peers[i]
+		if ps.ConnectionState != "Connected" || ps.ReplicationState != "Established" || mem.Type.HasDisk() && ps.PeerDiskState != v1.DiskStateUpToDate {
+			waits = append(waits, fmt.Sprintf("%s sees %s %s/%s/%s", p.Name, mem.Name, ps.ConnectionState, ps.ReplicationState, ps.PeerDiskState))
+		}
+	}
+	return waits
+}
+
+// survivesWithout asks DRBD's quorum rule, from the view of each UpToDate Diskful
+// member left (not on node, agent live and reporting), whether it keeps quorum with
+// the volume's q and qmr when node's members are gone. ok when one does; otherwise the
+// reason of the first one asked, in DRBD's words.
+func survivesWithout(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeReplica, node string, live func(string) bool) (bool, string) {
+	dm := &rv.Status.Datamesh
+	if !slices.ContainsFunc(dm.Members, func(m v1.DatameshMember) bool { return m.NodeName == node }) {
+		return true, ""
+	}
+	up := func(m v1.DatameshMember) bool {
+		r := rvrs[m.Name]
+		return m.NodeName != node && r != nil && live(m.NodeName) && reportingAgent(r)
+	}
+	in := quorum.Input{Quorum: quorum.Count(int(dm.Quorum)), MinRedundancy: quorum.Count(int(dm.QuorumMinimumRedundancy)), Self: quorum.DiskUpToDate}
+	if dm.Quorum == 0 {
+		in.Quorum = quorum.Majority
+	}
+	why := ""
+	for i, self := range dm.Members {
+		if self.Type != v1.MemberTypeDiskful || !up(self) || rvrs[self.Name].Status.DiskState != v1.DiskStateUpToDate {
+			continue
+		}
+		in.Peers = in.Peers[:0]
+		for j, p := range dm.Members {
+			if j != i {
+				in.Peers = append(in.Peers, quorumPeer(p, up(p), rvrs[p.Name]))
+			}
+		}
+		q := rvrs[self.Name].Status.Quorum
+		in.QuorateNow = q != nil && *q
+		r := quorum.Compute(&in)
+		if r.Quorate {
+			return true, ""
+		}
+		if why == "" {
+			why = "on " + self.NodeName + ", " + r.Reason()
+		}
+	}
+	if why == "" {
+		why = "no UpToDate Diskful replica with a live agent is left outside node " + node
+	}
+	return false, why
+}
+
+// quorumPeer is a member as a surviving Diskful peer sees it once node is gone: a
+// member that is not up counts as an absent voter of unknown state (a clean shutdown
+// does not outdate it).
+func quorumPeer(m v1.DatameshMember, up bool, r *v1.ReplicatedVolumeReplica) quorum.Peer {
+	switch {
+	case m.Type == v1.MemberTypeShadowDiskful || m.Type == v1.MemberTypeLiminalShadowDiskful:
+		return quorum.Peer{Excluded: true}
+	case !m.Type.IsVoter():
+		return quorum.Peer{Diskless: true, Connected: up}
+	case !up:
+		return quorum.Peer{}
+	}
+	p := quorum.Peer{Connected: true, Disk: quorum.DiskPresent}
+	switch {
+	case r.Status.DiskState == v1.DiskStateUpToDate:
+		p.Disk = quorum.DiskUpToDate
+	case !m.Type.HasDisk() || r.Status.DiskState == v1.DiskStateDiskless:
+		p.Disk = quorum.DiskDetached
+	}
+	return p
+}
+
+func (c *Controller) setupMaintenance(mgr ctrl.Manager) error {
+	// Any replica, attachment or agent Lease may change a maintenance's verdict (a
+	// member elsewhere failing blocks a drain): wake them all. There are few
+	// maintenances (one active at a time), and none most of the time.
+	all := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var list v1.ReplicatedNodeMaintenanceList
+		if err := c.reader.List(ctx, &list); err != nil {
+			return nil
+		}
+		out := make([]reconcile.Request, 0, len(list.Items))
+		for _, m := range list.Items {
+			if m.Status.Phase != v1.MaintenanceCompleted {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: m.Name}})
+			}
+		}
+		return out
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("node-maintenance").
+		For(&v1.ReplicatedNodeMaintenance{}).
+		Watches(&v1.ReplicatedVolumeReplica{}, all).
+		Watches(&v1.ReplicatedVolumeAttachment{}, all).
+		Watches(&coordinationv1.Lease{}, all).
+		Complete(reconcile.Func(c.reconcileMaintenance))
+}
+
+func (c *Controller) reconcileMaintenance(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
+	m := &v1.ReplicatedNodeMaintenance{}
+	if err := c.reader.Get(ctx, req.NamespacedName, m); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if m.DeletionTimestamp != nil || m.Status.Phase == v1.MaintenanceCompleted && m.Status.ObservedGeneration == m.Generation {
+		return ctrl.Result{}, nil
+	}
+	f, err := c.maintenanceFacts(ctx, m)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st := judgeMaintenance(f)
+	st.LastPhaseChange = m.Status.LastPhaseChange
+	if st.Phase != m.Status.Phase || st.LastPhaseChange == nil {
+		now := metav1.NewTime(c.opts.Now())
+		st.LastPhaseChange = &now
+	}
+	if st.Phase == m.Status.Phase && st.Message == m.Status.Message && st.ObservedGeneration == m.Status.ObservedGeneration &&
+		slices.Equal(st.BlockingVolumes, m.Status.BlockingVolumes) && slices.Equal(st.AttachedVolumes, m.Status.AttachedVolumes) {
+		return c.maintenanceRequeue(m), nil
+	}
+	if st.Phase != m.Status.Phase {
+		for _, v := range f.volumes {
+			// The volumes read maintenanceActive for their node (lostMembers).
+			c.wakeVolume(v.rv.Name)
+		}
+	}
+	if err := applyStatus(ctx, c.client, "ReplicatedNodeMaintenance", m.Name, m.ResourceVersion, st); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			// Judged from a stale cache, or deleted meanwhile: judge again.
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("writing the status of maintenance %s: %w", m.Name, err)
+	}
+	return ctrl.Result{}, nil
+}
+
+// maintenanceRequeue: an agent Lease expires by the clock with no event; a returning
+// or blocked maintenance looks again after the grace period.
+func (c *Controller) maintenanceRequeue(m *v1.ReplicatedNodeMaintenance) ctrl.Result {
+	if m.Status.Phase == v1.MaintenanceReturning || m.Status.Phase == v1.MaintenanceBlocked {
+		return ctrl.Result{RequeueAfter: max(c.opts.AgentGracePeriod, time.Second)}
+	}
+	return ctrl.Result{}
+}
+
+// maintenanceFacts reads the maintenance's facts from the cache.
+func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeMaintenance) (maintenanceFacts, error) {
+	node := m.Spec.NodeName
+	f := maintenanceFacts{m: m}
+	var others v1.ReplicatedNodeMaintenanceList
+	if err := c.reader.List(ctx, &others); err != nil {
+		return f, err
+	}
+	for _, o := range others.Items {
+		if o.Name != m.Name && o.Spec.NodeName != node && maintenanceActive(o.Status.Phase) {
+			f.busy = o.Spec.NodeName
+		}
+	}
+	var leases coordinationv1.LeaseList
+	if err := c.reader.List(ctx, &leases, client.InNamespace(c.opts.Namespace)); err != nil {
+		return f, err
+	}
+	byNode := map[string]*coordinationv1.Lease{}
+	for i := range leases.Items {
+		if n := agentlease.NodeName(&leases.Items[i]); n != "" {
+			byNode[n] = &leases.Items[i]
+		}
+	}
+	now := c.opts.Now()
+	f.live = func(n string) bool { return agentlease.Judge(byNode[n], now, c.opts.AgentGracePeriod).Live }
+	f.nodeLive = f.live(node)
+	var here v1.ReplicatedVolumeReplicaList
+	if err := c.reader.List(ctx, &here, client.MatchingFields{indexNode: node}); err != nil {
+		return f, err
+	}
+	attached := map[string]bool{}
+	for _, r := range here.Items {
+		vol := r.Spec.ReplicatedVolumeName
+		if slices.ContainsFunc(f.volumes, func(v volumeOnNode) bool { return v.rv.Name == vol }) {
+			continue
+		}
+		rv := &v1.ReplicatedVolume{}
+		if err := c.reader.Get(ctx, types.NamespacedName{Name: vol}, rv); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return f, err
+		}
+		var rvrs v1.ReplicatedVolumeReplicaList
+		if err := c.reader.List(ctx, &rvrs, client.MatchingFields{indexVolume: vol}); err != nil {
+			return f, err
+		}
+		v := volumeOnNode{rv: rv, rvrs: map[string]*v1.ReplicatedVolumeReplica{}}
+		for i := range rvrs.Items {
+			v.rvrs[rvrs.Items[i].Name] = &rvrs.Items[i]
+		}
+		f.volumes = append(f.volumes, v)
+		for _, mem := range rv.Status.Datamesh.Members {
+			if mem.NodeName == node && mem.Attached {
+				attached[vol] = true
+			}
+		}
+	}
+	var rvas v1.ReplicatedVolumeAttachmentList
+	if err := c.reader.List(ctx, &rvas, client.MatchingFields{indexNodeRVA: node}); err != nil {
+		return f, err
+	}
+	for _, a := range rvas.Items {
+		attached[a.Spec.ReplicatedVolumeName] = true
+	}
+	for v := range attached {
+		f.attached = append(f.attached, v)
+	}
+	sort.Strings(f.attached)
+	sort.Slice(f.volumes, func(i, j int) bool { return f.volumes[i].rv.Name < f.volumes[j].rv.Name })
+	return f, nil
+}
+
+// nodesAway are the nodes taken down for maintenance: ReadyForMaintenance, or
+// Returning (not in sync yet). A node that crashes while Draining is lost as any other.
+func (c *Controller) nodesAway(ctx context.Context) (map[string]bool, error) {
+	var list v1.ReplicatedNodeMaintenanceList
+	if err := c.reader.List(ctx, &list); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, m := range list.Items {
+		if m.Status.Phase == v1.MaintenanceReadyForMaintenance || m.Status.Phase == v1.MaintenanceReturning {
+			out[m.Spec.NodeName] = true
+		}
+	}
+	return out, nil
+}

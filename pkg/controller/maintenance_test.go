@@ -1,0 +1,114 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+)
+
+// mvol builds a formed volume: members "<vol>-<node>" of the given types, q and qmr,
+// each replica reporting disk UpToDate (Diskful) or Diskless, with quorum, connected to
+// every peer it connects to.
+func mvol(name string, q, qmr int32, members map[string]v1.MemberType) volumeOnNode {
+	yes := true
+	v := volumeOnNode{rv: &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: name}}, rvrs: map[string]*v1.ReplicatedVolumeReplica{}}
+	v.rv.Status.DatameshRevision = 3
+	v.rv.Status.Datamesh.Quorum, v.rv.Status.Datamesh.QuorumMinimumRedundancy = q, qmr
+	for node, typ := range members {
+		rn := name + "-" + node
+		v.rv.Status.Datamesh.Members = append(v.rv.Status.Datamesh.Members, v1.DatameshMember{Name: rn, NodeName: node, Type: typ})
+		disk := v1.DiskStateDiskless
+		if typ.HasDisk() {
+			disk = v1.DiskStateUpToDate
+		}
+		v.rvrs[rn] = &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: rn},
+			Spec:   v1.ReplicatedVolumeReplicaSpec{ReplicatedVolumeName: name, NodeName: node},
+			Status: v1.ReplicatedVolumeReplicaStatus{DiskState: disk, Quorum: &yes, DatameshRevision: 3}}
+	}
+	for _, a := range v.rv.Status.Datamesh.Members {
+		for _, b := range v.rv.Status.Datamesh.Members {
+			if a.Name != b.Name && (a.Type.ConnectsToAllPeers() || b.Type.ConnectsToAllPeers()) {
+				v.rvrs[a.Name].Status.Peers = append(v.rvrs[a.Name].Status.Peers, v1.PeerStatus{Name: b.Name,
+					ConnectionState: "Connected", ReplicationState: "Established", PeerDiskState: v.rvrs[b.Name].Status.DiskState})
+			}
+		}
+	}
+	return v
+}
+
+func TestJudgeMaintenance(t *testing.T) {
+	d, tb := v1.MemberTypeDiskful, v1.MemberTypeTieBreaker
+	allLive := func(string) bool { return true }
+	except := func(down string) func(string) bool { return func(n string) bool { return n != down } }
+	maint := func(phase v1.MaintenancePhase, ret bool) *v1.ReplicatedNodeMaintenance {
+		return &v1.ReplicatedNodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: v1.ReplicatedNodeMaintenanceSpec{NodeName: "a", Return: ret},
+			Status: v1.ReplicatedNodeMaintenanceStatus{Phase: phase, Message: "kept"}}
+	}
+	twoD1TB := func() volumeOnNode { return mvol("v2d", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}) }
+	threeDSyncing := mvol("v3d", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": d})
+	threeDSyncing.rvrs["v3d-c"].Status.DiskState = v1.DiskStateInconsistent
+	oneD := mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d})
+	syncingBack := twoD1TB()
+	syncingBack.rvrs["v2d-a"].Status.DiskState = v1.DiskStateInconsistent
+	syncingBack.rvrs["v2d-a"].Status.Peers = []v1.PeerStatus{{Name: "v2d-b", Resync: &v1.ResyncProgress{PercentDone: 40}}}
+	staleReport := twoD1TB()
+	for i, p := range staleReport.rvrs["v2d-b"].Status.Peers {
+		if p.Name == "v2d-a" {
+			staleReport.rvrs["v2d-b"].Status.Peers[i] = v1.PeerStatus{Name: "v2d-a", ConnectionState: "Connecting", ReplicationState: "Off", PeerDiskState: v1.DiskStateUnknown}
+		}
+	}
+	oldRevision := twoD1TB()
+	oldRevision.rvrs["v2d-c"].Status.DatameshRevision = 2
+	for _, tc := range []struct {
+		name     string
+		f        maintenanceFacts
+		phase    v1.MaintenancePhase
+		msg      string
+		blocking []string
+		attached []string
+	}{
+		{"2D+1TB keeps quorum through the tiebreaker", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true},
+			v1.MaintenanceReadyForMaintenance, "Node a may be taken down", nil, nil},
+		{"attached volumes hold the node in Draining", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, attached: []string{"v2d"}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "Waiting for the volumes attached on node a to detach: v2d; their pods must be moved by their owners (kubectl drain a)", nil, []string{"v2d"}},
+		{"2D+1TB whose tiebreaker is down", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, live: except("c"), nodeLive: true},
+			v1.MaintenanceBlocked, "v2d: on b, 1 of 2 nodes visible, need 2 for quorum", []string{"v2d"}, nil},
+		{"3D with a syncing member: qmr 2 needs two UpToDate", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{threeDSyncing, twoD1TB()}, live: allLive, nodeLive: true},
+			v1.MaintenanceBlocked, "v3d: on b, 1 of 3 nodes up_to_date, need 2 for quorum-minimum-redundancy", []string{"v3d"}, nil},
+		{"the only copy", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD}, live: allLive, nodeLive: true},
+			v1.MaintenanceBlocked, "v1d: no UpToDate Diskful replica with a live agent is left outside node a", []string{"v1d"}, nil},
+		{"one node at a time", maintenanceFacts{m: maint("", false), busy: "x", volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true},
+			v1.MaintenanceBlocked, "Node x is in maintenance: one node at a time", nil, nil},
+		{"ready stays ready while the node is down", maintenanceFacts{m: maint(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a")},
+			v1.MaintenanceReadyForMaintenance, "kept", nil, nil},
+		{"returning: agent not back", maintenanceFacts{m: maint(v1.MaintenanceReadyForMaintenance, true), volumes: []volumeOnNode{twoD1TB()}, live: except("a")},
+			v1.MaintenanceReturning, "the agent of node a is not live", nil, nil},
+		{"returning: resync", maintenanceFacts{m: maint(v1.MaintenanceReturning, true), volumes: []volumeOnNode{syncingBack}, live: allLive, nodeLive: true},
+			v1.MaintenanceReturning, "v2d-a: Inconsistent (syncing 40%)", nil, nil},
+		{"returning: the node's own report is the one it left with", maintenanceFacts{m: maint(v1.MaintenanceReturning, true), volumes: []volumeOnNode{staleReport}, live: allLive, nodeLive: true},
+			v1.MaintenanceReturning, "v2d-b sees v2d-a Connecting/Off/DUnknown", nil, nil},
+		{"returning: completed", maintenanceFacts{m: maint(v1.MaintenanceReturning, true), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true},
+			v1.MaintenanceCompleted, "Node a is back", nil, nil},
+		{"called off while blocked", maintenanceFacts{m: maint(v1.MaintenanceBlocked, true), volumes: []volumeOnNode{oneD}, live: allLive, nodeLive: true},
+			v1.MaintenanceCompleted, "never taken out of service", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := judgeMaintenance(tc.f)
+			if st.Phase != tc.phase || !strings.Contains(st.Message, tc.msg) {
+				t.Errorf("got %s %q, want %s containing %q", st.Phase, st.Message, tc.phase, tc.msg)
+			}
+			if strings.Join(st.BlockingVolumes, ",") != strings.Join(tc.blocking, ",") || strings.Join(st.AttachedVolumes, ",") != strings.Join(tc.attached, ",") {
+				t.Errorf("blocking %v attached %v, want %v %v", st.BlockingVolumes, st.AttachedVolumes, tc.blocking, tc.attached)
+			}
+		})
+	}
+	// A replica on a returning node that runs an old revision is not back yet.
+	f := maintenanceFacts{m: maint(v1.MaintenanceReturning, true), volumes: []volumeOnNode{oldRevision}, live: allLive, nodeLive: true}
+	f.m.Spec.NodeName = "c"
+	if st := judgeMaintenance(f); st.Phase != v1.MaintenanceReturning || !strings.Contains(st.Message, "v2d-c: runs revision 2 of 3") {
+		t.Errorf("old revision: %s %q", st.Phase, st.Message)
+	}
+}
