@@ -65,12 +65,16 @@ sandbox: deps build k8s image ## Run a real Kubernetes cluster on this machine, 
 k8s: ## Build the real control plane and CSI sidecars into bin/k8s (hack/build-k8s.sh; no-op when up to date)
 	hack/build-k8s.sh
 
+.PHONY: promtool
+promtool: ## Build bin/promtool, Prometheus' rule checker, for test/monitoring (hack/build-promtool.sh; no-op when up to date; cold: see docs/benchmarks.md)
+	hack/build-promtool.sh
+
 .PHONY: deps
 deps: ## Install the Debian packages the tests need, when missing (hack/install-deps.sh; root, or it prints the apt-get line)
 	hack/install-deps.sh
 
 .PHONY: test
-test: deps k8s image ## Run every test (unit, integration on the real apiserver, e2e on the chart-installed image); full log in _output/test.log
+test: deps k8s image promtool ## Run every test (unit, integration on the real apiserver, e2e on the chart-installed image); full log in _output/test.log
 	TEST_TIMEOUT=$(TEST_TIMEOUT) hack/test.sh $(TEST_PKGS)
 
 .PHONY: lint

@@ -31,10 +31,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
-
-	"github.com/meshvol/meshvol/internal/drbdsimd"
-	"github.com/meshvol/meshvol/internal/kubecluster"
 	"github.com/meshvol/meshvol/internal/sandbox"
 	"github.com/meshvol/meshvol/internal/testenv"
 )
@@ -72,35 +68,7 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 			os.RemoveAll(dir)
 		}
 	}()
-	pause, err := kubecluster.BuildPause(ctx, root, dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	standIns, err := drbdsimd.BuildStandIns(ctx, root, dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	logf, err := os.Create(filepath.Join(dir, "meshvol.log"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer logf.Close()
-	sb, err := sandbox.Start(ctx, sandbox.Options{
-		Dir:            filepath.Join(dir, "sb"),
-		Image:          filepath.Join(root, "bin", "image", "meshvol.oci.tar"),
-		StandIns:       standIns,
-		Nodes:          3,
-		PauseBinary:    pause,
-		WaitForLock:    true,
-		TaintLostNodes: taint,
-		Progress:       os.Stderr,
-		Log: funcr.New(func(prefix, args string) {
-			fmt.Fprintln(logf, time.Now().Format("15:04:05.000"), prefix, args)
-		}, funcr.Options{Verbosity: 1}),
-	})
+	sb, err := sandbox.FromTree(ctx, root, dir, taint, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1

@@ -111,6 +111,8 @@ type Sandbox struct {
 	clockDone chan struct{}
 	stopOnce  sync.Once
 	stopErr   error
+	// logFile is the log FromTree opened; closed last at Stop.
+	logFile *os.File
 }
 
 // nodeServices are what runs for one kubelet node in the sandbox process
@@ -490,6 +492,9 @@ func (s *Sandbox) stop() error {
 	}
 	if s.Kube != nil {
 		errs = append(errs, s.Kube.Stop())
+	}
+	if s.logFile != nil {
+		errs = append(errs, s.logFile.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -410,6 +410,25 @@ func TestAgentRestartAdoptsRunningResource(t *testing.T) {
 	t.Logf("%d writes across two agent restarts and a new revision, none failed", writes.Load())
 }
 
+// A node that reboots loses its loop devices: its file pool's volume is still
+// there, with no device bound to it. The new agent attaches it again, and the
+// replica, still a member, runs the next revision and is UpToDate.
+func TestRebootReattachesBackingVolume(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	dev := r.rvr(names[0]).Status.BackingVolume.DevicePath
+	r.must(r.c.CrashNode(r.node(0).Name))
+	if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+		t.Fatalf("losetup -d %s: %v\n%s", dev, err, out)
+	}
+	r.must(r.c.RestartNode(r.node(0).Name))
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) {})
+	r.confirmed(rev, v1.DiskStateUpToDate, names...)
+	if bv := r.rvr(names[0]).Status.BackingVolume; bv == nil || bv.DevicePath == "" {
+		t.Fatalf("backing volume after the reboot: %+v", bv)
+	}
+}
+
 // A hung DRBD command becomes a condition (ConfigurationFailed naming the
 // timeout), not a stuck worker, and the revision is not confirmed; once the
 // command works again, the revision is applied.

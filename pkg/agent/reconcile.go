@@ -541,6 +541,12 @@ func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplic
 		return storage.Volume{}, err
 	}
 	v, err = p.Get(ctx, rvr.Name)
+	if err == nil && v.DevicePath == "" {
+		// The volume is there but no device is bound to it: after a reboot a file
+		// pool's loop devices are gone, and Get does not attach. Create attaches
+		// an existing volume (storage.Provider), at its own size.
+		v, err = p.Create(ctx, storage.CreateRequest{Replica: rvr.Name, SizeBytes: v.SizeBytes})
+	}
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		var src *storage.Source

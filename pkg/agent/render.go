@@ -28,10 +28,11 @@ type renderInput struct {
 // Who connects to whom (docs/datamesh-spec.md, "States"): full-mesh members
 // (D, D∅, sD, sD∅) connect to every other member; star members (A, TB) connect
 // only to full-mesh members. D∅ and sD∅ are rendered `disk none` even though they
-// hold a backing volume (docs/layouts.md §8.4, docs/datamesh.md): DRBD must never
-// count a liminal member as a voter. A peer is written diskless only when it is a
-// star member: a liminal peer will get its disk, and the bitmap slot ("bitmap no"
-// otherwise) must be there when it does.
+// hold a backing volume (docs/layouts.md §8.4, docs/datamesh.md): a liminal member
+// gives itself no vote. A peer is written diskless only when it is a star member: a
+// liminal peer will get its disk, and the bitmap slot ("bitmap no" otherwise) must
+// be there when it does — so DRBD on its diskful peers counts a liminal peer as a
+// voter (docs/drbd-quorum.md, "The rule"), which the engine's q accounts for.
 //
 // Quorum: voters (D, D∅) run the published q; every other member runs
 // layout.NonVoterQuorum, so it is quorate only through a quorate UpToDate peer;

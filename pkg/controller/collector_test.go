@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshvol/meshvol/internal/metricstest"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -91,36 +92,30 @@ meshvol_controller_volumes_by_layout{configured="none",effective="none"} 1
 		"meshvol_controller_nodes", "meshvol_controller_volumes_by_layout"); err != nil {
 		t.Error(err)
 	}
+	got, _ := metricstest.Series(t, reg, "")
 	for series, v := range map[string]float64{
-		`meshvol_controller_volumes{phase="Degraded"}`:                                                 1,
-		`meshvol_controller_volumes{phase="Pending"}`:                                                  1,
-		`meshvol_controller_volumes{phase="Failed"}`:                                                   0,
-		`meshvol_controller_volume_phase{phase="Degraded",volume="deg"}`:                               1,
-		`meshvol_controller_volume_phase{phase="Ready",volume="deg"}`:                                  0,
-		`meshvol_controller_transitions{type="AddReplica"}`:                                            2,
-		`meshvol_controller_transitions{type="Attach"}`:                                                0,
-		`meshvol_controller_volume_failures_to_tolerate{layout="configured",volume="deg"}`:             1,
-		`meshvol_controller_volume_quorum{volume="deg"}`:                                               1,
-		`meshvol_controller_node_agent_state{node="b",state="Lost"}`:                                   1,
-		`meshvol_controller_node_agent_state{node="z",state="Lost"}`:                                   1,
-		`meshvol_controller_node_agent_state{node="c",state="Expired"}`:                                1,
-		`meshvol_controller_volume_guaranteed_minimum_data_redundancy{layout="effective",volume="ok"}`: 0,
+		"meshvol_controller_volumes{phase=Degraded}":                                               1,
+		"meshvol_controller_volumes{phase=Pending}":                                                1,
+		"meshvol_controller_volumes{phase=Failed}":                                                 0,
+		"meshvol_controller_volume_phase{phase=Degraded,volume=deg}":                               1,
+		"meshvol_controller_volume_phase{phase=Ready,volume=deg}":                                  0,
+		"meshvol_controller_transitions{type=AddReplica}":                                          2,
+		"meshvol_controller_transitions{type=Attach}":                                              0,
+		"meshvol_controller_volume_failures_to_tolerate{layout=configured,volume=deg}":             1,
+		"meshvol_controller_volume_quorum{volume=deg}":                                             1,
+		"meshvol_controller_node_agent_state{node=b,state=Lost}":                                   1,
+		"meshvol_controller_node_agent_state{node=z,state=Lost}":                                   1,
+		"meshvol_controller_node_agent_state{node=c,state=Expired}":                                1,
+		"meshvol_controller_volume_guaranteed_minimum_data_redundancy{layout=effective,volume=ok}": 0,
 	} {
-		got, ok := gathered(t, reg)[series]
-		if !ok || got != v {
-			t.Errorf("%s = %v (exported %v), want %v", series, got, ok, v)
+		if g, ok := got[series]; !ok || g != v {
+			t.Errorf("%s = %v (exported %v), want %v", series, g, ok, v)
 		}
 	}
-	if _, ok := gathered(t, reg)[`meshvol_controller_volume_quorum{volume="new"}`]; ok {
+	if _, ok := got["meshvol_controller_volume_quorum{volume=new}"]; ok {
 		t.Error("a volume without a quorum report exports a quorum")
 	}
-	problems, err := testutil.GatherAndLint(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("%s: %s", p.Metric, p.Text)
-	}
+	metricstest.Lint(t, reg)
 }
 
 // TestStateCollectorUnsynced: a cache that cannot answer yields no series, not
@@ -132,24 +127,4 @@ func TestStateCollectorUnsynced(t *testing.T) {
 	if n := testutil.CollectAndCount(col); n != 0 || reported == nil {
 		t.Errorf("unsynced cache: %d series, error reported: %v", n, reported)
 	}
-}
-
-// gathered is every series of reg as name{labels} → value.
-func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+`="`+l.GetValue()+`"`)
-			}
-			out[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetGauge().GetValue()
-		}
-	}
-	return out
 }

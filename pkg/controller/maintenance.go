@@ -54,12 +54,28 @@ type maintenanceFacts struct {
 	// live says whether a node's agent is live; nodeLive is the maintained node's.
 	live     func(node string) bool
 	nodeLive bool
+	// now is the controller's clock: spec.maxDowntime is measured against it.
+	now time.Time
 }
 
 // judgeMaintenance is the maintenance's status for the facts.
 func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	m, node := f.m, f.m.Spec.NodeName
-	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation}
+	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation, AwaySince: m.Status.AwaySince}
+	if m.Status.Phase == v1.MaintenanceFailed {
+		st.Phase, st.Message = v1.MaintenanceFailed, m.Status.Message
+		return st
+	}
+	if away := m.Status.AwaySince; away != nil && m.Spec.MaxDowntime != nil && maintenanceActive(m.Status.Phase) &&
+		f.now.Sub(away.Time) > m.Spec.MaxDowntime.Duration {
+		st.Phase = v1.MaintenanceFailed
+		st.Message = fmt.Sprintf("Node %s has been away for %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
+			node, f.now.Sub(away.Time).Round(time.Second), m.Spec.MaxDowntime.Duration)
+		if waits := returnWaits(f); len(waits) > 0 {
+			st.Message += "; still missing: " + strings.Join(waits, "; ")
+		}
+		return st
+	}
 	if m.Spec.Return {
 		if !maintenanceActive(m.Status.Phase) {
 			st.Phase, st.Message = v1.MaintenanceCompleted, "Completed: node "+node+" was never taken out of service"
@@ -81,6 +97,12 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 		st.Message = "Node " + f.busy + " is in maintenance: one node at a time"
 		return st
 	}
+	if unlisted := unlistedReplicas(f); len(unlisted) > 0 {
+		st.Phase = v1.MaintenancePending
+		st.Message = "Waiting for the datamesh of these volumes to list their replica on node " + node +
+			" (joining, or its status not read yet) before judging them: " + strings.Join(unlisted, ", ")
+		return st
+	}
 	var why []string
 	for _, v := range f.volumes {
 		if ok, reason := survivesWithout(v.rv, v.rvrs, node, f.live); !ok {
@@ -100,9 +122,32 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 		return st
 	}
 	st.Phase = v1.MaintenanceReadyForMaintenance
+	if st.AwaySince == nil {
+		now := metav1.NewTime(f.now)
+		st.AwaySince = &now
+	}
 	st.Message = fmt.Sprintf("Node %s may be taken down: nothing is attached on it, and the %d volume(s) with a replica there keep quorum and their guaranteed redundancy without it",
 		node, len(f.volumes))
 	return st
+}
+
+// unlistedReplicas are the replicas on the node that their volume's datamesh does not
+// list as members: survivesWithout reads only the datamesh, which would let the node go
+// with a copy the status does not show yet (a join in progress, or a volume status
+// older than its replica in the cache). A replica being deleted is leaving, not
+// joining.
+func unlistedReplicas(f maintenanceFacts) []string {
+	node := f.m.Spec.NodeName
+	var out []string
+	for _, v := range f.volumes {
+		r := v.rvrs[v1.ReplicaName(v.rv.Name, node)]
+		if r == nil || r.DeletionTimestamp != nil ||
+			slices.ContainsFunc(v.rv.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.NodeName == node }) {
+			continue
+		}
+		out = append(out, r.Name)
+	}
+	return out
 }
 
 // returnWaits lists what a returning node still lacks: a live agent; every replica
@@ -227,7 +272,7 @@ func quorumPeer(m v1.DatameshMember, up bool, r *v1.ReplicatedVolumeReplica) quo
 }
 
 func (c *Controller) setupMaintenance(mgr ctrl.Manager) error {
-	// Any replica, attachment or agent Lease may change a maintenance's verdict (a
+	// Any volume, replica, attachment or agent Lease may change a maintenance's verdict (a
 	// member elsewhere failing blocks a drain): wake them all. There are few
 	// maintenances (one active at a time), and none most of the time.
 	all := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
@@ -246,6 +291,7 @@ func (c *Controller) setupMaintenance(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("node-maintenance").
 		For(&v1.ReplicatedNodeMaintenance{}).
+		Watches(&v1.ReplicatedVolume{}, all).
 		Watches(&v1.ReplicatedVolumeReplica{}, all).
 		Watches(&v1.ReplicatedVolumeAttachment{}, all).
 		Watches(&coordinationv1.Lease{}, all).
@@ -257,14 +303,24 @@ func (c *Controller) reconcileMaintenance(ctx context.Context, req reconcile.Req
 	if err := c.reader.Get(ctx, req.NamespacedName, m); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if m.DeletionTimestamp != nil || m.Status.Phase == v1.MaintenanceCompleted && m.Status.ObservedGeneration == m.Generation {
+	if m.DeletionTimestamp != nil || m.Status.Phase == v1.MaintenanceFailed ||
+		m.Status.Phase == v1.MaintenanceCompleted && m.Status.ObservedGeneration == m.Generation {
 		return ctrl.Result{}, nil
 	}
-	f, err := c.maintenanceFacts(ctx, m)
+	f, err := c.maintenanceFacts(ctx, m, c.cachedFacts())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	st := judgeMaintenance(f)
+	if st.Phase == v1.MaintenanceReadyForMaintenance && m.Status.Phase != v1.MaintenanceReadyForMaintenance {
+		// ReadyForMaintenance lets the node go down and stays once written: it is
+		// judged again from the API server, since the cache may not have seen yet a
+		// replica, an attachment or a volume status written a moment ago.
+		if f, err = c.maintenanceFacts(ctx, m, c.freshFacts()); err != nil {
+			return ctrl.Result{}, err
+		}
+		st = judgeMaintenance(f)
+	}
 	st.LastPhaseChange = m.Status.LastPhaseChange
 	if st.Phase != m.Status.Phase || st.LastPhaseChange == nil {
 		now := metav1.NewTime(c.opts.Now())
@@ -291,20 +347,50 @@ func (c *Controller) reconcileMaintenance(ctx context.Context, req reconcile.Req
 }
 
 // maintenanceRequeue: an agent Lease expires by the clock with no event; a returning
-// or blocked maintenance looks again after the grace period.
+// or blocked maintenance looks again after the grace period; a node away looks again
+// when its spec.maxDowntime runs out.
 func (c *Controller) maintenanceRequeue(m *v1.ReplicatedNodeMaintenance) ctrl.Result {
+	var after time.Duration
 	if m.Status.Phase == v1.MaintenanceReturning || m.Status.Phase == v1.MaintenanceBlocked {
-		return ctrl.Result{RequeueAfter: max(c.opts.AgentGracePeriod, time.Second)}
+		after = max(c.opts.AgentGracePeriod, time.Second)
 	}
-	return ctrl.Result{}
+	if maintenanceActive(m.Status.Phase) && m.Status.AwaySince != nil && m.Spec.MaxDowntime != nil {
+		left := m.Status.AwaySince.Add(m.Spec.MaxDowntime.Duration).Sub(c.opts.Now()) + time.Second
+		if after == 0 || left < after {
+			after = max(left, time.Second)
+		}
+	}
+	return ctrl.Result{RequeueAfter: after}
 }
 
-// maintenanceFacts reads the maintenance's facts from the cache.
-func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeMaintenance) (maintenanceFacts, error) {
+// factsSource is where maintenanceFacts reads: the cache through its field indexes, or
+// the API server through the labels the controller and the CSI service put on every
+// replica and attachment (v1.LabelNode, v1.LabelVolume).
+type factsSource struct {
+	client.Reader
+	onNode, ofVolume func(string) client.ListOption
+}
+
+// cachedFacts: onNode serves replicas and attachments alike, as indexNode and
+// indexNodeRVA are the same field.
+func (c *Controller) cachedFacts() factsSource {
+	return factsSource{c.reader,
+		func(n string) client.ListOption { return client.MatchingFields{indexNode: n} },
+		func(v string) client.ListOption { return client.MatchingFields{indexVolume: v} }}
+}
+
+func (c *Controller) freshFacts() factsSource {
+	return factsSource{c.api,
+		func(n string) client.ListOption { return client.MatchingLabels{v1.LabelNode: n} },
+		func(v string) client.ListOption { return client.MatchingLabels{v1.LabelVolume: v} }}
+}
+
+// maintenanceFacts reads the maintenance's facts from src.
+func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeMaintenance, src factsSource) (maintenanceFacts, error) {
 	node := m.Spec.NodeName
-	f := maintenanceFacts{m: m}
+	f := maintenanceFacts{m: m, now: c.opts.Now()}
 	var others v1.ReplicatedNodeMaintenanceList
-	if err := c.reader.List(ctx, &others); err != nil {
+	if err := src.List(ctx, &others); err != nil {
 		return f, err
 	}
 	for _, o := range others.Items {
@@ -313,7 +399,7 @@ func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeM
 		}
 	}
 	var leases coordinationv1.LeaseList
-	if err := c.reader.List(ctx, &leases, client.InNamespace(c.opts.Namespace)); err != nil {
+	if err := src.List(ctx, &leases, client.InNamespace(c.opts.Namespace)); err != nil {
 		return f, err
 	}
 	byNode := map[string]*coordinationv1.Lease{}
@@ -322,11 +408,10 @@ func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeM
 			byNode[n] = &leases.Items[i]
 		}
 	}
-	now := c.opts.Now()
-	f.live = func(n string) bool { return agentlease.Judge(byNode[n], now, c.opts.AgentGracePeriod).Live }
+	f.live = func(n string) bool { return agentlease.Judge(byNode[n], f.now, c.opts.AgentGracePeriod).Live }
 	f.nodeLive = f.live(node)
 	var here v1.ReplicatedVolumeReplicaList
-	if err := c.reader.List(ctx, &here, client.MatchingFields{indexNode: node}); err != nil {
+	if err := src.List(ctx, &here, src.onNode(node)); err != nil {
 		return f, err
 	}
 	attached := map[string]bool{}
@@ -336,14 +421,14 @@ func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeM
 			continue
 		}
 		rv := &v1.ReplicatedVolume{}
-		if err := c.reader.Get(ctx, types.NamespacedName{Name: vol}, rv); err != nil {
+		if err := src.Get(ctx, types.NamespacedName{Name: vol}, rv); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue
 			}
 			return f, err
 		}
 		var rvrs v1.ReplicatedVolumeReplicaList
-		if err := c.reader.List(ctx, &rvrs, client.MatchingFields{indexVolume: vol}); err != nil {
+		if err := src.List(ctx, &rvrs, src.ofVolume(vol)); err != nil {
 			return f, err
 		}
 		v := volumeOnNode{rv: rv, rvrs: map[string]*v1.ReplicatedVolumeReplica{}}
@@ -358,7 +443,7 @@ func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeM
 		}
 	}
 	var rvas v1.ReplicatedVolumeAttachmentList
-	if err := c.reader.List(ctx, &rvas, client.MatchingFields{indexNodeRVA: node}); err != nil {
+	if err := src.List(ctx, &rvas, src.onNode(node)); err != nil {
 		return f, err
 	}
 	for _, a := range rvas.Items {

@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -60,6 +62,14 @@ func TestJudgeMaintenance(t *testing.T) {
 			staleReport.rvrs["v2d-b"].Status.Peers[i] = v1.PeerStatus{Name: "v2d-a", ConnectionState: "Connecting", ReplicationState: "Off", PeerDiskState: v1.DiskStateUnknown}
 		}
 	}
+	// The replica on a is in the cache, but the volume's status does not list it (yet).
+	unlisted := twoD1TB()
+	unlisted.rv.Status.Datamesh.Members = slices.DeleteFunc(unlisted.rv.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.NodeName == "a" })
+	oneDUnlisted := mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d})
+	oneDUnlisted.rv.Status.Datamesh.Members = nil
+	leaving := twoD1TB()
+	leaving.rv.Status.Datamesh.Members = unlisted.rv.Status.Datamesh.Members
+	leaving.rvrs["v2d-a"].DeletionTimestamp = &metav1.Time{}
 	oldRevision := twoD1TB()
 	oldRevision.rvrs["v2d-c"].Status.DatameshRevision = 2
 	for _, tc := range []struct {
@@ -80,6 +90,10 @@ func TestJudgeMaintenance(t *testing.T) {
 			v1.MaintenanceBlocked, "v3d: on b, 1 of 3 nodes up_to_date, need 2 for quorum-minimum-redundancy", []string{"v3d"}, nil},
 		{"the only copy", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD}, live: allLive, nodeLive: true},
 			v1.MaintenanceBlocked, "v1d: no UpToDate Diskful replica with a live agent is left outside node a", []string{"v1d"}, nil},
+		{"a replica the volume's status does not list is not judged", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneDUnlisted, unlisted}, live: allLive, nodeLive: true},
+			v1.MaintenancePending, "before judging them: v1d-a, v2d-a", nil, nil},
+		{"a replica being deleted is leaving", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{leaving}, live: allLive, nodeLive: true},
+			v1.MaintenanceReadyForMaintenance, "Node a may be taken down", nil, nil},
 		{"one node at a time", maintenanceFacts{m: maint("", false), busy: "x", volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true},
 			v1.MaintenanceBlocked, "Node x is in maintenance: one node at a time", nil, nil},
 		{"ready stays ready while the node is down", maintenanceFacts{m: maint(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a")},
@@ -104,6 +118,42 @@ func TestJudgeMaintenance(t *testing.T) {
 				t.Errorf("blocking %v attached %v, want %v %v", st.BlockingVolumes, st.AttachedVolumes, tc.blocking, tc.attached)
 			}
 		})
+	}
+	// spec.maxDowntime, counted from status.awaySince, the first ReadyForMaintenance.
+	t0 := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	bounded := func(phase v1.MaintenancePhase, ret bool) *v1.ReplicatedNodeMaintenance {
+		m := maint(phase, ret)
+		m.Spec.MaxDowntime = &metav1.Duration{Duration: time.Hour}
+		m.Status.AwaySince = &metav1.Time{Time: t0}
+		return m
+	}
+	for _, tc := range []struct {
+		name  string
+		f     maintenanceFacts
+		phase v1.MaintenancePhase
+		msg   string
+	}{
+		{"away within maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a"), now: t0.Add(59 * time.Minute)},
+			v1.MaintenanceReadyForMaintenance, "kept"},
+		{"away past maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a"), now: t0.Add(2 * time.Hour)},
+			v1.MaintenanceFailed, "Node a has been away for 2h0m0s, longer than spec.maxDowntime 1h0m0s: it is lost now, and its volumes' members there may be replaced; still missing: the agent of node a is not live"},
+		{"a resync past maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReturning, true), volumes: []volumeOnNode{syncingBack}, live: allLive, nodeLive: true, now: t0.Add(61 * time.Minute)},
+			v1.MaintenanceFailed, "still missing: v2d-a: Inconsistent (syncing 40%)"},
+		{"failed stays failed", maintenanceFacts{m: bounded(v1.MaintenanceFailed, true), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true, now: t0},
+			v1.MaintenanceFailed, "kept"},
+		{"back in time", maintenanceFacts{m: bounded(v1.MaintenanceReturning, true), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true, now: t0.Add(59 * time.Minute)},
+			v1.MaintenanceCompleted, "Node a is back"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := judgeMaintenance(tc.f)
+			if st.Phase != tc.phase || !strings.Contains(st.Message, tc.msg) || st.AwaySince == nil || !st.AwaySince.Time.Equal(t0) {
+				t.Errorf("got %s %q away since %v, want %s containing %q away since %s", st.Phase, st.Message, st.AwaySince, tc.phase, tc.msg, t0)
+			}
+		})
+	}
+	// The first ReadyForMaintenance starts the downtime.
+	if st := judgeMaintenance(maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true, now: t0}); st.AwaySince == nil || !st.AwaySince.Time.Equal(t0) {
+		t.Errorf("ReadyForMaintenance: away since %v, want %s", st.AwaySince, t0)
 	}
 	// A replica on a returning node that runs an old revision is not back yet.
 	f := maintenanceFacts{m: maint(v1.MaintenanceReturning, true), volumes: []volumeOnNode{oldRevision}, live: allLive, nodeLive: true}

@@ -3,11 +3,15 @@ package csi
 import (
 	"context"
 	"slices"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/placement"
 )
@@ -64,7 +68,11 @@ func (c *Controller) resolveSource(ctx context.Context, r *createRequest, rsc *v
 	if err := restoreSize(r, rvs, cr); err != nil {
 		return err
 	}
-	node, err := seedNode(rvs, r.hints)
+	live, err := c.liveAgents(ctx)
+	if err != nil {
+		return err
+	}
+	node, err := seedNode(rvs, r.hints, live)
 	if err != nil {
 		return err
 	}
@@ -94,9 +102,12 @@ func restoreSize(r *createRequest, rvs *v1.ReplicatedVolumeSnapshot, cr *csipb.C
 }
 
 // seedNode picks the copy that seeds the restore: the first preferred segment's, else the
-// first by name, among copies in a requisite segment when there are any. Segments are
-// matched by node name; a zone-only segment is not narrowed here (placement honours it).
-func seedNode(rvs *v1.ReplicatedVolumeSnapshot, hints *v1.PlacementHints) (string, error) {
+// first by name, among copies in a requisite segment when there are any, on a node whose
+// agent is live (a copy on a lost node cannot seed anything; the snapshot lives on every
+// diskful replica's node so that another copy can, docs/snapshots.md "Where snapshots
+// live"). Segments are matched by node name; a zone-only segment is not narrowed here
+// (placement honours it).
+func seedNode(rvs *v1.ReplicatedVolumeSnapshot, hints *v1.PlacementHints, live map[string]bool) (string, error) {
 	copies := slices.Sorted(slices.Values(rvs.Status.Copies))
 	var req, pref []v1.TopologySegment
 	if hints != nil {
@@ -111,14 +122,36 @@ func seedNode(rvs *v1.ReplicatedVolumeSnapshot, hints *v1.PlacementHints) (strin
 			"accessibility_requirements: snapshot %q has copies on %v only, none in the requisite topology; a restore starts on a node that holds a copy",
 			rvs.Name, rvs.Status.Copies)
 	}
+	reachable := slices.DeleteFunc(slices.Clone(copies), func(n string) bool { return !live[n] })
+	if len(reachable) == 0 {
+		return "", status.Errorf(codes.Unavailable,
+			"volume_content_source: the copies of snapshot %q that the topology allows, on %v, are all on nodes whose meshvol agent is not live; retry once one is back",
+			rvs.Name, copies)
+	}
 	for _, s := range pref {
-		for _, n := range copies {
+		for _, n := range reachable {
 			if placement.SegmentMatches(s, n, s.Zone) {
 				return n, nil
 			}
 		}
 	}
-	return copies[0], nil
+	return reachable[0], nil
+}
+
+// liveAgents are the nodes whose agent holds an unexpired Lease.
+func (c *Controller) liveAgents(ctx context.Context) (map[string]bool, error) {
+	var l coordinationv1.LeaseList
+	if err := c.Client.List(ctx, &l, client.InNamespace(c.Namespace)); err != nil {
+		return nil, internal("listing agent Leases", err)
+	}
+	now := time.Now()
+	live := map[string]bool{}
+	for i := range l.Items {
+		if n := agentlease.NodeName(&l.Items[i]); n != "" && agentlease.Judge(&l.Items[i], now, 0).Live {
+			live[n] = true
+		}
+	}
+	return live, nil
 }
 
 // sourceCompatible: a repeated CreateVolume names the same source.

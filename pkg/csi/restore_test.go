@@ -42,19 +42,24 @@ func TestRestoreSize(t *testing.T) {
 
 func TestSeedNode(t *testing.T) {
 	snap := &v1.ReplicatedVolumeSnapshot{Status: v1.ReplicatedVolumeSnapshotStatus{Copies: []string{"n3", "n1", "n2"}}}
+	all := map[string]bool{"n1": true, "n2": true, "n3": true}
 	for _, tc := range []struct {
 		name  string
 		hints *v1.PlacementHints
+		live  map[string]bool
 		want  string
 		code  codes.Code
 	}{
-		{"first by name", nil, "n1", codes.OK},
-		{"preferred", &v1.PlacementHints{Preferred: []v1.TopologySegment{{NodeName: "n9"}, {NodeName: "n2"}}}, "n2", codes.OK},
-		{"requisite narrows", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n3"}}, Preferred: []v1.TopologySegment{{NodeName: "n2"}}}, "n3", codes.OK},
-		{"no copy in the requisite topology", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n7"}}}, "", codes.ResourceExhausted},
+		{"first by name", nil, all, "n1", codes.OK},
+		{"preferred", &v1.PlacementHints{Preferred: []v1.TopologySegment{{NodeName: "n9"}, {NodeName: "n2"}}}, all, "n2", codes.OK},
+		{"requisite narrows", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n3"}}, Preferred: []v1.TopologySegment{{NodeName: "n2"}}}, all, "n3", codes.OK},
+		{"no copy in the requisite topology", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n7"}}}, all, "", codes.ResourceExhausted},
+		{"the first copy's node is lost", nil, map[string]bool{"n2": true, "n3": true}, "n2", codes.OK},
+		{"the preferred copy's node is lost", &v1.PlacementHints{Preferred: []v1.TopologySegment{{NodeName: "n2"}}}, map[string]bool{"n1": true, "n3": true}, "n1", codes.OK},
+		{"every allowed copy on a lost node", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n3"}}}, map[string]bool{"n1": true, "n2": true}, "", codes.Unavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := seedNode(snap, tc.hints)
+			got, err := seedNode(snap, tc.hints, tc.live)
 			if status.Code(err) != tc.code || got != tc.want {
 				t.Fatalf("got %q, %v; want %q, %s", got, err, tc.want, tc.code)
 			}

@@ -441,9 +441,13 @@ func (rc *reconcile) lossPending() bool {
 // Attached, nothing opened the device. The RVA waits, saying why (attachBlocked,
 // attachmentBlocked), and attaches once the member has confirmed what it waited for.
 // With nothing behind it the Attach stays: quorum may come back by itself (a partition
-// heals), and withdrawing would only churn revisions.
+// heals), and withdrawing would only churn revisions — unless no attachment asks for
+// it any more (its RVA deleted, the volume being deleted): then nothing would ever
+// detach the member, since a Detach waits for the Attach to complete, and the volume
+// could not be deleted while the quorum stays away.
 func (rc *reconcile) withdrawAttaches() {
 	loss := rc.lossPending()
+	sv := rc.serveRVAs()
 	for ti := 0; ti < len(rc.st.DatameshTransitions); ti++ {
 		t := &rc.st.DatameshTransitions[ti]
 		si := activeStep(t)
@@ -456,7 +460,8 @@ func (rc *reconcile) withdrawAttaches() {
 			continue
 		}
 		why := rc.promotionRefused(mi)
-		if why == "" || (!loss && rc.stepAwaiting(mi) == "") {
+		unwanted := !sv.wantsNode(rc.in.RVAs, rc.st.Datamesh.Members[mi].NodeName)
+		if why == "" || (!loss && !unwanted && rc.stepAwaiting(mi) == "") {
 			continue
 		}
 		name := t.ReplicaName
@@ -467,7 +472,11 @@ func (rc *reconcile) withdrawAttaches() {
 		}
 		nt := rc.start(p, name)
 		rc.confirm(nt, p, 0)
-		rc.event(EventWarning, "AttachWithdrawn", "The Attach of "+name+" was withdrawn until the steps waiting behind it are done: "+why)
+		if unwanted {
+			rc.event(EventWarning, "AttachWithdrawn", "The Attach of "+name+" was withdrawn: no attachment asks for it any more, and "+why)
+		} else {
+			rc.event(EventWarning, "AttachWithdrawn", "The Attach of "+name+" was withdrawn until the steps waiting behind it are done: "+why)
+		}
 		ti = -1 // the list changed: look again from the start
 	}
 }

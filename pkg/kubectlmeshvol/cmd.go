@@ -25,6 +25,7 @@ Usage:
   kubectl meshvol nodes [flags]             every node: agent liveness, pool capacity, replicas, attached volumes
   kubectl meshvol drain NODE [flags]        take a node out of service: refused (naming the volumes) when a volume
                                             would lose quorum or its guaranteed redundancy; returns once it may go down
+                                            (--max-downtime: fail the maintenance if the node is away longer)
   kubectl meshvol uncordon NODE [flags]     bring it back: returns once every replica on it is in sync again
 
 Flags:
@@ -42,6 +43,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		meshvolNS  = fs.String("meshvol-namespace", v1.DefaultNamespace, "the namespace of meshvol's controller and agent Leases")
 		output     = fs.String("output", "", "output format: wide, yaml or json")
 		timeout    = fs.Duration("timeout", 10*time.Minute, "how long drain and uncordon follow the maintenance")
+		downtime   = fs.Duration("max-downtime", 0, "drain: how long the node may be away before the maintenance fails and the node counts as lost (spec.maxDowntime; 0: no bound)")
 	)
 	fs.StringVar(namespace, "n", "", "shorthand for --namespace")
 	fs.StringVar(output, "o", "", "shorthand for --output")
@@ -80,7 +82,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if len(pos) != 2 {
 			return fmt.Errorf("%s takes one argument: a node name", pos[0])
 		}
-		m := &Maintainer{Client: cl, Reader: r, Out: stdout, Timeout: *timeout}
+		m := &Maintainer{Client: cl, Reader: r, Out: stdout, Timeout: *timeout, MaxDowntime: *downtime}
 		if pos[0] == "drain" {
 			return m.Drain(ctx, pos[1])
 		}

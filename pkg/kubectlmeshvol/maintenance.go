@@ -35,6 +35,8 @@ type Maintainer struct {
 	Poll, Timeout time.Duration
 	// Now is the clock of the progress lines (default time.Now).
 	Now func() time.Time
+	// MaxDowntime is the drain's spec.maxDowntime (0: no bound).
+	MaxDowntime time.Duration
 }
 
 func (m *Maintainer) defaults() {
@@ -52,6 +54,10 @@ func (m *Maintainer) defaults() {
 // ErrBlocked is the error of a drain the controller refused.
 var ErrBlocked = errors.New("drain refused")
 
+// ErrFailed is the error of an uncordon whose maintenance failed: the node was away
+// longer than its maxDowntime and counts as lost.
+var ErrFailed = errors.New("maintenance failed")
+
 // Drain takes node out of service: it returns once the node may be taken down, or
 // with ErrBlocked (and nothing left behind: no maintenance, no cordon) when the
 // pre-checks refuse.
@@ -63,7 +69,7 @@ func (m *Maintainer) Drain(ctx context.Context, node string) error {
 	}
 	old := &v1.ReplicatedNodeMaintenance{}
 	switch err := m.Client.Get(ctx, client.ObjectKey{Name: node}, old); {
-	case err == nil && old.Status.Phase == v1.MaintenanceCompleted:
+	case err == nil && (old.Status.Phase == v1.MaintenanceCompleted || old.Status.Phase == v1.MaintenanceFailed):
 		// A finished maintenance is the record of the last one: replace it.
 		if err := m.Client.Delete(ctx, old); err != nil && !apierrors.IsNotFound(err) {
 			return err
@@ -79,6 +85,9 @@ func (m *Maintainer) Drain(ctx context.Context, node string) error {
 		return err
 	}
 	rnm := &v1.ReplicatedNodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: v1.ReplicatedNodeMaintenanceSpec{NodeName: node}}
+	if m.MaxDowntime > 0 {
+		rnm.Spec.MaxDowntime = &metav1.Duration{Duration: m.MaxDowntime}
+	}
 	if err := m.createFresh(ctx, rnm); err != nil {
 		return err
 	}
@@ -112,7 +121,7 @@ func (m *Maintainer) Uncordon(ctx context.Context, node string) error {
 	if err := m.Client.Get(ctx, client.ObjectKey{Name: node}, rnm); err != nil {
 		return fmt.Errorf("maintenance of node %s: %w", node, err)
 	}
-	if !rnm.Spec.Return {
+	if !rnm.Spec.Return && rnm.Status.Phase != v1.MaintenanceFailed {
 		patch := client.MergeFrom(rnm.DeepCopy())
 		rnm.Spec.Return = true
 		if err := m.Client.Patch(ctx, rnm, patch); err != nil {
@@ -120,11 +129,15 @@ func (m *Maintainer) Uncordon(ctx context.Context, node string) error {
 		}
 		m.line("maintenance %s: return requested", node)
 	}
-	if _, err := m.follow(ctx, node, func(p v1.MaintenancePhase) bool { return p == v1.MaintenanceCompleted }); err != nil {
+	st, err := m.follow(ctx, node, func(p v1.MaintenancePhase) bool { return p == v1.MaintenanceCompleted || p == v1.MaintenanceFailed })
+	if err != nil {
 		return err
 	}
 	if err := m.uncordonLabel(ctx, node); err != nil {
 		return err
+	}
+	if st.Phase == v1.MaintenanceFailed {
+		return fmt.Errorf("%w: %s; node %s uncordoned for meshvol", ErrFailed, st.Message, node)
 	}
 	m.line("node %s is back in service and uncordoned for meshvol", node)
 	return nil

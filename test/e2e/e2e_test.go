@@ -26,7 +26,6 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/go-logr/logr/funcr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -36,8 +35,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/meshvol/meshvol/internal/drbdsimd"
-	"github.com/meshvol/meshvol/internal/kubecluster"
 	"github.com/meshvol/meshvol/internal/sandbox"
 	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -74,50 +71,17 @@ func run(m *testing.M) int {
 			os.RemoveAll(dir)
 		}
 	}()
-	pause, err := kubecluster.BuildPause(ctx, root, dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		return 1
-	}
 	// meshvol as users install it: the chart and the image `make image`
 	// built (`make test` builds it first). Run directly (`go test
-	// ./test/e2e`), the image may be older than the tree: it is checked,
-	// and rebuilt when it is not this tree's build.
-	image := filepath.Join(root, "bin", "image", "meshvol.oci.tar")
-	if err := freshImage(ctx, root, image); err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		return 1
-	}
-	standIns, err := drbdsimd.BuildStandIns(ctx, root, dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		return 1
-	}
-	logf, err := os.Create(filepath.Join(dir, "meshvol.log"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		return 1
-	}
-	defer logf.Close()
+	// ./test/e2e`), the image may be older than the tree: FromTree checks it
+	// and rebuilds it when it is not this tree's build.
 	began := time.Now()
-	sb, err = sandbox.Start(ctx, sandbox.Options{
-		Dir:            filepath.Join(dir, "sb"),
-		Image:          image,
-		StandIns:       standIns,
-		Nodes:          3,
-		PauseBinary:    pause,
-		WaitForLock:    true,
-		TaintLostNodes: true,
-		Progress:       os.Stderr,
-		Log: funcr.New(func(prefix, args string) {
-			fmt.Fprintln(logf, time.Now().Format("15:04:05.000"), prefix, args)
-		}, funcr.Options{Verbosity: 1}),
-	})
+	sb, err = sandbox.FromTree(ctx, root, dir, true, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "e2e: sandbox of 3 nodes up in %s\n", time.Since(began).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "e2e: sandbox of 3 nodes built and up in %s (%s of it waiting for another cluster on the machine)\n", time.Since(began).Round(time.Millisecond), sb.Kube.LockWait.Round(time.Second))
 	code := m.Run()
 	if !releaseHealthy(ctx) {
 		code = 1
@@ -134,37 +98,6 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: torn down in %s, nothing left on the machine\n", time.Since(began).Round(time.Millisecond))
 	return code
-}
-
-// freshImage makes sure image holds this tree's meshvol: it says what it
-// found, and runs hack/image.sh when the image is missing or stale.
-func freshImage(ctx context.Context, root, image string) error {
-	why := "there is none"
-	if _, err := os.Stat(image); err == nil {
-		fresh, w, err := sandbox.ImageFreshness(ctx, root, image)
-		if err != nil {
-			return err
-		}
-		if fresh {
-			fmt.Fprintf(os.Stderr, "e2e: image %s: %s\n", image, w)
-			return nil
-		}
-		why = w
-	}
-	fmt.Fprintf(os.Stderr, "e2e: image %s: %s; rebuilding it (hack/image.sh, `make image`)\n", image, why)
-	took, err := sandbox.RebuildImage(ctx, root, os.Stderr)
-	if err != nil {
-		return err
-	}
-	fresh, w, err := sandbox.ImageFreshness(ctx, root, image)
-	if err != nil {
-		return err
-	}
-	if !fresh {
-		return fmt.Errorf("the image rebuilt by hack/image.sh is still not this tree's build: %s", w)
-	}
-	fmt.Fprintf(os.Stderr, "e2e: image rebuilt in %s: %s\n", took.Round(time.Second), w)
-	return nil
 }
 
 // releaseHealthy reports what every container of the chart's release did

@@ -3,7 +3,6 @@ package soak_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -31,17 +30,13 @@ import (
 // lost voter is published, and the survivor's agent cannot confirm it, because it
 // confirms a revision only once the role the datamesh asks for is reached (Primary);
 // the q↓ that would give it quorum waits for that confirmation. The volume stays
-// "Failed: No replica has quorum" for good, also after the lost node returns.
+// "Failed: No replica has quorum" for good, also after the lost node returns. (The
+// engine's answer is docs/datamesh.md, "An Attach its member cannot promote"; on the
+// whole system it also needed drbdsim to count a connected peer by the disk it
+// reports: docs/soak.md, "A survivor that does not count its replacement".)
 func TestAttachMovesToSurvivorAfterVoterLoss(t *testing.T) {
 	needs(t)
 	t.Parallel()
-	if os.Getenv("MESHVOL_SOAK_KNOWN") == "" {
-		// The engine's part is fixed and shown by the datamesh scenario
-		// attach_survivor_no_quorum.txt; on the whole system this reproduction has
-		// not passed yet (docs/soak.md: the survivor once did not count its
-		// replacement, and a machine at load 50-85 lost every agent at once).
-		t.Skip("not yet shown to pass on the whole system (docs/soak.md, Findings): set MESHVOL_SOAK_KNOWN=1 to run it")
-	}
 	w := startRepro(t)
 	c, ctx := w.c, w.ctx
 	v := w.createLayout(layouts[2]) // 2D+1TB

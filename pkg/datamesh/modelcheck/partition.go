@@ -54,14 +54,15 @@ type selfView struct {
 
 // physical is what node j's DRBD really runs, read from j's own applied
 // snapshot: its peers learn it over the connection. Liminal members
-// (docs/layouts.md §8.4) are rendered intentionally
-// diskless, so DRBD never counts them; a member becomes a DRBD voter only
-// when it attaches its disk.
+// (docs/layouts.md §8.4) run intentionally diskless, so they give themselves
+// no vote; their peers with a disk still count them as voters
+// (configuredDiskless).
 //
 //	D            disk attached: UpToDate or present (Inconsistent/Outdated)
 //	sD           disk attached; with the non-voting option (feature
 //	             ShadowDiskful) a non-voter, without it an ordinary voter
-//	D∅, sD∅      `disk none`: diskless, never vote, count in the tiebreaker
+//	D∅           `disk none`: runs diskless
+//	sD∅          `disk none`, with the non-voting option under ShadowDiskful
 //	A, TB        `disk none`
 func (dp *DataPlane) physical(t v1alpha1.MemberType, upToDate bool) (disk quorum.Disk, nonVoting bool) {
 	switch t {
@@ -76,8 +77,22 @@ func (dp *DataPlane) physical(t v1alpha1.MemberType, upToDate bool) (disk quorum
 			d = quorum.DiskUpToDate
 		}
 		return d, dp.Shadow
+	case v1alpha1.MemberTypeLiminalShadowDiskful:
+		// The agent renders the non-voting option for sD∅ as for sD
+		// (datameshOptions), and drbdsim's peers exclude it either way.
+		return quorum.DiskNone, dp.Shadow
 	}
 	return quorum.DiskNone, false
+}
+
+// configuredDiskless: a node whose config says its peer is of type t renders that
+// peer `disk none`, so DRBD's peer device to it has `bitmap no`: the agent does
+// so for star members (A, TB) only; a liminal peer (D∅, sD∅) keeps its bitmap
+// slot for the disk it will attach (pkg/agent render.go), so DRBD counts it as
+// a voter although it runs diskless: present while connected, unknown while not
+// (docs/drbd-quorum.md, "The rule").
+func configuredDiskless(t v1alpha1.MemberType) bool {
+	return !t.ConnectsToAllPeers()
 }
 
 // wantsLink: a node whose config says it is of type self configures a DRBD
@@ -263,21 +278,25 @@ func (a *Analyzer) quorate(dp *DataPlane, i int, side uint32, sv selfView, quora
 		rj := &dp.Replicas[j]
 		switch {
 		case dp.Connected(i, j, side):
+			// j reports the disk it runs; whether i counts a j that
+			// reports Diskless as a diskless vote depends on i's own
+			// configuration of j as well (quorum.Peer.Diskless: the
+			// kernel's peer device has `bitmap no` only for a peer its
+			// configuration names `disk none`).
 			disk, nonVoting := dp.physical(rj.Applied.Member(j).Type, rj.UpToDate)
 			p.Connected = true
 			p.Excluded = nonVoting
-			if disk == quorum.DiskNone {
-				p.Diskless = true
-			} else {
-				p.Disk = disk
-			}
+			p.Disk = disk
+			p.Diskless = configuredDiskless(m.Type)
 			p.Quorate = quorate&(1<<j) != 0
 		case dp.mutual(i, j):
-			// Connected before the cut (or before j died): i knows
-			// j's disk from then.
-			disk, nonVoting := dp.physical(rj.Applied.Member(j).Type, rj.UpToDate)
+			// Connected before the cut (or before j died): i remembers
+			// whether j was non-voting; whether j counts as a missing
+			// diskless vote or an absent voter is i's configuration's
+			// to say (the kernel reads `bitmap no` of its peer device).
+			_, nonVoting := dp.physical(rj.Applied.Member(j).Type, rj.UpToDate)
 			p.Excluded = nonVoting
-			p.Diskless = disk == quorum.DiskNone
+			p.Diskless = configuredDiskless(m.Type)
 			p.LeftMembers = v == variantDeadLeft && !rj.Alive
 		default:
 			// Not connected under the current configs: one of the two
@@ -285,9 +304,9 @@ func (a *Analyzer) quorate(dp *DataPlane, i int, side uint32, sv selfView, quora
 			if v == variantUnseen && dp.Seen[i]&(1<<j) == 0 {
 				continue
 			}
-			disk, nonVoting := dp.physical(m.Type, false)
+			_, nonVoting := dp.physical(m.Type, false)
 			p.Excluded = nonVoting
-			p.Diskless = disk == quorum.DiskNone
+			p.Diskless = configuredDiskless(m.Type)
 		}
 		a.peers[n] = p
 		n++

@@ -153,18 +153,28 @@ func BenchmarkFindSplits5D(b *testing.B) {
 	}
 }
 
-// Liminal members are rendered `disk none` (docs/layouts.md §8.4), so DRBD does
-// not count a D∅ as a voter. The one-step add of a D∅ to 2D+1TB with q
-// unchanged is then no split even half applied — the old configuration's
-// tiebreaker faces a side whose only other node is diskless.
-func TestLiminalDoesNotVote(t *testing.T) {
+// A liminal member runs `disk none`, but its peers keep a bitmap slot for it (the
+// agent writes a liminal peer with its disk, pkg/agent render.go), and DRBD on a
+// node with a disk counts a connected peer as a diskless vote only when the peer
+// reports Diskless *and* the local peer device has `bitmap no` (docs/drbd-quorum.md,
+// "The rule"): to its diskful peers a D∅ is a voter, present while connected. The
+// one-step add of a D∅ to 2D+1TB with q unchanged is therefore a split while half
+// applied — {r0, r3} is 2 of 3 under q=2, {r1, r2} keeps quorum through the old
+// configuration's tiebreaker — and the add plans raise q in the step that adds it.
+func TestLiminalVotesAtItsDiskfulPeers(t *testing.T) {
 	var a Analyzer
 	old := snap(1, 2, 1, tD, tD, tTB)
 	nu := snap(2, 2, 1, tD, tD, tTB, tDL)
-	if qs, ws := a.FindSplits(plane(false, nu, old, old, nu)); qs != nil || ws != nil {
-		t.Fatalf("D∅ counted as a voter: %+v %+v", qs, ws)
+	if _, ws := a.FindSplits(plane(false, nu, old, old, nu)); ws == nil {
+		t.Fatal("D∅ added to 2D+1TB with q unchanged, half applied: split not found")
 	}
-	// Its disk attached (D∅ → D applied by it alone), it votes: with the
+	// With q raised in the same step (3 of the 3 voters the new configuration
+	// counts), the side that applied it is not quorate: no split.
+	nq := snap(2, 3, 1, tD, tD, tTB, tDL)
+	if qs, ws := a.FindSplits(plane(false, nq, old, old, nq)); qs != nil || ws != nil {
+		t.Fatalf("D∅ added with q raised: split %+v %+v", qs, ws)
+	}
+	// Its disk attached (D∅ → D applied by it alone), it votes itself: with the
 	// old nodes still on "2 voters + TB" that is the split of
 	// TestSplitHalfAppliedUnsafeAdd.
 	nd := snap(3, 2, 1, tD, tD, tTB, tD)

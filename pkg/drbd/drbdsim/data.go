@@ -76,6 +76,12 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("%s %s at offset %d: %s: %w", op, name, off, why, err)
 		}
+		if dev != nil && c.devs.closing() {
+			// Close unmounts the filesystems on the devices before it tears
+			// them down: a write of theirs that waited here would hold the
+			// unmount, and Close, for ever.
+			return ioErr(op, name, off, why+", and the devices close (Cluster.Close)")
+		}
 		if stop == nil {
 			// Registered only when waiting: for a FUSE request's
 			// context it costs a goroutine.

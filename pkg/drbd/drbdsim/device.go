@@ -433,6 +433,9 @@ func (c *Cluster) Close() error {
 	d.mu.Lock()
 	d.closed = true
 	d.mu.Unlock()
+	// Requests suspended (suspend-io, or without quorum) fail from now on:
+	// the unmounts below would wait for them.
+	c.cond.Broadcast()
 	c.mu.Unlock()
 
 	var errs []error
@@ -475,31 +478,38 @@ func (c *Cluster) Close() error {
 	}
 	if held {
 		// Something nobody can close from here holds a loop device over the FUSE
-		// mount (a filesystem unmounted lazily while its IO was suspended): the
-		// kernel keeps the FUSE connection for it, and the server's loops would
-		// wait for requests for ever. Abort the connection: its IO fails with EIO.
-		if err := d.abort(); err != nil {
-			errs = append(errs, fmt.Errorf("drbdsim: aborting the FUSE connection of %s: %w", d.mnt, err))
-		}
+		// mount (a filesystem unmounted lazily while its IO was suspended): its IO
+		// fails with EIO once the connection is aborted below.
+		log.Printf("drbdsim: a loop device still holds %s: aborting its FUSE connection", d.mnt)
 	}
 	if d.stopDog != nil {
 		close(d.stopDog)
 		<-d.dogDone
 	}
-	// go-fuse's Unmount waits for the server's read loops, which end only when the
-	// kernel drops the connection; a reference it keeps (seen once under the soak,
-	// not yet explained) would hold Close, and the test above it, for ever.
-	unmounted := make(chan error, 1)
-	go func() { unmounted <- d.srv.Unmount() }()
-	select {
-	case err := <-unmounted:
-		if err != nil {
+	// The kernel ends the connection, and with it the server's read loops, only
+	// when the last mount of it goes; a mount namespace made while it was mounted
+	// (a kubecluster node's, unshare --mount, on a machine whose / is private)
+	// holds a copy that no unmount here reaches, and the loops would wait for it
+	// for ever. Nothing uses the devices any more: abort the connection. Without
+	// fusectl the abort is a forced unmount, which also unmounts it here when no
+	// loop device holds it.
+	if err := d.abort(); err != nil {
+		errs = append(errs, fmt.Errorf("drbdsim: aborting the FUSE connection of %s: %w", d.mnt, err))
+	}
+	if isMountPoint(d.mnt) {
+		if err := unix.Unmount(d.mnt, 0); err != nil {
 			errs = append(errs, fmt.Errorf("drbdsim: unmount %s: %w", d.mnt, err))
-		} else {
-			d.srv.Wait()
 		}
+	}
+	stopped := make(chan struct{})
+	go func() {
+		d.srv.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
 	case <-time.After(closeWait):
-		errs = append(errs, fmt.Errorf("drbdsim: the FUSE server of %s still runs %s after its unmount: the kernel keeps the connection (a file on it still open)", d.mnt, closeWait))
+		errs = append(errs, fmt.Errorf("drbdsim: the FUSE server of %s still runs %s after its connection was aborted", d.mnt, closeWait))
 	}
 	d.mu.Lock()
 	if d.aborted != nil {
@@ -511,6 +521,17 @@ func (c *Cluster) Close() error {
 
 // closeWait bounds how long Close waits for the FUSE server to stop.
 const closeWait = time.Minute
+
+// closing reports whether Close has begun: a device request no longer waits for
+// suspended IO to resume.
+func (d *devices) closing() bool {
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
 
 // DeviceAborted returns why the watchdog aborted the FUSE connection (every
 // device then fails IO with EIO), or nil.

@@ -797,9 +797,7 @@ func benchSeq(b *testing.B, dev string) {
 // prints statistics with the next state change). A filesystem on the
 // device would otherwise flood every events2 reader, the agent's first.
 func TestWritesPrintNoEvents(t *testing.T) {
-	rg := formed(t, nil)
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rg, n1 := formedWithPrimary(t)
 	rc, err := n1.EventsWith(rg.ctx, false)
 	rg.must(err)
 	for i := range 50 {

@@ -689,6 +689,8 @@ func (c *Cluster) quorumInput(r *resource) quorum.Input {
 	}
 	for _, p := range r.cfg.Peers {
 		k := r.conns[p.NodeID]
+		// Diskless is what our configuration calls the peer; connected, the
+		// peer's own report decides how it counts (quorum.Peer.Diskless).
 		qp := quorum.Peer{
 			Diskless: p.Diskless,
 			Excluded: !p.EffectiveAllowRemoteRead(r.cfg.Options),
@@ -701,7 +703,9 @@ func (c *Cluster) quorumInput(r *resource) quorum.Input {
 			switch k.peerDisk {
 			case DiskUpToDate:
 				qp.Disk = quorum.DiskUpToDate
-			case DiskDiskless, DiskFailed, DiskAttaching:
+			case DiskDiskless:
+				qp.Disk = quorum.DiskNone
+			case DiskFailed, DiskAttaching:
 				qp.Disk = quorum.DiskDetached
 			default:
 				qp.Disk = quorum.DiskPresent

@@ -26,6 +26,32 @@ func formed(t testing.TB, mutate func(node string, o *drbd.OptionSet)) *rig {
 	return rg
 }
 
+// formedWithPrimary is formed with node1 Primary.
+func formedWithPrimary(t testing.TB) (*rig, *Node) {
+	t.Helper()
+	rg := formed(t, nil)
+	n1 := rg.c.Node("node1")
+	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	return rg, n1
+}
+
+// writeAsync writes data at off of r0 through n in the background: the channel gets
+// the write's outcome once it returns, and how long it took.
+func writeAsync(ctx context.Context, n *Node, off int64, data []byte) <-chan writeOutcome {
+	done := make(chan writeOutcome, 1)
+	began := time.Now()
+	go func() {
+		err := n.Write(ctx, "r0", off, data)
+		done <- writeOutcome{err, time.Since(began)}
+	}()
+	return done
+}
+
+type writeOutcome struct {
+	err  error
+	took time.Duration
+}
+
 func (rg *rig) state(node string) drbd.StatusResource {
 	rg.t.Helper()
 	st, err := rg.c.Node(node).Status(rg.ctx, "r0")
@@ -333,9 +359,7 @@ func TestSplitBrainDetected(t *testing.T) {
 // survivor is promoted and writes; the old Primary comes back, resyncs
 // only what changed, and no acknowledged write is lost.
 func TestCrashFailoverAndReturn(t *testing.T) {
-	rg := formed(t, nil)
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rg, n1 := formedWithPrimary(t)
 	rg.must(rg.write("node1", 0, 1<<20))
 	n1.Crash()
 	if err := n1.Up(rg.ctx, "r0"); err == nil {
@@ -470,4 +494,33 @@ func TestNonVotingPeerNotCounted(t *testing.T) {
 	rg.wantQuorum("node1", true)
 	rg.wantQuorum("node2", false)
 	rg.must(rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce))
+}
+
+// A connected peer counts by the disk it reports, not by what the local configuration
+// calls it (the kernel's __calc_quorum_with_disk counts a peer as a diskless vote only
+// when it reports Diskless *and* the local peer device has `bitmap no`): node1 still
+// runs a configuration that names node2 diskless — as a survivor does while it has not
+// applied the step in which a diskless joiner attached its disk — and counts node2,
+// connected and UpToDate, as an UpToDate voter: 2 of 2 under quorum 2, so it keeps
+// quorum with node3 cut away and may promote.
+func TestConnectedPeerCountsByItsReportedDisk(t *testing.T) {
+	q2 := func(_ string, o *drbd.OptionSet) { o.Resource.Quorum = drbd.Ptr(drbd.QuorumCount(2)) }
+	rg := formed(t, q2)
+	cfg := r0(rg.dir, "node1", q2)
+	for i := range cfg.Peers {
+		if cfg.Peers[i].Name == "node2" {
+			cfg.Peers[i].Diskless = true
+		}
+	}
+	node1 := rg.c.Node("node1")
+	rg.must(node1.WriteConfig(rg.ctx, cfg))
+	rg.must(node1.Adjust(rg.ctx, "r0"))
+	rg.c.Partition("node3")
+	if pd := rg.state("node1").Connections; len(pd) == 0 {
+		t.Fatal("node1 has no connections")
+	}
+	rg.wantQuorum("node1", true)
+	rg.must(node1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rg.must(rg.write("node1", 0, 4096))
+	rg.noLostWrites()
 }

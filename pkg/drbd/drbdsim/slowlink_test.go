@@ -5,30 +5,19 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
 // A slow link delays the acknowledgment of every write replicated over it by the
 // link's delay, not the write itself: the peer has the data when the writer hears
 // of it, and the rest of the cluster is not held up meanwhile. Heal makes it fast.
 func TestSlowLinkDelaysAcknowledgments(t *testing.T) {
-	rg := formed(t, nil)
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rg, n1 := formedWithPrimary(t)
 	const delay = 300 * time.Millisecond
 	rg.c.SetLinkDelay("node1", "node2", delay)
 
 	data := bytes.Repeat([]byte{7}, 4096)
-	done := make(chan time.Duration, 1)
 	began := time.Now()
-	go func() {
-		err := n1.Write(context.Background(), "r0", 0, data)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- time.Since(began)
-	}()
+	done := writeAsync(context.Background(), n1, 0, data)
 	// While the writer waits for its acknowledgment, the cluster answers: node2
 	// already holds the block.
 	for {
@@ -40,8 +29,10 @@ func TestSlowLinkDelaysAcknowledgments(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if took := <-done; took < delay {
-		t.Fatalf("the write over a link delayed %s was acknowledged after %s", delay, took)
+	w := <-done
+	rg.must(w.err)
+	if w.took < delay {
+		t.Fatalf("the write over a link delayed %s was acknowledged after %s", delay, w.took)
 	}
 	if lost := rg.c.LostAckedWrites("r0"); len(lost) > 0 {
 		t.Fatal(lost)

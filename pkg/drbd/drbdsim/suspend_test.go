@@ -15,9 +15,7 @@ import (
 // kernel's status and events2 say suspended:user meanwhile, and the write
 // that waited lands on both diskful replicas once resumed.
 func TestSuspendIOHoldsWritesUntilResume(t *testing.T) {
-	rg := formed(t, nil)
-	n1 := rg.c.Node("node1")
-	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	rg, n1 := formedWithPrimary(t)
 	rg.must(n1.SuspendIO(rg.ctx, "r0"))
 	rg.must(n1.SuspendIO(rg.ctx, "r0")) // twice is a success, as in DRBD
 	st := rg.state("node1")
@@ -25,11 +23,10 @@ func TestSuspendIOHoldsWritesUntilResume(t *testing.T) {
 		t.Fatalf("after suspend-io: suspended %v user %v quorum %v, want user only", st.Suspended, st.SuspendedUser, st.SuspendedQuorum)
 	}
 	data := bytes.Repeat([]byte{0xab}, blockSize)
-	done := make(chan error, 1)
-	go func() { done <- n1.Write(rg.ctx, "r0", 0, data) }()
+	done := writeAsync(rg.ctx, n1, 0, data)
 	select {
-	case err := <-done:
-		t.Fatalf("a write went through suspend-io: %v", err)
+	case w := <-done:
+		t.Fatalf("a write went through suspend-io: %v", w.err)
 	case <-time.After(50 * time.Millisecond):
 	}
 	for _, n := range []string{"node1", "node2"} {
@@ -44,8 +41,8 @@ func TestSuspendIOHoldsWritesUntilResume(t *testing.T) {
 		}
 	}
 	rg.must(n1.ResumeIO(rg.ctx, "r0"))
-	if err := <-done; err != nil {
-		t.Fatalf("write after resume-io: %v", err)
+	if w := <-done; w.err != nil {
+		t.Fatalf("write after resume-io: %v", w.err)
 	}
 	if st := rg.state("node1"); st.Suspended || st.SuspendedUser {
 		t.Fatalf("after resume-io: suspended %v user %v", st.Suspended, st.SuspendedUser)

@@ -97,8 +97,10 @@ func (s Setting) At(n int) int {
 type Disk uint8
 
 const (
-	// DiskNone: configured `disk none` (an Access or TieBreaker member, an
-	// intentionally diskless client). Never votes; counts in the tiebreaker.
+	// DiskNone: as Input.Self, configured `disk none` (an Access or
+	// TieBreaker member, an intentionally diskless client): never votes,
+	// counts in the tiebreaker. As Peer.Disk, the peer reports Diskless
+	// (see Peer.Diskless for how that counts).
 	DiskNone Disk = iota
 	// DiskDetached: configured with a disk but none attached now (Diskless
 	// after detach or failure, or still Attaching). Counted as an absent
@@ -136,13 +138,23 @@ type Peer struct {
 	// Connected: the replication state is not Off (Established or any
 	// resync state).
 	Connected bool
-	// Diskless: the peer is intentionally diskless (configured `disk none`,
-	// `bitmap no` on our side). Such a peer never votes; connected it is a
-	// tiebreaker vote, unconnected a missing one.
+	// Diskless: our configuration names the peer intentionally diskless
+	// (`disk none` in its host section, so our peer device has `bitmap no`).
+	// Unconnected, such a peer is a missing diskless vote: our configuration
+	// is all we have. Connected, it is a diskless (tiebreaker) vote only if
+	// it also reports Diskless (Disk == DiskNone); one that reports a disk
+	// counts by that disk, whatever our configuration says (the kernel's
+	// __calc_quorum_with_disk: `disk_state == D_DISKLESS &&
+	// is_intentional_diskless`).
 	Diskless bool
-	// Disk is the peer's disk as last reported over the connection. Only
-	// read while Connected: DiskUpToDate counts up_to_date, anything else
-	// (including a diskful peer that is currently detached) counts present.
+	// Disk is the peer's disk as last reported over the connection, only
+	// read while Connected: DiskNone means it reports Diskless (an
+	// intentionally diskless node, or a diskful one that detached),
+	// DiskUpToDate counts up_to_date, DiskPresent and DiskDetached (a disk
+	// still attaching, or failing) count present. A peer that reports
+	// Diskless counts as a diskless vote for a node without a local disk
+	// whatever the configuration says (__calc_quorum_no_disk), and for a
+	// node with a disk only if Diskless is set too; otherwise it is present.
 	Disk Disk
 	// Outdated: while not connected, the peer is known Outdated (it
 	// told us so when it left, or our metadata marks it outdated). Outdated
@@ -280,7 +292,7 @@ func Compute(in *Input) Result {
 		p := &in.Peers[i]
 		switch {
 		case p.Excluded:
-		case p.Connected && p.Diskless:
+		case p.Connected && p.Disk == DiskNone && (p.Diskless || !withDisk):
 			r.Diskless++
 		case p.Connected && p.Disk == DiskUpToDate:
 			r.UpToDate++

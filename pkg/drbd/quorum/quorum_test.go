@@ -252,6 +252,32 @@ var scenarios = []scenario{
 		in:      Input{Quorum: Majority, MinRedundancy: Count(1), Self: DiskUpToDate, Peers: peers(detachedP, gone)},
 		quorate: true, path: PathCount, voters: 3,
 	},
+	// What a connected peer counts as depends on what it reports and, for a node
+	// with a disk, on what our configuration calls it (the kernel's
+	// __calc_quorum_with_disk and __calc_quorum_no_disk): a peer our configuration
+	// still names diskless (a replica that joined diskless and has since attached
+	// its disk, before we applied that change) counts by the disk it reports.
+	{
+		name:    "a peer configured diskless that reports UpToDate counts as an UpToDate voter",
+		in:      Input{Quorum: Count(2), MinRedundancy: Count(1), Self: DiskUpToDate, Peers: peers(Peer{Connected: true, Diskless: true, Disk: DiskUpToDate})},
+		quorate: true, path: PathCount, voters: 2,
+	},
+	{
+		name:    "a peer configured diskless that reports Inconsistent counts as present",
+		in:      Input{Quorum: Count(2), Self: DiskUpToDate, Peers: peers(Peer{Connected: true, Diskless: true, Disk: DiskPresent})},
+		quorate: true, path: PathCount, voters: 2,
+	},
+	{
+		name:    "a peer configured with a disk that reports Diskless counts as present for a node with a disk",
+		in:      Input{Quorum: Count(2), Self: DiskUpToDate, Peers: peers(Peer{Connected: true, Disk: DiskNone})},
+		quorate: true, path: PathCount, voters: 2,
+	},
+	{
+		name:    "a peer configured with a disk that reports Diskless is a diskless vote for a node without a disk",
+		in:      Input{Quorum: Majority, Self: DiskNone, Peers: peers(Peer{Connected: true, Disk: DiskNone}, gone, gone)},
+		quorate: false, path: PathNone, voters: 2,
+		reason: "0 of 2 nodes visible, need 2 for quorum",
+	},
 	{
 		name:    "tiebreaker needs a majority of the diskless nodes",
 		in:      Input{Quorum: Majority, Self: DiskUpToDate, Peers: peers(gone, tb, tbGone), QuorateNow: true},

@@ -23,20 +23,16 @@ import (
 // diskful replica's backing volume and DRBD device grow, and the attached
 // node's block device has the new size.
 func TestExpansion(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		ftt, gmdr int32
-	}{{"1d", 0, 0}, {"2d1tb", 1, 0}, {"3d", 1, 1}} {
+	for _, l := range layoutsNamed("1D", "2D+1TB", "3D") {
 		modes := []string{"detached", "attached", "diskless"}
-		if tc.name == "2d1tb" {
+		if l.tb > 0 {
 			modes = append(modes, "tiebreaker")
 		}
 		for _, mode := range modes {
-			t.Run(tc.name+"-"+mode, func(t *testing.T) {
+			t.Run(l.slug()+"-"+mode, func(t *testing.T) {
 				r := newRig(t)
-				vol := "expand-" + tc.name + "-" + mode
-				r.volume(vol, r.class(tc.ftt, tc.gmdr, v1.TopologyIgnored), 1)
-				rv := r.ready(vol, 2*time.Minute)
+				vol := "expand-" + l.slug() + "-" + mode
+				rv := r.formed(vol, l)
 				node := ""
 				switch mode {
 				case "attached": // where a diskful replica is

@@ -25,6 +25,24 @@ var layouts = []layoutCase{
 	{"5D", 2, 2, 5, 0},
 }
 
+// layoutsNamed are the layouts of those names, in that order.
+func layoutsNamed(names ...string) []layoutCase {
+	var out []layoutCase
+	for _, n := range names {
+		for _, l := range layouts {
+			if l.name == n {
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
+// slug is the layout's name as a subtest and a volume name use it: "2D+1TB" is "2d1tb".
+func (l layoutCase) slug() string {
+	return strings.ToLower(strings.ReplaceAll(l.name, "+", ""))
+}
+
 // Scenario 1: every layout forms to Ready under every topology: all D
 // UpToDate, and q/qmr as the layout says — read from each node's DRBD
 // (drbdsim), not from status. Prints the formation time of each.

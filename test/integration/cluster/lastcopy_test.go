@@ -23,16 +23,12 @@ import (
 // where DRBD 9.2.18 brings it back UpToDate (test/vm/FINDINGS.md), so it
 // would not promote.
 func TestLostNodeKeepsTheLastCopy(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		ftt, gmdr int32
-	}{{"1d", 0, 0}, {"2d", 0, 1}} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, l := range layoutsNamed("1D", "2D") {
+		t.Run(l.slug(), func(t *testing.T) {
 			r := newRig(t)
-			vol := "lastcopy-" + tc.name
-			r.volume(vol, r.class(tc.ftt, tc.gmdr, v1.TopologyIgnored), 1)
+			vol := "lastcopy-" + l.slug()
 			var nodes []string
-			for _, m := range r.ready(vol, 2*time.Minute).Status.Datamesh.Members {
+			for _, m := range r.formed(vol, l).Status.Datamesh.Members {
 				nodes = append(nodes, m.NodeName)
 			}
 			data := bytes.Repeat([]byte("last copy "), 410)[:4096]

@@ -204,6 +204,14 @@ func (r *rig) ready(name string, d time.Duration) *v1.ReplicatedVolume {
 	return cur
 }
 
+// formed creates a volume of the layout (topology Ignored, one attachment at most) and
+// returns it once Ready.
+func (r *rig) formed(name string, l layoutCase) *v1.ReplicatedVolume {
+	r.t.Helper()
+	r.volume(name, r.class(l.ftt, l.gmdr, v1.TopologyIgnored), 1)
+	return r.ready(name, 2*time.Minute)
+}
+
 // deleteVolume deletes an RV and waits until it and everything of it is gone.
 func (r *rig) deleteVolume(name string) {
 	r.t.Helper()

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bytes"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -11,8 +12,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/kubectlmeshvol"
 )
@@ -23,23 +26,18 @@ import (
 // Diskful node of an attached 2D+1TB volume waits in Draining until the volume
 // detaches, then says the node may go down; the node crashes and stays away past
 // the grace period without its member being force-removed or replaced (eight
-// other nodes could take one); it returns, resyncs, and the maintenance completes.
+// other nodes could take one), and a drain of another node is refused (one node at
+// a time); it returns, resyncs, and the maintenance completes.
+// Then the TieBreaker's node, drained with --max-downtime 5s, stays down past it:
+// the maintenance Fails, the node is lost and its member force-removed, and
+// uncordon reports the failure.
 func TestNodeMaintenance(t *testing.T) {
 	r := newRig(t)
 	kc := r.kubeconfig()
 	const vol, only = "maint-2d1tb", "maint-1d"
-	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
 	r.volume(only, r.class(0, 0, v1.TopologyIgnored), 1)
-	rv := r.ready(vol, 2*time.Minute)
+	all, diskful := r.formed2D1TB(vol)
 	onlyNode := r.ready(only, 2*time.Minute).Status.Datamesh.Members[0].NodeName
-	members := map[string]bool{}
-	var diskful []string
-	for _, m := range rv.Status.Datamesh.Members {
-		members[m.NodeName] = true
-		if m.Type == v1.MemberTypeDiskful {
-			diskful = append(diskful, m.NodeName)
-		}
-	}
 	var timeline bytes.Buffer
 
 	// Refused: the node holds the 1D volume's only copy.
@@ -60,21 +58,27 @@ func TestNodeMaintenance(t *testing.T) {
 	// Draining until the attached volume detaches, then ReadyForMaintenance.
 	node := diskful[0]
 	r.attach(vol, node)
-	var drainOut string
+	var drainOut testenv.LockedBuffer
 	var drainErr error
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		drainOut, drainErr = r.pluginErr(kc, "drain", node, "--timeout", "3m")
+		drainErr = r.pluginTo(kc, &drainOut, "drain", node, "--timeout", "3m")
 	}()
-	r.eventually("maintenance of "+node+" Draining on "+vol, time.Minute, func() string {
+	draining := "Draining: Waiting for the volumes attached on node " + node + " to detach: " + vol
+	// The plugin reads the maintenance once a second: the volume detaches only once the
+	// plugin has printed Draining, or its output would skip the phase.
+	r.eventually("kubectl meshvol drain "+node+" following Draining on "+vol, time.Minute, func() string {
 		m := &v1.ReplicatedNodeMaintenance{}
 		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: node}, m); err != nil {
 			return err.Error()
 		}
 		if m.Status.Phase != v1.MaintenanceDraining || !slices.Equal(m.Status.AttachedVolumes, []string{vol}) {
 			return string(m.Status.Phase) + ": " + m.Status.Message
+		}
+		if out := drainOut.String(); !strings.Contains(out, draining) {
+			return "the plugin has not printed Draining yet:\n" + out
 		}
 		return ""
 	})
@@ -83,10 +87,9 @@ func TestNodeMaintenance(t *testing.T) {
 	}
 	r.detach(vol, node)
 	wg.Wait()
-	timeline.WriteString("$ kubectl meshvol drain " + node + "\n" + drainOut)
-	if drainErr != nil || !strings.Contains(drainOut, "Draining: Waiting for the volumes attached on node "+node+" to detach: "+vol) ||
-		!strings.Contains(drainOut, "ReadyForMaintenance: Node "+node+" may be taken down") {
-		t.Fatalf("drain %s: %v\n%s", node, drainErr, drainOut)
+	timeline.WriteString("$ kubectl meshvol drain " + node + "\n" + drainOut.String())
+	if drainErr != nil || !strings.Contains(drainOut.String(), "ReadyForMaintenance: Node "+node+" may be taken down") {
+		t.Fatalf("drain %s: %v\n%s", node, drainErr, drainOut.String())
 	}
 
 	// Away: the node goes down; past the grace period its member stays, Degraded.
@@ -124,12 +127,26 @@ func TestNodeMaintenance(t *testing.T) {
 		}
 	}
 	for _, rvr := range r.rvrs(vol) {
-		if !members[rvr.Spec.NodeName] {
+		if !slices.Contains(all, rvr.Spec.NodeName) {
 			t.Errorf("a replacement replica %s was placed on %s while %s is away for maintenance", rvr.Name, rvr.Spec.NodeName, node)
 		}
 	}
 	timeline.WriteString("(node " + node + " crashed; " + time.Since(crashed).Round(time.Second).String() + " later: phase " +
 		string(cur.Status.Phase) + ", member " + replica + " kept, no ForceLeave, no replacement)\n")
+
+	// Refused: one node at a time.
+	tb := ""
+	for _, n := range all {
+		if !slices.Contains(diskful, n) {
+			tb = n
+		}
+	}
+	out, err = r.pluginErr(kc, "drain", tb, "--timeout", "1m")
+	timeline.WriteString("$ kubectl meshvol drain " + tb + "\n" + out)
+	if !errors.Is(err, kubectlmeshvol.ErrBlocked) || !strings.Contains(err.Error(), "Node "+node+" is in maintenance: one node at a time") {
+		t.Fatalf("drain of %s while %s is away: %v\n%s", tb, node, err, out)
+	}
+	timeline.WriteString("error: " + err.Error() + "\n")
 
 	// Back: restart, uncordon, resync, Completed.
 	r.must(r.c.RestartNode(node))
@@ -147,16 +164,60 @@ func TestNodeMaintenance(t *testing.T) {
 		t.Errorf("uncordon left node %s cordoned (%s=%q)", node, v1.LabelCordon, l)
 	}
 	r.ready(vol, 2*time.Minute)
-	t.Logf("maintenance timeline:\n%s", timeline.String())
 	r.must(r.cl.Delete(r.ctx, m))
+
+	// Failed: the TieBreaker's node, drained with --max-downtime, stays away past it;
+	// it is lost then, and its member is force-removed as any lost node's.
+	out, err = r.pluginErr(kc, "drain", tb, "--max-downtime", "5s", "--timeout", "2m")
+	timeline.WriteString("$ kubectl meshvol drain " + tb + " --max-downtime 5s\n" + out)
+	if err != nil || !strings.Contains(out, "ReadyForMaintenance: Node "+tb+" may be taken down") {
+		t.Fatalf("drain %s: %v\n%s", tb, err, out)
+	}
+	r.must(r.c.CrashNode(tb))
+	t.Cleanup(func() { _ = r.c.RestartNode(tb) })
+	tbReplica := v1.ReplicaName(vol, tb)
+	r.eventually("maintenance of "+tb+" Failed and its member force-removed", 2*time.Minute, func() string {
+		m := &v1.ReplicatedNodeMaintenance{}
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: tb}, m))
+		if m.Status.Phase != v1.MaintenanceFailed || !strings.Contains(m.Status.Message, "longer than spec.maxDowntime 5s") {
+			return string(m.Status.Phase) + ": " + m.Status.Message
+		}
+		cur := r.rv(vol)
+		if slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == tbReplica }) &&
+			!slices.ContainsFunc(cur.Status.DatameshReplicaRequests, func(q v1.DatameshReplicaRequest) bool {
+				return q.Name == tbReplica && q.Operation == v1.ReplicaOperationForceLeave
+			}) {
+			return "the member on " + tb + " is neither removed nor asked to ForceLeave: " + phase(cur)
+		}
+		return ""
+	})
+	r.must(r.c.RestartNode(tb))
+	out, err = r.pluginErr(kc, "uncordon", tb, "--timeout", "1m")
+	timeline.WriteString("(node " + tb + " crashed, Failed, its member force-removed; restarted)\n$ kubectl meshvol uncordon " + tb + "\n" + out)
+	if !errors.Is(err, kubectlmeshvol.ErrFailed) || !strings.Contains(err.Error(), "longer than spec.maxDowntime 5s") {
+		t.Fatalf("uncordon of the failed maintenance of %s: %v\n%s", tb, err, out)
+	}
+	timeline.WriteString("error: " + err.Error() + "\n")
+	if l := r.nodeLabel(tb); l != "" {
+		t.Errorf("uncordon of a failed maintenance left node %s cordoned (%s=%q)", tb, v1.LabelCordon, l)
+	}
+	r.ready(vol, 2*time.Minute)
+	t.Logf("maintenance timeline:\n%s", timeline.String())
+	r.must(r.cl.Delete(r.ctx, &v1.ReplicatedNodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: tb}}))
 	r.deleteVolume(vol)
 }
 
 // pluginErr runs the plugin as plugin does and returns its output and error.
 func (r *rig) pluginErr(kc pluginConfig, args ...string) (string, error) {
-	var out, errOut bytes.Buffer
-	err := kubectlmeshvol.Run(r.ctx, append(args, "--kubeconfig", kc.path, "--context", kc.context), &out, &errOut)
+	var out bytes.Buffer
+	err := r.pluginTo(kc, &out, args...)
 	return out.String(), err
+}
+
+// pluginTo runs the plugin as plugin does, writing its output to out.
+func (r *rig) pluginTo(kc pluginConfig, out io.Writer, args ...string) error {
+	var errOut bytes.Buffer
+	return kubectlmeshvol.Run(r.ctx, append(args, "--kubeconfig", kc.path, "--context", kc.context), out, &errOut)
 }
 
 // nodeLabel is the node's meshvol cordon label ("" when absent).

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/meshvol/meshvol/internal/metricstest"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/kubectlmeshvol"
 )
@@ -36,15 +36,7 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 	r := newRig(t)
 	scraped := r.scraper()
 	const vol = "plugin-2d1tb"
-	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
-	rv := r.ready(vol, 2*time.Minute)
-	var all, diskful []string
-	for _, m := range rv.Status.Datamesh.Members {
-		all = append(all, m.NodeName)
-		if m.Type == v1.MemberTypeDiskful {
-			diskful = append(diskful, m.NodeName)
-		}
-	}
+	all, diskful := r.formed2D1TB(vol)
 	r.cordonAllBut(all...)
 	attached, lost := diskful[0], diskful[1]
 	r.attach(vol, attached)
@@ -113,6 +105,20 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 	r.deleteVolume(vol)
 }
 
+// formed2D1TB creates a 2D+1TB volume and waits until it is Ready: the nodes of
+// its members, and of its Diskful members.
+func (r *rig) formed2D1TB(vol string) (all, diskful []string) {
+	r.t.Helper()
+	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
+	for _, m := range r.ready(vol, 2*time.Minute).Status.Datamesh.Members {
+		all = append(all, m.NodeName)
+		if m.Type == v1.MemberTypeDiskful {
+			diskful = append(diskful, m.NodeName)
+		}
+	}
+	return all, diskful
+}
+
 // agentMetrics checks the agents' series of the degraded volume in the
 // registry every in-process agent serves (docs/operating.md, "Agent
 // metrics"): the attached survivor is Primary and UpToDate with quorum and
@@ -121,7 +127,7 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 // meshvol_agent_ name passes the Prometheus linter.
 func (r *rig) agentMetrics(vol, attached, lost string) {
 	r.t.Helper()
-	series, names := r.scrape("meshvol_agent_")
+	series, names := metricstest.Series(r.t, metrics.Registry, "meshvol_agent_")
 	for key := range series {
 		_, labels, _ := strings.Cut(strings.TrimSuffix(key, "}"), "{")
 		if slices.Contains(strings.Split(labels, ","), "node="+lost) {
@@ -156,11 +162,7 @@ func (r *rig) agentMetrics(vol, attached, lost string) {
 	if !pool || !slices.Contains(timed, "up") || !slices.Contains(timed, "primary") {
 		r.t.Errorf("pool free bytes of %s exported: %v; DRBD commands timed: %v, want up and primary among them", attached, pool, timed)
 	}
-	problems, err := testutil.GatherAndLint(metrics.Registry, names...)
-	r.must(err)
-	for _, p := range problems {
-		r.t.Errorf("%s: %s", p.Metric, p.Text)
-	}
+	metricstest.Lint(r.t, metrics.Registry, names...)
 	r.t.Logf("%d agent metric families, %d series", len(names), len(series))
 }
 
@@ -171,7 +173,7 @@ func (r *rig) agentMetrics(vol, attached, lost string) {
 // meshvol_controller_ name passes the Prometheus linter.
 func (r *rig) controllerMetrics(vol, lost string) {
 	r.t.Helper()
-	series, names := r.scrape("meshvol_controller_")
+	series, names := metricstest.Series(r.t, metrics.Registry, "meshvol_controller_")
 	for key, want := range map[string]float64{
 		"meshvol_controller_volume_phase{phase=Degraded,volume=" + vol + "}":                                 1,
 		"meshvol_controller_volume_phase{phase=Ready,volume=" + vol + "}":                                    0,
@@ -190,37 +192,8 @@ func (r *rig) controllerMetrics(vol, lost string) {
 		r.t.Errorf("the totals miss the degraded volume or the lost node: volumes Degraded %v, nodes Lost %v",
 			series["meshvol_controller_volumes{phase=Degraded}"], series["meshvol_controller_nodes{state=Lost}"])
 	}
-	problems, err := testutil.GatherAndLint(metrics.Registry, names...)
-	r.must(err)
-	for _, p := range problems {
-		r.t.Errorf("%s: %s", p.Metric, p.Text)
-	}
+	metricstest.Lint(r.t, metrics.Registry, names...)
 	r.t.Logf("%d controller metric families, %d series", len(names), len(series))
-}
-
-// scrape gathers the registry the in-process controller and agents serve: every
-// series whose name starts with prefix, as name{label=value,...} (labels sorted)
-// → its value (a histogram's: its count), and the metric names.
-func (r *rig) scrape(prefix string) (map[string]float64, []string) {
-	mfs, err := metrics.Registry.Gather()
-	r.must(err)
-	series := map[string]float64{}
-	var names []string
-	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), prefix) {
-			continue
-		}
-		names = append(names, mf.GetName())
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
-			v := m.GetGauge().GetValue() + m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
-			series[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
-		}
-	}
-	return series, names
 }
 
 // claim creates what the external-provisioner leaves for a provisioned volume: a PV

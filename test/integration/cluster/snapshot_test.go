@@ -14,9 +14,11 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/csi"
 )
@@ -29,20 +31,16 @@ import (
 // every diskful node of the source; deleting everything leaves no file, no DRBD
 // resource and no object behind.
 func TestSnapshotRestoreClone(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		ftt, gmdr int32
-	}{{"1d", 0, 0}, {"2d1tb", 1, 0}} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, l := range layoutsNamed("1D", "2D+1TB") {
+		t.Run(l.slug(), func(t *testing.T) {
 			r := newRig(t)
 			cs := r.csiController()
-			class := r.class(tc.ftt, tc.gmdr, v1.TopologyIgnored)
-			src, snap := "snap-src-"+tc.name, "snap-"+tc.name
-			r.volume(src, class, 1)
-			rv := r.ready(src, 2*time.Minute)
+			class := r.class(l.ftt, l.gmdr, v1.TopologyIgnored)
+			src, snap := "snap-src-"+l.slug(), "snap-"+l.slug()
+			rv := r.formed(src, l)
 			diskful := diskfulNodes(rv)
 			r.attach(src, diskful[0])
-			a, b := pattern("A-"+tc.name), pattern("B-"+tc.name)
+			a, b := pattern("A-"+l.slug()), pattern("B-"+l.slug())
 			r.must(r.c.Node(diskful[0]).Sim.Write(r.ctx, src, 0, a))
 
 			start := time.Now()
@@ -65,10 +63,10 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			r.eventually("IO resumed on "+src, 30*time.Second, func() string { return r.suspendedAnywhere(src) })
 			r.must(r.c.Node(diskful[0]).Sim.Write(r.ctx, src, 0, b))
 
-			restored := "snap-restore-" + tc.name
+			restored := "snap-restore-" + l.slug()
 			r.createFrom(cs, restored, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{
 				Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: snap}}})
-			clone := "snap-clone-" + tc.name
+			clone := "snap-clone-" + l.slug()
 			r.createFrom(cs, clone, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
 				Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: src}}})
 			r.holds(restored, a)
@@ -78,15 +76,8 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			}
 
 			r.detach(src, diskful[0])
-			for _, v := range []string{restored, clone, src} {
-				_, err := cs.DeleteVolume(r.ctx, &csipb.DeleteVolumeRequest{VolumeId: v})
-				r.must(err)
-				r.gone(v)
-			}
 			// The snapshot outlives its volume and is deleted on its own.
-			_, err = cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
-			r.must(err)
-			r.noSnapshotFiles(snap)
+			r.deleteThenSnapshot(cs, snap, restored, clone, src)
 		})
 	}
 }
@@ -131,12 +122,7 @@ func TestSnapshotErrors(t *testing.T) {
 	if _, err := cs.ListSnapshots(r.ctx, &csipb.ListSnapshotsRequest{StartingToken: "bogus"}); status.Code(err) != codes.Aborted {
 		t.Fatalf("ListSnapshots with a bogus token: %v, want Aborted", err)
 	}
-	_, err = cs.DeleteVolume(r.ctx, &csipb.DeleteVolumeRequest{VolumeId: vol})
-	r.must(err)
-	r.gone(vol)
-	_, err = cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
-	r.must(err)
-	r.noSnapshotFiles(snap)
+	r.deleteThenSnapshot(cs, snap, vol)
 }
 
 func diskfulNodes(rv *v1.ReplicatedVolume) []string {
@@ -289,32 +275,50 @@ func TestSnapshotSuspendWindow(t *testing.T) {
 	}
 }
 
-// Fault: the agent of the volume's node restarts while a snapshot holds the volume's IO
-// suspended (a crash between suspend-io and resume-io). The snapshot is still taken (or
-// its attempt aborted and retried), IO resumes, and a writer's write completes. Then a
-// suspension no snapshot holds (an agent that died after suspend-io, its snapshot gone
-// meanwhile) is resumed by the restarted agent.
+// Fault: an agent restarts while a snapshot holds the volume's IO suspended (a crash
+// between suspend-io and resume-io). The window is made to last rather than caught: a 1D
+// volume is attached on a diskless node and the agent of its diskful node is stopped, so
+// the snapshot's attempt holds the attached node's IO suspended until that agent is back
+// or the deadline passes (then the next attempt holds it again). A 1D snapshot with every
+// agent up takes a few tens of milliseconds, less than one look at the nodes. Inside the
+// window the attached node's agent restarts; then the diskful node's agent returns. The
+// snapshot is taken (or its attempt aborted and retried), IO resumes, and a writer's write
+// completes. Then a suspension no snapshot holds (an agent that died after suspend-io,
+// its snapshot gone meanwhile) is resumed by the restarted agent.
 func TestSnapshotAgentRestart(t *testing.T) {
 	r := newRig(t)
 	cs := r.csiController()
 	const vol, snap = "snap-restart", "snap-restart"
 	r.volume(vol, r.class(0, 0, v1.TopologyIgnored), 1)
-	node := diskfulNodes(r.ready(vol, 2*time.Minute))[0]
+	diskful := diskfulNodes(r.ready(vol, 2*time.Minute))[0]
+	node := r.c.Nodes[0].Name
+	if node == diskful {
+		node = r.c.Nodes[1].Name
+	}
 	r.attach(vol, node)
+	r.must(r.c.StopAgent(diskful))
+	back := false
+	t.Cleanup(func() {
+		if !back {
+			_ = r.c.RestartAgent(diskful)
+		}
+	})
 	done := make(chan error, 1)
 	go func() {
 		_, err := cs.CreateSnapshot(r.ctx, &csipb.CreateSnapshotRequest{Name: snap, SourceVolumeId: vol})
 		done <- err
 	}()
 	r.eventually("IO suspended on "+node, time.Minute, func() string {
-		if r.suspendedAnywhere(vol) == "" {
-			return "not suspended yet"
+		if got, want := r.suspendedAnywhere(vol), "suspended on "+node; got != want {
+			return fmt.Sprintf("%q, want %q", got, want)
 		}
 		return ""
 	})
 	r.must(r.c.RestartAgent(node))
 	wrote := make(chan error, 1)
 	go func() { wrote <- r.c.Node(node).Sim.Write(r.ctx, vol, 0, pattern("after-restart")) }()
+	back = true
+	r.must(r.c.RestartAgent(diskful))
 	r.must(<-done)
 	r.must(<-wrote)
 	r.eventually("IO resumed on "+vol, time.Minute, func() string { return r.suspendedAnywhere(vol) })
@@ -328,5 +332,73 @@ func TestSnapshotAgentRestart(t *testing.T) {
 	_, err := cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
 	r.must(err)
 	r.deleteVolume(vol)
+	r.noSnapshotFiles(snap)
+}
+
+// Fault: a node that holds a copy is lost after the snapshot. The snapshot lives on every
+// diskful replica's node (docs/snapshots.md, "Where snapshots live"), so a restore is
+// seeded from the copy on the live node and holds the snapshot's data; a clone of the
+// source, taken once the lost replica is replaced, holds the source's data. Once the
+// node is back, deleting everything leaves no copy behind on it either.
+func TestSnapshotRestoreAfterNodeLoss(t *testing.T) {
+	r := newRig(t)
+	cs := r.csiController()
+	class := r.class(1, 0, v1.TopologyIgnored)
+	const src, snap = "snap-lost-src", "snap-lost"
+	r.volume(src, class, 1)
+	diskful := diskfulNodes(r.ready(src, 2*time.Minute))
+	// The copy a restore would start from, the first by name, is on the node lost.
+	lost, survivor := diskful[0], diskful[1]
+	r.attach(src, survivor)
+	a := pattern("A-lost")
+	r.must(r.c.Node(survivor).Sim.Write(r.ctx, src, 0, a))
+	_, err := cs.CreateSnapshot(r.ctx, &csipb.CreateSnapshotRequest{Name: snap, SourceVolumeId: src})
+	r.must(err)
+
+	r.must(r.c.CrashNode(lost))
+	back := false
+	t.Cleanup(func() {
+		if !back {
+			_ = r.c.RestartNode(lost)
+		}
+	})
+	r.eventually("the agent of "+lost+" not live", time.Minute, func() string {
+		le := &coordinationv1.Lease{}
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Namespace: r.c.Namespace, Name: v1.AgentLeasePrefix + lost}, le); err != nil {
+			return err.Error()
+		}
+		if agentlease.Judge(le, time.Now(), 0).Live {
+			return "its Lease is valid"
+		}
+		return ""
+	})
+	restored, clone := "snap-lost-restore", "snap-lost-clone"
+	r.createFrom(cs, restored, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{
+		Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: snap}}})
+	if ds := r.rv(restored).Spec.DataSource; ds.NodeName != survivor {
+		t.Fatalf("the restore is seeded from the copy on %s, want the live %s (%s is lost)", ds.NodeName, survivor, lost)
+	}
+	r.holds(restored, a)
+	r.createFrom(cs, clone, class, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
+		Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: src}}})
+	r.holds(clone, a)
+
+	back = true
+	r.must(r.c.RestartNode(lost))
+	r.detach(src, survivor)
+	r.deleteThenSnapshot(cs, snap, restored, clone, src)
+}
+
+// deleteThenSnapshot deletes the volumes through CSI, waiting until each is gone, then
+// the snapshot, waiting until it and its copies are.
+func (r *rig) deleteThenSnapshot(cs *csi.Controller, snap string, volumes ...string) {
+	r.t.Helper()
+	for _, v := range volumes {
+		_, err := cs.DeleteVolume(r.ctx, &csipb.DeleteVolumeRequest{VolumeId: v})
+		r.must(err)
+		r.gone(v)
+	}
+	_, err := cs.DeleteSnapshot(r.ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap})
+	r.must(err)
 	r.noSnapshotFiles(snap)
 }

@@ -449,7 +449,9 @@ func quorumInput(node string, all map[string]drbd.StatusResource) quorum.Input {
 			switch c.PeerDevices[0].PeerDiskState {
 			case "UpToDate":
 				qp.Disk = quorum.DiskUpToDate
-			case "Diskless", "Attaching", "Failed":
+			case "Diskless":
+				qp.Disk = quorum.DiskNone
+			case "Attaching", "Failed":
 				qp.Disk = quorum.DiskDetached
 			default:
 				qp.Disk = quorum.DiskPresent

@@ -16,10 +16,16 @@ type ReplicatedNodeMaintenanceSpec struct {
 	// waits until every replica on it is in sync again, then completes.
 	// +optional
 	Return bool `json:"return,omitempty"`
+	// maxDowntime bounds how long the node may be away: from ReadyForMaintenance
+	// until Completed (back and in sync). Past it the maintenance is Failed and the
+	// node is no longer away but lost, so its volumes' lost members may be removed
+	// and replaced as for any lost node. Unset: no bound.
+	// +optional
+	MaxDowntime *metav1.Duration `json:"maxDowntime,omitempty"`
 }
 
 // MaintenancePhase is where a node maintenance stands.
-// +kubebuilder:validation:Enum=Pending;Blocked;Draining;ReadyForMaintenance;Returning;Completed
+// +kubebuilder:validation:Enum=Pending;Blocked;Draining;ReadyForMaintenance;Returning;Completed;Failed
 type MaintenancePhase string
 
 const (
@@ -42,6 +48,10 @@ const (
 	// MaintenanceCompleted: the node is back and in sync (or the maintenance was called
 	// off before the node went away).
 	MaintenanceCompleted MaintenancePhase = "Completed"
+	// MaintenanceFailed: the node was away longer than spec.maxDowntime (it did not
+	// return, or its replicas did not get back in sync); the message says what was
+	// still missing. Final: the node is lost, no longer away.
+	MaintenanceFailed MaintenancePhase = "Failed"
 )
 
 // ReplicatedNodeMaintenanceStatus is written by the controller.
@@ -66,11 +76,15 @@ type ReplicatedNodeMaintenanceStatus struct {
 	// lastPhaseChange is when phase last changed.
 	// +optional
 	LastPhaseChange *metav1.Time `json:"lastPhaseChange,omitempty"`
+	// awaySince is when the node was first judged ReadyForMaintenance: the start of
+	// its downtime, which spec.maxDowntime bounds.
+	// +optional
+	AwaySince *metav1.Time `json:"awaySince,omitempty"`
 }
 
 // ReplicatedNodeMaintenance takes one node out of service and brings it back:
 // Pending → Draining → ReadyForMaintenance → (spec.return) Returning → Completed, or
-// Blocked while the pre-checks refuse. Its name is the node's (`kubectl meshvol drain`
+// Blocked while the pre-checks refuse, or Failed past spec.maxDowntime. Its name is the node's (`kubectl meshvol drain`
 // creates it).
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
