@@ -551,8 +551,11 @@ func (c *Cluster) stop() error {
 	}
 	if c.host != nil {
 		errs = appendErr(errs, cleanHost(c.host))
+		// The nodes' pod logs stay (plain files in the caller's directory):
+		// they are what a failed run is diagnosed from, meshvol's agents'
+		// logs among them.
 		for _, n := range c.Nodes {
-			for _, d := range []string{"containerd", "kubelet", "pod-logs", "dev", "meshvol"} {
+			for _, d := range []string{"containerd", "kubelet", "dev", "meshvol"} {
 				errs = appendErr(errs, os.RemoveAll(filepath.Join(n.Dir, d)))
 			}
 		}

@@ -138,14 +138,18 @@
 // after demotion until it closes it (down fails -2 meanwhile). A crash
 // fails every later request with EIO, like a dead machine's disk; the
 // filesystem on it stays mounted until someone unmounts it. Cluster.Close
-// shuts the devices down in the only order that cannot hang: unmount the
-// filesystems on them, detach the loop devices, unmount FUSE, stop the
-// server. drbdsim never does IO on a device or its filesystem while it
+// shuts the devices down in the only order that cannot hang: fail the
+// requests suspended (suspend-io or no quorum) with EIO, unmount the
+// filesystems on the devices, detach the loop devices, abort the FUSE
+// connection and unmount it, stop the server. The abort is what ends the
+// server when a mount namespace made meanwhile (unshare --mount) holds a
+// copy of the FUSE mount that no unmount here reaches. drbdsim never does IO on a device or its filesystem while it
 // holds the cluster lock (the kernel would wait for a handler that waits
 // for the lock); a watchdog aborts the FUSE connection if a request waits
 // for the lock longer than Options.DeviceWatchdog, turning such a
 // deadlock into EIO (Cluster.DeviceAborted). A request suspended without
-// quorum fails with EIO when its device goes (demotion, crash, Close).
+// quorum or by suspend-io fails with EIO when its device goes (demotion,
+// crash, Close).
 // The FUSE descriptor is close-on-exec, so the connection dies with the
 // simulator's process and nothing blocked on a device outlives it; the
 // next cluster on the same Options.Dir removes the dead mount, the loop
