@@ -170,8 +170,8 @@ func (rep *report) markdown(base string) string {
 		if r.Fault == sandbox.FaultPartition {
 			old += fmt.Sprintf(", last try %d", r.OldAfterFault.LastTry)
 			if r.Heal != nil {
-				old += fmt.Sprintf("; healed: container ended +%.1f s, DRBD down +%.1f s, new pod's %d → next found %d",
-					r.Heal.OldStopped.Seconds(), r.Heal.OldDRBDDown.Seconds(), r.Heal.NewLastAck, r.Heal.Reread)
+				old += fmt.Sprintf("; healed: container ended +%.1f s, DRBD no longer Primary +%.1f s (%s), new pod's %d → next found %d",
+					r.Heal.OldStopped.Seconds(), r.Heal.OldDemoted.Seconds(), orDown(r.Heal.OldRole), r.Heal.NewLastAck, r.Heal.Reread)
 			}
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %s | %s | %s | %s | %s | **%s** | %d → %d | %s | %s |\n",
@@ -227,4 +227,12 @@ func (rep *report) svg() string {
 
 func esc(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
+}
+
+// orDown names a DRBD role, "" being a resource that is down.
+func orDown(role string) string {
+	if role == "" {
+		return "down"
+	}
+	return role
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -539,9 +538,15 @@ func (s *Sandbox) OldContainerRunning(r *FailoverResult) (bool, error) {
 // HealResult is what followed the end of a partition.
 type HealResult struct {
 	// OldStopped: the old pod's container ended (its kubelet, back, found
-	// the pod deleted); OldDRBDDown: the old node runs the volume's DRBD
-	// resource no more. Both from the heal.
-	OldStopped, OldDRBDDown time.Duration
+	// the pod deleted); OldDemoted: the old node's DRBD resource of the
+	// volume is no longer Primary (Secondary, or down). Both from the heal.
+	OldStopped, OldDemoted time.Duration
+	// OldRole is the old node's DRBD role for the volume when OldDemoted
+	// was seen: "Secondary", or "" when the resource is down there. On
+	// three nodes the returning node usually gets the volume's replacement
+	// replica, so its resource is down only between the teardown of the
+	// force-removed replica and the join of the new one.
+	OldRole string
 	// OldLog is the old pod's log over the whole run.
 	OldLog WriterLog
 	// NewLastAck is the new pod's last acknowledged counter once stopped,
@@ -550,7 +555,7 @@ type HealResult struct {
 }
 
 // AfterHeal heals a partition run's node and checks what follows: the old
-// pod's container ends, the old node's DRBD resource goes, the old pod
+// pod's container ends, the old node's DRBD resource demotes, the old pod
 // acknowledged no write beyond what the new pod found, and no write the
 // new pod acknowledged is lost — the writer is stopped and started again
 // (anywhere, the healed node included), and finds at least the new pod's
@@ -562,20 +567,24 @@ func (s *Sandbox) AfterHeal(ctx context.Context, r *FailoverResult) (*HealResult
 		return h, err
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	for h.OldStopped == 0 || h.OldDRBDDown == 0 {
+	lastRole := ""
+	for h.OldStopped == 0 || h.OldDemoted == 0 {
 		if h.OldStopped == 0 {
 			if running, err := s.OldContainerRunning(r); err == nil && !running {
 				h.OldStopped = time.Since(began)
 			}
 		}
-		if h.OldDRBDDown == 0 {
-			if res, err := s.DRBDResources(ctx, r.From); err == nil && !slices.Contains(res, r.volume) {
-				h.OldDRBDDown = time.Since(began)
+		if h.OldDemoted == 0 {
+			if role, err := s.DRBDRole(ctx, r.From, r.volume); err == nil {
+				lastRole = role
+				if role != "Primary" {
+					h.OldDemoted, h.OldRole = time.Since(began), role
+				}
 			}
 		}
 		if time.Now().After(deadline) {
-			return h, fmt.Errorf("sandbox: 2 minutes after the partition of %s healed: old container stopped %v, DRBD resource %s down %v",
-				r.From, h.OldStopped > 0, r.volume, h.OldDRBDDown > 0)
+			return h, fmt.Errorf("sandbox: 2 minutes after the partition of %s healed: old container stopped %v, DRBD resource %s still %s there",
+				r.From, h.OldStopped > 0, r.volume, lastRole)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -538,6 +538,21 @@ func (s *Sandbox) DRBDResources(ctx context.Context, node string) ([]string, err
 	return out, nil
 }
 
+// DRBDRole is the role of resource in a node's simulated kernel ("Primary",
+// "Secondary"), or "" when the node does not run it.
+func (s *Sandbox) DRBDRole(ctx context.Context, node, resource string) (string, error) {
+	st, err := s.Sim.Node(node).Status(ctx, "all")
+	if err != nil {
+		return "", err
+	}
+	for _, r := range st {
+		if r.Name == resource {
+			return r.Role, nil
+		}
+	}
+	return "", nil
+}
+
 // ContainerReport is what one container of the release did over the
 // sandbox's life: its restarts, the peak of its memory use (its cgroup's
 // high-water mark) and the lines of its logs that say "forbidden" (the

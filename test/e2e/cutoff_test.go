@@ -66,8 +66,12 @@ func partitionFailover(t *testing.T, cls string) {
 		saw.Acks, saw.Fails, saw.FirstFail, saw.LastTry)
 	h, err := sb.AfterHeal(ctx, r)
 	if h != nil {
-		t.Logf("healed: the old pod's container ended %s after, its DRBD resource down %s after; old pod's last ack %d ≤ %d; the new pod acknowledged %d, the next pod found %d",
-			h.OldStopped.Round(10*time.Millisecond), h.OldDRBDDown.Round(10*time.Millisecond), h.OldLog.LastAck, r.Resumed, h.NewLastAck, h.Reread)
+		role := h.OldRole
+		if role == "" {
+			role = "down"
+		}
+		t.Logf("healed: the old pod's container ended %s after, its DRBD resource no longer Primary %s after (%s); old pod's last ack %d ≤ %d; the new pod acknowledged %d, the next pod found %d",
+			h.OldStopped.Round(10*time.Millisecond), h.OldDemoted.Round(10*time.Millisecond), role, h.OldLog.LastAck, r.Resumed, h.NewLastAck, h.Reread)
 	}
 	if err != nil {
 		t.Fatal(err)
