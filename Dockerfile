@@ -25,9 +25,14 @@ RUN CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath \
       -o /out/meshvol ./cmd/meshvol
 
 FROM debian:bookworm-slim
+# The same trimming as hack/image.sh: no translations, and no xfs_scrub or
+# xfs_scrub_all (never run) with the ICU and Python only they need.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends drbd-utils e2fsprogs xfsprogs util-linux lvm2 \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get install -y --no-install-recommends drbd-utils lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux mount kmod \
+ && rm -rf /var/lib/apt/lists/* /usr/share/locale/* /usr/sbin/xfs_scrub /usr/sbin/xfs_scrub_all \
+ && dpkg --purge --force-depends python3 \
+ && dpkg --purge --force-depends libicu72 python3.11 python3-minimal python3.11-minimal \
+      libpython3-stdlib libpython3.11-stdlib libpython3.11-minimal
 COPY --from=build /out/meshvol /usr/local/bin/meshvol
 ENTRYPOINT ["/usr/local/bin/meshvol"]
 CMD ["version"]

@@ -113,6 +113,16 @@ sanity: build k8s ## Run the real bin/k8s/csi-sanity against `meshvol controller
 e2e-crash-2d1tb: deps k8s image ## The e2e node crash on the default 2D+1TB class, which needs the sandbox's three nodes to itself (root; about 2 min)
 	$(GO) test ./test/e2e -run 'TestNodeCrash$$' -count=1 -timeout $(TEST_TIMEOUT) -v -args -crash-class=meshvol-2d-1tb
 
+# Kubernetes' own e2e.test, from test/conformance (a module of its own, so this one
+# does not inherit Kubernetes' dependency graph), at the version bin/k8s runs.
+K8S_E2E_VERSION ?= v1.33.13
+.PHONY: conformance-build
+conformance-build: ## Build Kubernetes' e2e.test (External Storage suite) into bin/conformance and list the specs test/conformance/testdriver.yaml selects (dry run; about 9 min cold, seconds warm)
+	cd test/conformance && GOTOOLCHAIN=local $(GO) test -c -o ../../bin/conformance/e2e.test \
+		-ldflags "-X k8s.io/component-base/version.gitVersion=$(K8S_E2E_VERSION)" .
+	bin/conformance/e2e.test --ginkgo.dry-run --ginkgo.no-color --ginkgo.focus='External.Storage' \
+		--storage.testdriver=$(CURDIR)/test/conformance/testdriver.yaml 2>&1 | grep -E 'Driver loaded from path|^Ran [0-9]+ of'
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:FuzzX ..." to choose
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh $(FUZZ_TARGETS)

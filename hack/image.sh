@@ -4,7 +4,8 @@
 #
 #   layer 1  a debootstrapped Debian bookworm (minbase) with what the node plugin
 #            runs: drbd-utils, lvm2, thin-provisioning-tools, e2fsprogs, xfsprogs,
-#            util-linux, mount, kmod; apt lists, docs and man pages removed
+#            util-linux, mount, kmod; apt lists, docs, man pages, translations,
+#            xfs_scrub, xfs_scrub_all and the ICU and Python they alone need removed
 #   layer 2  /usr/local/bin/meshvol, static (CGO off)
 #
 # entrypoint /usr/local/bin/meshvol, cmd version: the same image as the Dockerfile.
@@ -52,10 +53,27 @@ else
 	rm -rf "$OUT/rootfs" "$OUT/rootfs.stamp"
 	debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$OUT/rootfs" "$mirror" >"$OUT/debootstrap.log" 2>&1 ||
 		{ tail -n 20 "$OUT/debootstrap.log"; exit 1; }
-	# What a runtime image never uses: package caches and lists, docs, man pages.
+	# What a runtime image never uses: package caches and lists, docs, man pages,
+	# the translations of every program's messages (usr/share/locale, 34 MB: the
+	# node plugin parses the tools' output in the C locale), and xfs_scrub and
+	# xfs_scrub_all, the online checkers of a mounted xfs, which meshvol never
+	# runs (it runs mkfs.xfs and xfs_growfs): xfs_scrub alone links ICU
+	# (libicu72, 36 MB) and xfs_scrub_all alone needs Python (xfsprogs depends
+	# on python3 for it: 34 MB). python3 goes first, while its removal script
+	# still has the interpreter it runs.
 	rm -rf "$OUT"/rootfs/var/cache/apt/* "$OUT"/rootfs/var/lib/apt/lists/* \
 		"$OUT"/rootfs/usr/share/doc/* "$OUT"/rootfs/usr/share/man/* "$OUT"/rootfs/usr/share/info/* \
+		"$OUT"/rootfs/usr/share/locale/* \
 		"$OUT"/rootfs/var/log/*.log "$OUT"/rootfs/var/cache/debconf/*-old
+	rm -f "$OUT"/rootfs/usr/sbin/xfs_scrub "$OUT"/rootfs/usr/sbin/xfs_scrub_all \
+		"$OUT"/rootfs/usr/lib/systemd/system/xfs_scrub*
+	chroot "$OUT/rootfs" dpkg --purge --force-depends python3 >>"$OUT/debootstrap.log" 2>&1
+	chroot "$OUT/rootfs" dpkg --purge --force-depends libicu72 python3.11 python3-minimal python3.11-minimal \
+		libpython3-stdlib libpython3.11-stdlib libpython3.11-minimal >>"$OUT/debootstrap.log" 2>&1
+	# Nothing left may need what went: every program and library resolves.
+	missing=$(chroot "$OUT/rootfs" /bin/sh -c 'for f in /usr/bin/* /usr/sbin/* /usr/lib/x86_64-linux-gnu/*.so*; do
+		[ -f "$f" ] && ldd "$f" 2>/dev/null | grep "not found" | sed "s|^|$f: |"; done' || true)
+	[[ -z $missing ]] || { echo "image: after trimming the rootfs, libraries are missing:" >&2; echo "$missing" >&2; exit 1; }
 	printf '%s' "$want" >"$OUT/rootfs.stamp"
 	log "rootfs built in $((SECONDS - start)) s ($(du -sh "$OUT/rootfs" | cut -f1))"
 fi

@@ -38,7 +38,9 @@ type Node struct {
 	containerd *proc
 	kubelet    *proc
 	crashed    bool
-	index      int // in Options.Nodes: its address on the bridge
+	// crashedOnce: Crash was called at some time, even if the node was restarted since.
+	crashedOnce bool
+	index       int // in Options.Nodes: its address on the bridge
 	// With namespaces of its own: the process holding them, its pid, and
 	// the proxy from the node's loopback to the apiserver.
 	holder *proc
@@ -250,7 +252,7 @@ func (n *Node) Crash() error {
 	if err := killCgroupTree(n.CgroupRoot); err != nil {
 		return err
 	}
-	n.crashed = true
+	n.crashed, n.crashedOnce = true, true
 	n.proxy.close()
 	for _, p := range []*proc{n.kubelet, n.containerd, n.holder} {
 		if p != nil {
@@ -262,6 +264,10 @@ func (n *Node) Crash() error {
 
 // Crashed says whether Crash was called.
 func (n *Node) Crashed() bool { return n.crashed }
+
+// CrashedOnce says whether Crash was ever called, even if RestartNode booted the
+// node since: the containers of its pods restarted with it.
+func (n *Node) CrashedOnce() bool { return n.crashedOnce }
 
 // stop ends the node: the kubelet first (so it does not restart containers
 // while they die), then everything else in its cgroups.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -36,13 +37,15 @@ const DemoStorageClass = "meshvol-3d"
 // demoScript is the demonstration pod's script: on the first start it
 // writes a file of random data and its checksum onto the volume; on every
 // start it checks the file against the checksum and says so in its log,
-// then stays up.
+// then stays up. `sync -f` flushes the volume's file system (syncfs(2)), not
+// every file system of the machine as a bare sync does: one stuck device
+// elsewhere on the machine would hold a bare sync, and the pod, for ever.
 const demoScript = `set -e
 cd /data
 if [ ! -f hello.sha256 ]; then
   head -c 1048576 /dev/urandom > hello.bin
   sha256sum hello.bin > hello.sha256
-  sync
+  sync -f .
   echo "wrote hello.bin on $NODE: $(cat hello.sha256)"
 fi
 sha256sum -c hello.sha256 && echo "checksum verified on $NODE"
@@ -352,9 +355,19 @@ func labelSelector(l map[string]string) string {
 func (s *Sandbox) podChecksum(ctx context.Context, pod string) (string, error) {
 	var out string
 	var err error
-	// The file is written right after the pod starts.
-	for try := 0; try < 40; try++ {
-		out, err = s.Kube.Kubectl(ctx, "exec", pod, "--", "sh", "-c", "cd /data && sha256sum -c hello.sha256 >/dev/null && cut -d' ' -f1 hello.sha256")
+	// The file is written right after the pod starts, but only the log line
+	// the script prints after its sync says the data is on the volume: a
+	// node that crashes before takes the written data with its page cache,
+	// as any machine would (the flush takes seconds when the machine is
+	// busy).
+	for try := 0; try < 120; try++ {
+		out, err = s.Kube.Kubectl(ctx, "logs", pod)
+		if err == nil && !strings.Contains(out, "checksum verified on") {
+			err = errors.New("the pod has not yet said its data is synced (\"checksum verified on\" in its log)")
+		}
+		if err == nil {
+			out, err = s.Kube.Kubectl(ctx, "exec", pod, "--", "sh", "-c", "cd /data && sha256sum -c hello.sha256 >/dev/null && cut -d' ' -f1 hello.sha256")
+		}
 		if err == nil {
 			return strings.TrimSpace(out), nil
 		}

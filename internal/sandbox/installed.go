@@ -50,8 +50,10 @@ const ReleaseName = "meshvol"
 // Sidecar images the sandbox builds from bin/k8s (the chart's defaults name
 // registry.k8s.io's, which no node here can pull).
 var sidecarImages = map[string]string{
-	"csi-provisioner": "meshvol.local/csi-provisioner:sandbox",
-	"csi-attacher":    "meshvol.local/csi-attacher:sandbox",
+	"csi-provisioner":     "meshvol.local/csi-provisioner:sandbox",
+	"csi-attacher":        "meshvol.local/csi-attacher:sandbox",
+	"csi-snapshotter":     "meshvol.local/csi-snapshotter:sandbox",
+	"snapshot-controller": "meshvol.local/snapshot-controller:sandbox",
 }
 
 // standInDir is the node's directory of drbd-utils stand-ins and the
@@ -233,6 +235,9 @@ func (s *Sandbox) startInstalled(ctx context.Context, specs []kubecluster.NodeSp
 // kubelet lists the driver.
 func (s *Sandbox) install(ctx context.Context, ref string) error {
 	began := time.Now()
+	if err := s.installSnapshotCRDs(ctx); err != nil {
+		return err
+	}
 	values, err := s.writeValues(ref)
 	if err != nil {
 		return err
@@ -252,6 +257,26 @@ func (s *Sandbox) install(ctx context.Context, ref string) error {
 	}
 	s.ControllerSocket, err = s.controllerSocket(ctx)
 	return err
+}
+
+// installSnapshotCRDs installs the VolumeSnapshot CRDs that hack/build-k8s.sh copies
+// from external-snapshotter, as a cluster's administrator does before installing a
+// CSI driver that snapshots: the chart then renders a VolumeSnapshotClass per class.
+func (s *Sandbox) installSnapshotCRDs(ctx context.Context) error {
+	dir := filepath.Join(s.Kube.BinDir, "crds")
+	// The VolumeSnapshot kinds only: meshvol takes no group snapshots.
+	for _, kind := range []string{"volumesnapshotclasses", "volumesnapshotcontents", "volumesnapshots"} {
+		f := filepath.Join(dir, "snapshot.storage.k8s.io_"+kind+".yaml")
+		if out, err := s.Kube.Kubectl(ctx, "apply", "--server-side", "-f", f); err != nil {
+			return fmt.Errorf("sandbox: the VolumeSnapshot CRD %s: %w\n%s", f, err, out)
+		}
+	}
+	if out, err := s.Kube.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/volumesnapshots.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
+		"crd/volumesnapshotclasses.snapshot.storage.k8s.io"); err != nil {
+		return fmt.Errorf("sandbox: the VolumeSnapshot CRDs: %w\n%s", err, out)
+	}
+	return nil
 }
 
 func (s *Sandbox) chartDir() string {
@@ -290,16 +315,17 @@ func (s *Sandbox) writeValues(ref string) (string, error) {
 	values := map[string]any{
 		"image": map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
 		"sidecars": map[string]any{
-			"provisioner":   map[string]any{"image": sidecarImages["csi-provisioner"]},
-			"attacher":      map[string]any{"image": sidecarImages["csi-attacher"]},
-			"livenessProbe": map[string]any{"enabled": false},
-			"resizer":       map[string]any{"enabled": false},
-			// Not yet in the sandbox: no csi-snapshotter image is built here and
-			// the VolumeSnapshot CRDs are not installed (docs/snapshots.md).
-			"snapshotter":         map[string]any{"enabled": false},
+			"provisioner":         map[string]any{"image": sidecarImages["csi-provisioner"]},
+			"attacher":            map[string]any{"image": sidecarImages["csi-attacher"]},
+			"livenessProbe":       map[string]any{"enabled": false},
+			"resizer":             map[string]any{"enabled": false},
+			"snapshotter":         map[string]any{"enabled": true, "image": sidecarImages["csi-snapshotter"]},
 			"nodeDriverRegistrar": map[string]any{"enabled": false},
 			"pullPolicy":          "Never",
 		},
+		// The cluster has no snapshot-controller of its own; the VolumeSnapshot CRDs
+		// are installed before the chart (installSnapshotCRDs).
+		"snapshotController": map[string]any{"enabled": true, "image": sidecarImages["snapshot-controller"], "hostNetwork": true},
 		"controller": map[string]any{
 			"hostNetwork":     true,
 			"taintLostNodes":  s.opts.TaintLostNodes,

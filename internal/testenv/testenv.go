@@ -89,6 +89,12 @@ type Options struct {
 	// values), set over envtest's defaults; e.g. internal/kubecluster tells the
 	// apiserver how to reach real kubelets.
 	APIServerArgs map[string][]string
+
+	// AfterTests runs in Main after the package's tests and before the
+	// control plane stops: a suite stops there what its tests share (a
+	// cluster a `-run` selection started and no test stopped), so nothing
+	// outlives the test binary whichever tests ran. Its error fails the run.
+	AfterTests func() error
 }
 
 // Env is a running control plane and a client for it.
@@ -363,6 +369,12 @@ func Main(m *testing.M, env **Env, opts Options) int {
 	}
 	*env = e
 	code := m.Run()
+	if opts.AfterTests != nil {
+		if err := opts.AfterTests(); err != nil {
+			fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+			code = max(code, 1)
+		}
+	}
 	if err := e.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		if code == 0 {

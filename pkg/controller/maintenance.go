@@ -10,6 +10,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 	"github.com/meshvol/meshvol/pkg/drbd/quorum"
 )
 
@@ -61,16 +63,18 @@ type maintenanceFacts struct {
 // judgeMaintenance is the maintenance's status for the facts.
 func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	m, node := f.m, f.m.Spec.NodeName
-	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation, AwaySince: m.Status.AwaySince}
+	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation, AwaySince: m.Status.AwaySince,
+		CopiedVolumes: m.Status.CopiedVolumes}
 	if m.Status.Phase == v1.MaintenanceFailed {
+		st.CopiedVolumes = nil
 		st.Phase, st.Message = v1.MaintenanceFailed, m.Status.Message
 		return st
 	}
 	if away := m.Status.AwaySince; away != nil && m.Spec.MaxDowntime != nil && maintenanceActive(m.Status.Phase) &&
 		f.now.Sub(away.Time) > m.Spec.MaxDowntime.Duration {
-		st.Phase = v1.MaintenanceFailed
-		st.Message = fmt.Sprintf("Node %s has been away for %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
-			node, f.now.Sub(away.Time).Round(time.Second), m.Spec.MaxDowntime.Duration)
+		st.Phase, st.CopiedVolumes = v1.MaintenanceFailed, nil
+		st.Message = fmt.Sprintf("Node %s has been away since %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
+			node, away.UTC().Format(time.RFC3339), m.Spec.MaxDowntime.Duration)
 		if waits := returnWaits(f); len(waits) > 0 {
 			st.Message += "; still missing: " + strings.Join(waits, "; ")
 		}
@@ -79,6 +83,7 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	if m.Spec.Return {
 		if !maintenanceActive(m.Status.Phase) {
 			st.Phase, st.Message = v1.MaintenanceCompleted, "Completed: node "+node+" was never taken out of service"
+			st.CopiedVolumes = nil
 			return st
 		}
 		if waits := returnWaits(f); len(waits) > 0 {
@@ -86,6 +91,10 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 			return st
 		}
 		st.Phase, st.Message = v1.MaintenanceCompleted, "Node "+node+" is back: its agent is live and every replica on it is in sync"
+		if len(m.Status.CopiedVolumes) > 0 {
+			st.Message += "; the volumes copied for the maintenance go back to their configured layout: " + strings.Join(m.Status.CopiedVolumes, ", ")
+		}
+		st.CopiedVolumes = nil
 		return st
 	}
 	if m.Status.Phase == v1.MaintenanceReadyForMaintenance {
@@ -103,16 +112,40 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 			" (joining, or its status not read yet) before judging them: " + strings.Join(unlisted, ", ")
 		return st
 	}
-	var why []string
+	var why, copying, newCopies []string
 	for _, v := range f.volumes {
-		if ok, reason := survivesWithout(v.rv, v.rvrs, node, f.live); !ok {
-			st.BlockingVolumes = append(st.BlockingVolumes, v.rv.Name)
-			why = append(why, v.rv.Name+": "+reason)
+		ok, reason := survivesWithout(v.rv, v.rvrs, node, f.live)
+		switch {
+		case ok:
+		case slices.Contains(st.CopiedVolumes, v.rv.Name):
+			if refused := copyRefused(v.rv); refused != "" {
+				st.BlockingVolumes = append(st.BlockingVolumes, v.rv.Name)
+				why = append(why, v.rv.Name+": "+reason+"; no node can take a copy: "+refused)
+			} else {
+				copying = append(copying, copyProgress(v, node, reason))
+			}
+		default:
+			if whyNot := copyImpossible(v, node, f.live); whyNot != "" {
+				st.BlockingVolumes = append(st.BlockingVolumes, v.rv.Name)
+				why = append(why, v.rv.Name+": "+reason+"; "+whyNot)
+			} else {
+				newCopies = append(newCopies, v.rv.Name)
+				copying = append(copying, v.rv.Name+": a copy elsewhere is asked for ("+reason+")")
+			}
 		}
 	}
 	if len(why) > 0 {
 		st.Phase = v1.MaintenanceBlocked
 		st.Message = "Taking node " + node + " out would leave these volumes without quorum or their guaranteed redundancy: " + strings.Join(why, "; ")
+		return st
+	}
+	if len(copying) > 0 {
+		// A copied volume stays copied until the maintenance ends: dropping it once
+		// the copy is made would let the engine remove the copy again.
+		st.CopiedVolumes = append(slices.Clone(st.CopiedVolumes), newCopies...)
+		sort.Strings(st.CopiedVolumes)
+		st.Phase = v1.MaintenanceDraining
+		st.Message = "Copying the volumes that need node " + node + " to another node first: " + strings.Join(copying, "; ")
 		return st
 	}
 	if len(f.attached) > 0 {
@@ -129,6 +162,65 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	st.Message = fmt.Sprintf("Node %s may be taken down: nothing is attached on it, and the %d volume(s) with a replica there keep quorum and their guaranteed redundancy without it",
 		node, len(f.volumes))
 	return st
+}
+
+// copyImpossible says why no copy elsewhere can make the volume survive without node
+// ("" when one can): the copy raises the volume's layout by one failure to tolerate
+// (the engine's Input.ExtraFTT), which needs a resolved configuration that the layout
+// rules allow one more failure for, and every member on another node up, since the
+// copy's join waits for each of them.
+func copyImpossible(v volumeOnNode, node string, live func(string) bool) string {
+	c := v.rv.Status.Configuration
+	if c == nil {
+		return "its configuration is not resolved, so no copy elsewhere is asked for"
+	}
+	raised := layout.Layout{FTT: int(c.FailuresToTolerate) + 1, GMDR: int(c.GuaranteedMinimumDataRedundancy)}
+	if raised.Validate() != nil {
+		return fmt.Sprintf("a copy elsewhere cannot help: its layout (FTT=%d, GMDR=%d) may tolerate no more failures (FTT is at most GMDR+1)",
+			c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy)
+	}
+	for _, mem := range v.rv.Status.Datamesh.Members {
+		if r := v.rvrs[mem.Name]; mem.NodeName != node && (r == nil || !live(mem.NodeName) || !reportingAgent(r)) {
+			return "a copy elsewhere waits for every other member to be up, and " + mem.Name + " on node " + mem.NodeName + " is not"
+		}
+	}
+	return ""
+}
+
+// copyRefused is placement's refusal of a copied volume's new replicas (its Scheduled
+// condition), "" when there is none.
+func copyRefused(rv *v1.ReplicatedVolume) string {
+	if c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionScheduled); c != nil && c.Status == metav1.ConditionFalse {
+		return c.Message
+	}
+	return ""
+}
+
+// copyProgress names a copied volume's copies not in sync yet, with their progress, or
+// else what it still lacks (reason, survivesWithout's).
+func copyProgress(v volumeOnNode, node, reason string) string {
+	var copies []string
+	for _, r := range v.rvrs {
+		if r.Spec.NodeName == node || r.DeletionTimestamp != nil || r.Spec.Type != v1.ReplicaTypeDiskful {
+			continue
+		}
+		member := slices.ContainsFunc(v.rv.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == r.Name })
+		switch {
+		case !member:
+			copies = append(copies, "copy "+r.Name+" on node "+r.Spec.NodeName+" joining")
+		case r.Status.DiskState != v1.DiskStateUpToDate:
+			w := "copy " + r.Name + " on node " + r.Spec.NodeName + " " + string(orUnknown(r.Status.DiskState))
+			if pct, ok := resyncPercent(r); ok {
+				w += fmt.Sprintf(" (syncing %d%%)", pct)
+			}
+			copies = append(copies, w)
+		}
+	}
+	sort.Strings(copies)
+	if len(copies) == 0 {
+		return v.rv.Name + ": " + reason
+	}
+	return v.rv.Name + ": " + strings.Join(copies, ", ")
 }
 
 // unlistedReplicas are the replicas on the node that their volume's datamesh does not
@@ -327,12 +419,14 @@ func (c *Controller) reconcileMaintenance(ctx context.Context, req reconcile.Req
 		st.LastPhaseChange = &now
 	}
 	if st.Phase == m.Status.Phase && st.Message == m.Status.Message && st.ObservedGeneration == m.Status.ObservedGeneration &&
-		slices.Equal(st.BlockingVolumes, m.Status.BlockingVolumes) && slices.Equal(st.AttachedVolumes, m.Status.AttachedVolumes) {
+		slices.Equal(st.BlockingVolumes, m.Status.BlockingVolumes) && slices.Equal(st.AttachedVolumes, m.Status.AttachedVolumes) &&
+		slices.Equal(st.CopiedVolumes, m.Status.CopiedVolumes) {
 		return c.maintenanceRequeue(m), nil
 	}
-	if st.Phase != m.Status.Phase {
+	if st.Phase != m.Status.Phase || !slices.Equal(st.CopiedVolumes, m.Status.CopiedVolumes) {
 		for _, v := range f.volumes {
-			// The volumes read maintenanceActive for their node (lostMembers).
+			// The volumes read maintenanceActive for their node (lostMembers) and
+			// whether they are copied (maintenanceView).
 			c.wakeVolume(v.rv.Name)
 		}
 	}
@@ -457,18 +551,26 @@ func (c *Controller) maintenanceFacts(ctx context.Context, m *v1.ReplicatedNodeM
 	return f, nil
 }
 
-// nodesAway are the nodes taken down for maintenance: ReadyForMaintenance, or
-// Returning (not in sync yet). A node that crashes while Draining is lost as any other.
-func (c *Controller) nodesAway(ctx context.Context) (map[string]bool, error) {
+// maintenanceView is what the volumes read of the maintenances: the nodes taken down
+// (ReadyForMaintenance, or Returning, not in sync yet), whose members are never
+// force-removed — a node that crashes while Draining is lost as any other —, and the
+// volumes copied elsewhere first (status.copiedVolumes of a maintenance neither
+// Completed nor Failed), which tolerate one more failure until it ends.
+func (c *Controller) maintenanceView(ctx context.Context) (away, copied map[string]bool, err error) {
 	var list v1.ReplicatedNodeMaintenanceList
 	if err := c.reader.List(ctx, &list); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := map[string]bool{}
+	away, copied = map[string]bool{}, map[string]bool{}
 	for _, m := range list.Items {
 		if m.Status.Phase == v1.MaintenanceReadyForMaintenance || m.Status.Phase == v1.MaintenanceReturning {
-			out[m.Spec.NodeName] = true
+			away[m.Spec.NodeName] = true
+		}
+		if m.Status.Phase != v1.MaintenanceCompleted && m.Status.Phase != v1.MaintenanceFailed {
+			for _, name := range m.Status.CopiedVolumes {
+				copied[name] = true
+			}
 		}
 	}
-	return out, nil
+	return away, copied, nil
 }

@@ -136,7 +136,7 @@ func TestJudgeMaintenance(t *testing.T) {
 		{"away within maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a"), now: t0.Add(59 * time.Minute)},
 			v1.MaintenanceReadyForMaintenance, "kept"},
 		{"away past maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReadyForMaintenance, false), volumes: []volumeOnNode{twoD1TB()}, live: except("a"), now: t0.Add(2 * time.Hour)},
-			v1.MaintenanceFailed, "Node a has been away for 2h0m0s, longer than spec.maxDowntime 1h0m0s: it is lost now, and its volumes' members there may be replaced; still missing: the agent of node a is not live"},
+			v1.MaintenanceFailed, "Node a has been away since 2026-01-01T10:00:00Z, longer than spec.maxDowntime 1h0m0s: it is lost now, and its volumes' members there may be replaced; still missing: the agent of node a is not live"},
 		{"a resync past maxDowntime", maintenanceFacts{m: bounded(v1.MaintenanceReturning, true), volumes: []volumeOnNode{syncingBack}, live: allLive, nodeLive: true, now: t0.Add(61 * time.Minute)},
 			v1.MaintenanceFailed, "still missing: v2d-a: Inconsistent (syncing 40%)"},
 		{"failed stays failed", maintenanceFacts{m: bounded(v1.MaintenanceFailed, true), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true, now: t0},
@@ -160,5 +160,88 @@ func TestJudgeMaintenance(t *testing.T) {
 	f.m.Spec.NodeName = "c"
 	if st := judgeMaintenance(f); st.Phase != v1.MaintenanceReturning || !strings.Contains(st.Message, "v2d-c: runs revision 2 of 3") {
 		t.Errorf("old revision: %s %q", st.Phase, st.Message)
+	}
+}
+
+// withConfig gives v the configuration (ftt, gmdr).
+func withConfig(v volumeOnNode, ftt, gmdr int32) volumeOnNode {
+	v.rv.Status.Configuration = &v1.ReplicatedVolumeConfiguration{FailuresToTolerate: ftt, GuaranteedMinimumDataRedundancy: gmdr}
+	for _, r := range v.rvrs {
+		for _, m := range v.rv.Status.Datamesh.Members {
+			if m.Name == r.Name && m.Type == v1.MemberTypeDiskful {
+				r.Spec.Type = v1.ReplicaTypeDiskful
+			}
+		}
+	}
+	return v
+}
+
+// TestJudgeMaintenanceCopies: a volume that would lose quorum or its guaranteed
+// redundancy with the node gone is copied elsewhere first (status.copiedVolumes, which
+// the volume reconciler turns into one more failure to tolerate), the maintenance
+// Draining until the copy is UpToDate; where no copy can help, it stays Blocked.
+func TestJudgeMaintenanceCopies(t *testing.T) {
+	d, tb := v1.MemberTypeDiskful, v1.MemberTypeTieBreaker
+	allLive := func(string) bool { return true }
+	maint := func(phase v1.MaintenancePhase, ret bool, copied ...string) *v1.ReplicatedNodeMaintenance {
+		return &v1.ReplicatedNodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: v1.ReplicatedNodeMaintenanceSpec{NodeName: "a", Return: ret},
+			Status: v1.ReplicatedNodeMaintenanceStatus{Phase: phase, Message: "kept", CopiedVolumes: copied}}
+	}
+	oneD := withConfig(mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d}), 0, 0)
+	// The copy's replica exists on b but has not joined yet.
+	joining := withConfig(mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d}), 0, 0)
+	joining.rvrs["v1d-b"] = &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: "v1d-b"},
+		Spec: v1.ReplicatedVolumeReplicaSpec{ReplicatedVolumeName: "v1d", NodeName: "b", Type: v1.ReplicaTypeDiskful}}
+	// Raised to 2D+1TB: the copy on b syncs from a.
+	syncing := withConfig(mvol("v1d", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 0, 0)
+	syncing.rvrs["v1d-b"].Status.DiskState = v1.DiskStateInconsistent
+	syncing.rvrs["v1d-b"].Status.Peers = []v1.PeerStatus{{Name: "v1d-a", Resync: &v1.ResyncProgress{PercentDone: 30}}}
+	copied := withConfig(mvol("v1d", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 0, 0)
+	unplaceable := withConfig(mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d}), 0, 0)
+	unplaceable.rv.Status.Conditions = []metav1.Condition{{Type: v1.ConditionScheduled, Status: metav1.ConditionFalse, Reason: "NoEligibleNodes", Message: "no eligible node is free"}}
+	twoD := withConfig(mvol("v2d", 2, 2, map[string]v1.MemberType{"a": d, "b": d}), 0, 1)
+	noMore := withConfig(mvol("v2t", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 1, 0)
+	except := func(down string) func(string) bool { return func(n string) bool { return n != down } }
+	for _, tc := range []struct {
+		name   string
+		f      maintenanceFacts
+		phase  v1.MaintenancePhase
+		msg    string
+		copied []string
+	}{
+		{"1D: a copy is asked for", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "Copying the volumes that need node a to another node first: v1d: a copy elsewhere is asked for (no UpToDate Diskful replica", []string{"v1d"}},
+		{"2D (GMDR 1): a copy is asked for", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v2d: a copy elsewhere is asked for (on b, 1 of 2 nodes visible, need 2 for quorum)", []string{"v2d"}},
+		{"the copy joins", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v1d"), volumes: []volumeOnNode{joining}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v1d: copy v1d-b on node b joining", []string{"v1d"}},
+		{"the copy syncs", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v1d"), volumes: []volumeOnNode{syncing}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v1d: copy v1d-b on node b Inconsistent (syncing 30%)", []string{"v1d"}},
+		{"the copy is UpToDate: the node may go, and the volume stays copied", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v1d"), volumes: []volumeOnNode{copied}, live: allLive, nodeLive: true},
+			v1.MaintenanceReadyForMaintenance, "Node a may be taken down", []string{"v1d"}},
+		{"copied while the node is away", maintenanceFacts{m: maint(v1.MaintenanceReadyForMaintenance, false, "v1d"), volumes: []volumeOnNode{copied}, live: except("a")},
+			v1.MaintenanceReadyForMaintenance, "kept", []string{"v1d"}},
+		{"copied while returning", maintenanceFacts{m: maint(v1.MaintenanceReadyForMaintenance, true, "v1d"), volumes: []volumeOnNode{copied}, live: except("a")},
+			v1.MaintenanceReturning, "the agent of node a is not live", []string{"v1d"}},
+		{"completed: back to the configured layout", maintenanceFacts{m: maint(v1.MaintenanceReturning, true, "v1d"), volumes: []volumeOnNode{copied}, live: allLive, nodeLive: true},
+			v1.MaintenanceCompleted, "the volumes copied for the maintenance go back to their configured layout: v1d", nil},
+		{"no node can take the copy", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v1d"), volumes: []volumeOnNode{unplaceable}, live: allLive, nodeLive: true},
+			v1.MaintenanceBlocked, "v1d: no UpToDate Diskful replica with a live agent is left outside node a; no node can take a copy: no eligible node is free", []string{"v1d"}},
+		{"a member elsewhere is down", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD}, live: except("b"), nodeLive: true},
+			v1.MaintenanceBlocked, "a copy elsewhere waits for every other member to be up, and v2d-b on node b is not", nil},
+		{"the layout tolerates no more failures", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{noMore}, live: except("c"), nodeLive: true},
+			v1.MaintenanceBlocked, "v2t: on b, 1 of 2 nodes visible, need 2 for quorum; a copy elsewhere cannot help: its layout (FTT=1, GMDR=0) may tolerate no more failures", nil},
+		{"one volume that cannot be copied blocks the others' copies", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD, noMore}, live: except("c"), nodeLive: true},
+			v1.MaintenanceBlocked, "v2t: on b", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := judgeMaintenance(tc.f)
+			if st.Phase != tc.phase || !strings.Contains(st.Message, tc.msg) {
+				t.Errorf("got %s %q, want %s containing %q", st.Phase, st.Message, tc.phase, tc.msg)
+			}
+			if !slices.Equal(st.CopiedVolumes, tc.copied) {
+				t.Errorf("copied %v, want %v", st.CopiedVolumes, tc.copied)
+			}
+		})
 	}
 }

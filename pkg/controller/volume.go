@@ -69,6 +69,15 @@ func (c *Controller) setupVolume(mgr ctrl.Manager) error {
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfNode), builder.WithPredicates(nodeFactsChanged())).
 		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfLease), builder.WithPredicates(c.leaseFactsChanged())).
+		// A maintenance's copied volumes tolerate one more failure while it lasts
+		// (maintenanceView): an update maps its old and new lists, a deletion its last.
+		Watches(&v1.ReplicatedNodeMaintenance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			var out []reconcile.Request
+			for _, name := range o.(*v1.ReplicatedNodeMaintenance).Status.CopiedVolumes {
+				out = append(out, volumeRequest(name)...)
+			}
+			return out
+		})).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return volumeRequest(o.GetLabels()[v1.LabelVolume])
 		})).
@@ -109,7 +118,10 @@ type volume struct {
 	leases                  map[string]*coordinationv1.Lease
 	// away are the nodes taken down for maintenance (ReadyForMaintenance or
 	// Returning): their members are never force-removed.
-	away     map[string]bool
+	away map[string]bool
+	// copied: a node maintenance copies the volume elsewhere before its node goes
+	// (maintenanceView): the engine is asked for one more failure to tolerate.
+	copied   bool
 	eligible []v1.EligibleNode
 	now      time.Time
 }
@@ -157,10 +169,11 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 			v.leases[n] = &leases.Items[i]
 		}
 	}
-	var err error
-	if v.away, err = c.nodesAway(ctx); err != nil {
+	away, copied, err := c.maintenanceView(ctx)
+	if err != nil {
 		return nil, err
 	}
+	v.away, v.copied = away, copied[rv.Name]
 	if v.rsp != nil {
 		if v.eligible, err = EligibleNodes(v.rsp, nodes.Items, v.leases, v.now, c.opts.AgentGracePeriod); err != nil {
 			v.configWhy = fmt.Sprintf("storage pool %s: %v", v.rsp.Name, err)
@@ -364,7 +377,7 @@ func (c *Controller) runEngine(ctx context.Context, v *volume, work *v1.Replicat
 	forceLeave, forceDetach := c.lostMembers(v, engineRVRs)
 	res, err := c.engine.Process(&datamesh.Input{
 		RV: work, RSC: v.rsc, RVRs: engineRVRs, RVAs: v.rvas, Pool: c.enginePool(v), Now: v.now,
-		ForceLeave: forceLeave, ForceDetach: forceDetach,
+		ForceLeave: forceLeave, ForceDetach: forceDetach, ExtraFTT: v.extraFTT(),
 	})
 	if err != nil {
 		return engineOutput{}, &invalidInputError{err}
@@ -438,6 +451,15 @@ func (v *volume) setCondition(work *v1.ReplicatedVolume, t string, ok bool, reas
 	meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg,
 		ObservedGeneration: work.Generation, LastTransitionTime: metav1.NewTime(v.now)})
 	return changed
+}
+
+// extraFTT: a volume copied for a node maintenance tolerates one more failure until
+// the maintenance ends (docs/operating.md, "Node maintenance").
+func (v *volume) extraFTT() int {
+	if v.copied {
+		return 1
+	}
+	return 0
 }
 
 func (v *volume) deleting() bool { return v.rv.DeletionTimestamp != nil }

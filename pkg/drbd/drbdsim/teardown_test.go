@@ -118,9 +118,7 @@ func TestDeviceTeardownWithSuspendedFilesystem(t *testing.T) {
 	n1 := rg.formedPrimary("node1")
 	dev := n1.DevicePath("r0")
 	mkfs(t, dev)
-	mnt := filepath.Join(rg.dir, "staged")
-	rg.must(os.MkdirAll(mnt, 0o755))
-	run(t, "mount", dev, mnt)
+	mnt := rg.mount(dev, "staged")
 	// Dirty pages, not written back: the unmount has to write them.
 	run(t, "dd", "if=/dev/urandom", "of="+filepath.Join(mnt, "dirty"), "bs=64k", "count=4", "status=none")
 	rg.must(n1.SuspendIO(rg.ctx, "r0"))

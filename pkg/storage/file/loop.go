@@ -31,6 +31,9 @@ const (
 	configureAttempts = 16
 )
 
+// deletedSuffix is what the kernel appends to the name of a removed file.
+const deletedSuffix = " (deleted)"
+
 // loopDev is an attached loop device.
 type loopDev struct {
 	index int
@@ -68,6 +71,13 @@ func backingFiles() (map[string]loopDev, error) {
 // number is not taken for it) and, by LOOP_GET_STATUS64, its device and inode
 // number (so a same-named file that replaced ours is not either). A device
 // that was detached, or whose node is gone, is not bound.
+//
+// Of the sysfs name only the file's own name counts, not its directory: the
+// kernel prints the path as the reader's mount namespace reaches the file,
+// and relative to the mount the file was opened through when the reader
+// cannot reach that mount. An agent in a pod attaches through the pod's own
+// mount of the pool; the agent of the next pod (a restart, `helm upgrade`)
+// reads another directory there, and must still find the device DRBD holds.
 func boundTo(d loopDev, path string) (bool, error) {
 	name, err := os.ReadFile(fmt.Sprintf("%s/loop%d/loop/backing_file", sysBlock, d.index))
 	if errors.Is(err, os.ErrNotExist) {
@@ -76,7 +86,8 @@ func boundTo(d loopDev, path string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if strings.TrimSuffix(string(name), "\n") != path {
+	shown := strings.TrimSuffix(string(name), "\n")
+	if strings.HasSuffix(shown, deletedSuffix) || filepath.Base(shown) != filepath.Base(path) {
 		return false, nil
 	}
 	var st unix.Stat_t

@@ -98,23 +98,21 @@ func New(dir string) (*Pool, error) {
 }
 
 // index records the loop devices bound to the pool's volume files (after an
-// agent restart, DRBD still holds them), each verified by its own status.
+// agent restart, DRBD still holds them), each verified by its own status:
+// the file's name and its device and inode number, not the directory sysfs
+// shows, which depends on the mount it was attached through (boundTo).
 func (p *Pool) index() error {
 	devs, err := backingFiles()
 	if err != nil {
 		return err
 	}
-	for path, d := range devs {
-		name, ok := strings.CutSuffix(path, suffix)
-		if !ok || filepath.Dir(path) != p.dir {
+	for shown, d := range devs {
+		name, ok := strings.CutSuffix(filepath.Base(shown), suffix)
+		if !ok || validateName(name) != nil {
 			continue
 		}
-		replica := filepath.Base(name)
-		if validateName(replica) != nil {
-			continue
-		}
-		if ok, err := boundTo(d, path); err == nil && ok {
-			p.devices[replica] = d
+		if ok, err := boundTo(d, p.path(name)); err == nil && ok {
+			p.devices[name] = d
 		}
 	}
 	return nil

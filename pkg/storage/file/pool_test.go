@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -149,6 +150,66 @@ func TestCreateIsIdempotentAndRestartSafe(t *testing.T) {
 	}
 	if v4 := mustCreate(t, q, "rvr-a", 8*mib); v4.DevicePath == "" || v4.SizeBytes != 8*mib {
 		t.Fatalf("re-attach = %+v", v4)
+	}
+}
+
+// TestRestartFindsDevicesAttachedThroughAnotherMount: an agent in a pod
+// attaches through the pod's mount of the pool; once that pod is gone, sysfs
+// names the backing file relative to that unreachable mount. The next
+// agent, on the pool's own directory, still finds the device DRBD holds.
+func TestRestartFindsDevicesAttachedThroughAnotherMount(t *testing.T) {
+	// The pool in a directory of its own, below newPool's: New indexes a
+	// directory once per process, and the next agent's index must be made
+	// after the device exists, as in its own process.
+	p := newPool(t)
+	dir := filepath.Join(p.dir, "pool")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	podMount := t.TempDir()
+	if out, err := exec.Command("mount", "--bind", dir, podMount).CombinedOutput(); err != nil {
+		t.Skipf("bind mount: %v: %s", err, out)
+	}
+	unmounted := false
+	t.Cleanup(func() {
+		if !unmounted {
+			exec.Command("umount", "-l", podMount).Run()
+		}
+	})
+	old, err := New(podMount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := mustCreate(t, old, "rvr-a", 8*mib)
+	t.Cleanup(func() {
+		if d := (loopDev{path: v.DevicePath}); d.path != "" {
+			fmt.Sscanf(strings.TrimPrefix(d.path, "/dev/loop"), "%d", &d.index)
+			if err := detach(d); err != nil {
+				t.Errorf("cleanup: detach %s: %v", d.path, err)
+			}
+		}
+	})
+	if out, err := exec.Command("umount", "-l", podMount).CombinedOutput(); err != nil {
+		t.Fatalf("umount -l %s: %v: %s", podMount, err, out)
+	}
+	unmounted = true
+	shown, err := os.ReadFile("/sys/block/" + strings.TrimPrefix(v.DevicePath, "/dev/") + "/loop/backing_file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(string(shown), dir+"/") {
+		t.Fatalf("sysfs names the file %q, inside the pool's own directory: the case is not made", shown)
+	}
+	q, err := New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := q.Get(ctx, "rvr-a")
+	if err != nil || g.DevicePath != v.DevicePath {
+		t.Fatalf("Get by the next agent (sysfs names the file %q) = %+v, %v; want device %s", strings.TrimSpace(string(shown)), g, err, v.DevicePath)
+	}
+	if c := mustCreate(t, q, "rvr-a", 8*mib); c.DevicePath != v.DevicePath {
+		t.Fatalf("Create by the next agent attached %s again; DRBD holds %s", c.DevicePath, v.DevicePath)
 	}
 }
 

@@ -251,7 +251,7 @@ func TestDetachAfterUnstage(t *testing.T) {
 // so that the volume's nodes are the whole cluster as far as placement
 // goes: the sandbox's three nodes, where a lost replica has no
 // replacement. The nodes are uncordoned when the test ends.
-func (r *rig) cordonAllBut(nodes ...string) {
+func (r *rig) cordonAllBut(nodes ...string) (undo func()) {
 	r.t.Helper()
 	set := func(name string, v bool) error {
 		n := &corev1.Node{}
@@ -268,6 +268,13 @@ func (r *rig) cordonAllBut(nodes ...string) {
 		}
 		r.must(set(n.Name, true))
 		r.t.Cleanup(func() { _ = set(n.Name, false) })
+	}
+	return func() {
+		for _, n := range r.c.Nodes {
+			if !slices.Contains(nodes, n.Name) {
+				r.must(set(n.Name, false))
+			}
+		}
 	}
 }
 

@@ -64,7 +64,16 @@ func run(m *testing.M) int {
 		_ = unix.Unmount(dir, 0)
 		return 1
 	}
-	code := testenv.Main(m, &env, testenv.Options{})
+	// TestZZStop stops the cluster as a test of its own (a leftover then
+	// fails a test); a selection of tests without it stops it here.
+	code := testenv.Main(m, &env, testenv.Options{AfterTests: func() error {
+		if lc == nil {
+			return nil
+		}
+		err := lc.Stop()
+		lc = nil
+		return err
+	}})
 	if err := unix.Unmount(dir, 0); err != nil {
 		// Detach it anyway so no mount outlives the suite, and fail: what
 		// still holds it (a loop device, a FUSE device) is a leftover.

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -22,7 +24,8 @@ import (
 
 // TestNodeMaintenance runs `kubectl meshvol drain` and `uncordon` through every
 // phase (docs/operating.md, "Node maintenance"): draining the node of a 1D
-// volume's only copy is refused, naming it, and leaves nothing behind; draining a
+// volume's only copy while every other node is cordoned (no node can take a copy)
+// is refused, naming it, and leaves nothing behind; draining a
 // Diskful node of an attached 2D+1TB volume waits in Draining until the volume
 // detaches, then says the node may go down; the node crashes and stays away past
 // the grace period without its member being force-removed or replaced (eight
@@ -40,10 +43,14 @@ func TestNodeMaintenance(t *testing.T) {
 	onlyNode := r.ready(only, 2*time.Minute).Status.Datamesh.Members[0].NodeName
 	var timeline bytes.Buffer
 
-	// Refused: the node holds the 1D volume's only copy.
+	// Refused: the node holds the 1D volume's only copy, and no other node may take a
+	// copy (TestNodeMaintenanceCopies drains it when one may).
+	uncordonOthers := r.cordonAllBut(onlyNode)
 	out, err := r.pluginErr(kc, "drain", onlyNode, "--timeout", "2m")
-	timeline.WriteString("$ kubectl meshvol drain " + onlyNode + "\n" + out)
-	if !errors.Is(err, kubectlmeshvol.ErrBlocked) || !strings.Contains(err.Error(), "blocking volumes: "+only) {
+	uncordonOthers()
+	timeline.WriteString("$ kubectl meshvol drain " + onlyNode + " (every other node cordoned)\n" + out)
+	if !errors.Is(err, kubectlmeshvol.ErrBlocked) || !strings.Contains(err.Error(), "blocking volumes: "+only) ||
+		!strings.Contains(err.Error(), "no node can take a copy") {
 		t.Fatalf("drain of %s, the only copy of %s: %v\n%s", onlyNode, only, err, out)
 	}
 	timeline.WriteString("error: " + err.Error() + "\n")
@@ -225,4 +232,81 @@ func (r *rig) nodeLabel(node string) string {
 	n := &corev1.Node{}
 	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: node}, n))
 	return n.Labels[v1.LabelCordon]
+}
+
+// TestNodeMaintenanceCopies drains the node of a 1D volume's only copy when other
+// nodes may take one (docs/operating.md, "Copying a volume elsewhere before its node
+// goes"): the maintenance is Draining, naming the copy, while the volume becomes
+// 2D+1TB, and ReadyForMaintenance only once the copy is UpToDate; the node crashes and
+// the copy keeps quorum; the node returns, the maintenance completes, and the volume
+// goes back to one Diskful replica.
+func TestNodeMaintenanceCopies(t *testing.T) {
+	r := newRig(t)
+	kc := r.kubeconfig()
+	const vol = "maint-copy-1d"
+	r.volume(vol, r.class(0, 0, v1.TopologyIgnored), 1)
+	node := r.ready(vol, 2*time.Minute).Status.Datamesh.Members[0].NodeName
+
+	out, err := r.pluginErr(kc, "drain", node, "--timeout", "3m")
+	if err != nil || !strings.Contains(out, "Draining: Copying the volumes that need node "+node+" to another node first: "+vol) ||
+		!strings.Contains(out, "ReadyForMaintenance: Node "+node+" may be taken down") {
+		t.Fatalf("drain %s: %v\n%s", node, err, out)
+	}
+	t.Logf("$ kubectl meshvol drain %s\n%s", node, out)
+	// ReadyForMaintenance was judged with the copy UpToDate and quorate; nothing
+	// takes it away while the maintenance lasts.
+	m := &v1.ReplicatedNodeMaintenance{}
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: node}, m))
+	if !slices.Equal(m.Status.CopiedVolumes, []string{vol}) {
+		t.Errorf("maintenance %s: copiedVolumes %v, want [%s]", node, m.Status.CopiedVolumes, vol)
+	}
+	copyNode := ""
+	cur := r.rv(vol)
+	for _, mem := range cur.Status.Datamesh.Members {
+		if mem.Type != v1.MemberTypeDiskful || mem.NodeName == node {
+			continue
+		}
+		rvr := &v1.ReplicatedVolumeReplica{}
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: mem.Name}, rvr))
+		if rvr.Status.DiskState != v1.DiskStateUpToDate {
+			t.Errorf("ReadyForMaintenance with the copy %s %s", mem.Name, rvr.Status.DiskState)
+		}
+		copyNode = mem.NodeName
+	}
+	if copyNode == "" || cur.Status.Layout != "2D+1TB" {
+		t.Fatalf("ReadyForMaintenance without a copy elsewhere: %s, members %+v", phase(cur), cur.Status.Datamesh.Members)
+	}
+
+	// Away: the copy keeps quorum without the node.
+	r.must(r.c.CrashNode(node))
+	t.Cleanup(func() { _ = r.c.RestartNode(node) })
+	replica := v1.ReplicaName(vol, node)
+	r.eventually(node+" judged away, "+vol+" quorate on "+copyNode, 2*time.Minute, func() string {
+		rvr := &v1.ReplicatedVolumeReplica{}
+		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: replica}, rvr))
+		if c := meta.FindStatusCondition(rvr.Status.Conditions, v1.ConditionAgentReady); c == nil || c.Status != metav1.ConditionFalse {
+			return "the controller has not judged " + node + " away yet"
+		}
+		return r.quorate(vol, copyNode)
+	})
+
+	// Back: Completed, then the volume goes back to 1D.
+	r.must(r.c.RestartNode(node))
+	out, err = r.pluginErr(kc, "uncordon", node, "--timeout", "3m")
+	if err != nil || !strings.Contains(out, "Completed: Node "+node+" is back") {
+		t.Fatalf("uncordon %s: %v\n%s", node, err, out)
+	}
+	t.Logf("$ kubectl meshvol uncordon %s\n%s", node, out)
+	r.eventually(vol+" back to 1D", 3*time.Minute, func() string {
+		cur := r.rv(vol)
+		if cur.Status.Phase != v1.VolumePhaseReady || len(cur.Status.DatameshTransitions) > 0 || cur.Status.Layout != "1D" {
+			return phase(cur)
+		}
+		if n := len(r.rvrs(vol)); n != 1 {
+			return fmt.Sprintf("%d replicas left", n)
+		}
+		return ""
+	})
+	r.must(r.cl.Delete(r.ctx, m))
+	r.deleteVolume(vol)
 }

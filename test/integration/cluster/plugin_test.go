@@ -109,8 +109,7 @@ func TestPluginShowsDegraded2D1TB(t *testing.T) {
 // its members, and of its Diskful members.
 func (r *rig) formed2D1TB(vol string) (all, diskful []string) {
 	r.t.Helper()
-	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
-	for _, m := range r.ready(vol, 2*time.Minute).Status.Datamesh.Members {
+	for _, m := range r.formed(vol, layoutsNamed("2D+1TB")[0]).Status.Datamesh.Members {
 		all = append(all, m.NodeName)
 		if m.Type == v1.MemberTypeDiskful {
 			diskful = append(diskful, m.NodeName)

@@ -69,6 +69,14 @@ type ReplicatedNodeMaintenanceStatus struct {
 	// +listType=set
 	// +optional
 	BlockingVolumes []string `json:"blockingVolumes,omitempty"`
+	// copiedVolumes are the volumes that would lose quorum or their guaranteed
+	// redundancy with the node gone, and that are copied elsewhere first: until the
+	// maintenance is Completed (or Failed) each tolerates one more failure than its
+	// configuration (one more Diskful, and a TieBreaker where its layout needs one),
+	// then goes back to its configured layout.
+	// +listType=set
+	// +optional
+	CopiedVolumes []string `json:"copiedVolumes,omitempty"`
 	// attachedVolumes are the volumes still attached on the node, while Draining.
 	// +listType=set
 	// +optional

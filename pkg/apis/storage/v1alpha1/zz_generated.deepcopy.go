@@ -454,6 +454,11 @@ func (in *ReplicatedNodeMaintenanceStatus) DeepCopyInto(out *ReplicatedNodeMaint
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.CopiedVolumes != nil {
+		in, out := &in.CopiedVolumes, &out.CopiedVolumes
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.AttachedVolumes != nil {
 		in, out := &in.AttachedVolumes, &out.AttachedVolumes
 		*out = make([]string, len(*in))
