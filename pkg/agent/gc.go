@@ -12,7 +12,9 @@ import (
 // runGC looks for DRBD resources and backing volumes that no replica of this
 // node owns any more and removes them: a node that comes back after the
 // controller force-removed its replicas finds them gone (docs/contract.md
-// "Node that is gone") and must never reuse their stale data.
+// "Node that is gone") and must never reuse their stale data. A backing volume
+// is owned by its key (backingKey), so the volume of a force-removed replica
+// goes even when a new replica of the same name is already placed here.
 //
 // It runs only with a synced cache and a synced Observer: an empty cache
 // must never read as "nothing is ours" (kubelet's reconstruct.go: unknown
@@ -75,7 +77,7 @@ func (a *Agent) collect(ctx context.Context) {
 	volumes, replicas := map[string]bool{}, map[string]bool{}
 	for i := range rvrs.Items {
 		volumes[rvrs.Items[i].Spec.ReplicatedVolumeName] = true
-		replicas[rvrs.Items[i].Name] = true
+		replicas[backingKey(&rvrs.Items[i])] = true
 	}
 	for _, r := range resources {
 		if volumes[r] {

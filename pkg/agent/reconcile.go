@@ -96,14 +96,44 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	if err != nil {
 		return r.failed(ctx, "backing volume", err)
 	}
+	got, err := a.shown(ctx, rv.Name)
+	if err != nil {
+		return r.failed(ctx, "read back (drbdsetup show)", err)
+	}
+	if got, err = a.evictEarlierIncarnation(ctx, r, member, vol, got); err != nil {
+		return r.failed(ctx, "taking down an earlier replica's resource", err)
+	}
 	want, what, err := a.desiredConfig(ctx, r, member, vol)
 	if err != nil {
 		return r.failed(ctx, what, err)
 	}
-	if done, s := a.applyConfig(ctx, r, want); done {
+	if done, s := a.applyConfig(ctx, r, want, got); done {
 		return s
 	}
 	return a.confirm(ctx, r, member, vol)
+}
+
+// evictEarlierIncarnation takes the volume's resource down when the kernel runs
+// it for an earlier replica of this name (earlierIncarnation), so that this
+// replica starts from its own backing volume and fresh DRBD state. It is taken
+// down as any resource is, never forced: while that replica's device is held open
+// (its pod's mount, until the kubelet ends the pod) the step fails and retries.
+// It returns what the kernel runs afterwards: got, or nil once it is down.
+func (a *Agent) evictEarlierIncarnation(ctx context.Context, r *replicaStep, member *v1.DatameshMember, vol *storage.Volume, got *drbd.ShowResource) (*drbd.ShowResource, error) {
+	why, err := a.earlierIncarnation(ctx, r.rvr, member, vol, got)
+	if err != nil || why == "" {
+		return got, err
+	}
+	a.log.Info("the kernel runs an earlier replica of this name; taking its resource down", "replica", r.rvr.Name, "why", why)
+	r.acted = true
+	if err := a.takeDown(ctx, r.rv.Name); err != nil {
+		if errors.Is(err, drbd.ErrDeviceInUse) {
+			r.cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonDemoteRefused,
+				"An earlier replica of this name still runs here ("+why+") and its device is held open; will retry, never forced: "+drbd.RedactSecrets(err.Error()))
+		}
+		return got, fmt.Errorf("%s: %w", why, err)
+	}
+	return nil, nil
 }
 
 // replicaStep is one converge of one replica in progress: the step it will
@@ -232,12 +262,10 @@ func (a *Agent) desiredConfig(ctx context.Context, r *replicaStep, member *v1.Da
 // applyConfig brings the kernel to want when it runs something else, and
 // reads it back. done: the step ends here (a failure, or the kernel still
 // runs something else), with s to report.
-func (a *Agent) applyConfig(ctx context.Context, r *replicaStep, want *drbd.Resource) (done bool, s step) {
+func (a *Agent) applyConfig(ctx context.Context, r *replicaStep, want *drbd.Resource, got *drbd.ShowResource) (done bool, s step) {
 	rev := r.rv.Status.DatameshRevision
-	diff, err := a.readBack(ctx, want)
-	if err != nil {
-		return true, r.failed(ctx, "read back (drbdsetup show)", err)
-	}
+	diff := configDiff(want, got)
+	var err error
 	if len(diff) > 0 {
 		a.log.Info("applying datamesh revision", "replica", r.rvr.Name, "revision", rev, "differences", strings.Join(diff, "; "))
 		r.acted = true
@@ -296,16 +324,26 @@ func (a *Agent) confirm(ctx context.Context, r *replicaStep, member *v1.Datamesh
 
 // readBack compares what the kernel runs with want.
 func (a *Agent) readBack(ctx context.Context, want *drbd.Resource) ([]string, error) {
-	shown, err := a.drv.Show(ctx, want.Name)
+	got, err := a.shown(ctx, want.Name)
+	if err != nil {
+		return nil, err
+	}
+	return configDiff(want, got), nil
+}
+
+// shown is the resource's configuration as the kernel runs it, nil when it
+// does not run.
+func (a *Agent) shown(ctx context.Context, name string) (*drbd.ShowResource, error) {
+	shown, err := a.drv.Show(ctx, name)
 	if err != nil && !errors.Is(err, drbd.ErrUnknownResource) {
 		return nil, err
 	}
 	for i := range shown {
-		if shown[i].Resource == want.Name {
-			return configDiff(want, &shown[i]), nil
+		if shown[i].Resource == name {
+			return &shown[i], nil
 		}
 	}
-	return configDiff(want, nil), nil
+	return nil, nil
 }
 
 // apply writes the configuration and brings the kernel to it: up for a
@@ -525,7 +563,8 @@ func (a *Agent) kernelSizeAtLeast(ctx context.Context, name string, want int64) 
 	return false, nil
 }
 
-// ensureVolume creates (or grows) the replica's backing volume.
+// ensureVolume creates (or grows) the replica's backing volume, the one under
+// its backingKey: never one an earlier replica of the same name left here.
 func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) (storage.Volume, error) {
 	// Enough for DRBD's internal metadata on top of the volume's size, so that
 	// the device offers at least the size (the agent confirms no less).
@@ -540,12 +579,13 @@ func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplic
 	if err != nil {
 		return storage.Volume{}, err
 	}
-	v, err = p.Get(ctx, rvr.Name)
+	key := backingKey(rvr)
+	v, err = p.Get(ctx, key)
 	if err == nil && v.DevicePath == "" {
 		// The volume is there but no device is bound to it: after a reboot a file
 		// pool's loop devices are gone, and Get does not attach. Create attaches
 		// an existing volume (storage.Provider), at its own size.
-		v, err = p.Create(ctx, storage.CreateRequest{Replica: rvr.Name, SizeBytes: v.SizeBytes})
+		v, err = p.Create(ctx, storage.CreateRequest{Replica: key, SizeBytes: v.SizeBytes})
 	}
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
@@ -553,12 +593,12 @@ func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplic
 		if src, err = a.seedSource(ctx, rvr, rv); err != nil {
 			return storage.Volume{}, err
 		}
-		v, err = p.Create(ctx, storage.CreateRequest{Replica: rvr.Name, SizeBytes: need, Source: src})
+		v, err = p.Create(ctx, storage.CreateRequest{Replica: key, SizeBytes: need, Source: src})
 		if err == nil {
 			a.markCapacity()
 		}
 	case err == nil && v.SizeBytes < need:
-		v, err = p.Resize(ctx, rvr.Name, need)
+		v, err = p.Resize(ctx, key, need)
 	}
 	if err != nil {
 		return storage.Volume{}, err
@@ -687,7 +727,7 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 		if err != nil {
 			return err
 		}
-		if err := p.Delete(ctx, rvr.Name); err != nil {
+		if err := p.Delete(ctx, backingKey(rvr)); err != nil {
 			return err
 		}
 		a.markCapacity()

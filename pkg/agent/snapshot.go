@@ -123,7 +123,7 @@ func (a *Agent) takeCopy(ctx context.Context, rvs *v1.ReplicatedVolumeSnapshot, 
 		return nil, err
 	}
 	name := v1.SnapshotCopyName(rvs.Name, rvs.Status.Attempt)
-	s, err := snap.CreateSnapshot(ctx, storage.SnapshotRequest{Name: name, Replica: rvr.Name})
+	s, err := snap.CreateSnapshot(ctx, storage.SnapshotRequest{Name: name, Replica: backingKey(rvr)})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot of %s: %w", rvr.Name, err)
 	}

@@ -1,10 +1,12 @@
 // Package storage defines the backing volumes that sit under each DRBD replica.
 //
-// The node agent calls a Provider once per ReplicatedVolumeReplica (RVR): the RVR
-// name is the volume's identity. Providers derive the backing name (LV name, file
-// name) from it deterministically and mark what they create as theirs, so that an
-// agent that restarts finds its volumes again and never touches anything it did
-// not create. Implementations live in subpackages: lvm (thick and thin LVM) and
+// The node agent calls a Provider once per ReplicatedVolumeReplica (RVR): the
+// replica key it passes — the RVR's name and the start of its UID, so that a later
+// replica of the same name never finds an earlier one's data (docs/contract.md,
+// "Node that is gone") — is the volume's identity. Providers derive the backing
+// name (LV name, file name) from it deterministically and mark what they create as
+// theirs, so that an agent that restarts finds its volumes again and never touches
+// anything it did not create. Implementations live in subpackages: lvm (thick and thin LVM) and
 // file (sparse files on loop devices, for development and the sandbox).
 //
 // Every method is idempotent: Create of a volume that already exists and is ours
@@ -59,7 +61,7 @@ type Snapshotter interface {
 
 // CreateRequest asks for a replica's backing volume.
 type CreateRequest struct {
-	// Replica is the RVR name, the volume's identity.
+	// Replica is the replica key, the volume's identity.
 	Replica string
 	// SizeBytes is the minimum usable size; providers round it up.
 	SizeBytes int64
@@ -80,8 +82,8 @@ type Source struct {
 
 // Volume is a backing volume as the provider found it on the node.
 type Volume struct {
-	// Replica is the RVR this volume belongs to (read from the ownership mark,
-	// not assumed from the name).
+	// Replica is the key of the replica this volume belongs to (read from the
+	// ownership mark, not assumed from the name).
 	Replica string
 	// Name is the backing name: the LV name, or the file name in the pool.
 	Name string
@@ -97,14 +99,14 @@ type Volume struct {
 type SnapshotRequest struct {
 	// Name is the snapshot's identity (and backing name).
 	Name string
-	// Replica is the RVR whose volume is snapshotted.
+	// Replica is the key of the replica whose volume is snapshotted.
 	Replica string
 }
 
 // Snapshot is a point-in-time copy of a volume.
 type Snapshot struct {
 	Name string
-	// Replica is the RVR whose volume was snapshotted. The snapshot outlives it:
+	// Replica is the key of the replica whose volume was snapshotted. The snapshot outlives it:
 	// removing the origin leaves its thin snapshots in place.
 	Replica   string
 	Pool      string
