@@ -148,11 +148,14 @@ type Agent struct {
 	reader client.Reader // uncached: Secrets (get only) and the Lease
 	cache  cache.Cache
 
-	mu       sync.Mutex
-	written  map[types.UID]writtenStatus
-	secrets  map[string]string // Secret name → shared secret
-	pools    map[string]poolEntry
-	volumes  map[types.UID]storage.Volume
+	mu      sync.Mutex
+	written map[types.UID]writtenStatus
+	secrets map[string]string // Secret name → shared secret
+	pools   map[string]poolEntry
+	volumes map[types.UID]storage.Volume
+	// freed: replicas retyped to a diskless type whose backing volume this agent
+	// has deleted (freeBacking), so that it is not asked for again.
+	freed    map[types.UID]bool
 	capDirty bool // a backing volume was created or deleted since the last Lease
 
 	poolMetrics poolStats // the pools' last measured capacity, for metrics.go
@@ -183,6 +186,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		secrets: map[string]string{},
 		pools:   map[string]poolEntry{},
 		volumes: map[types.UID]storage.Volume{},
+		freed:   map[types.UID]bool{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {

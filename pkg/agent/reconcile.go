@@ -110,6 +110,9 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	if done, s := a.applyConfig(ctx, r, want, got); done {
 		return s
 	}
+	if err := a.freeBacking(ctx, r.rvr, member); err != nil {
+		return r.failed(ctx, "freeing the backing volume of a replica retyped to "+string(r.rvr.Spec.Type), err)
+	}
 	return a.confirm(ctx, r, member, vol)
 }
 
@@ -134,6 +137,39 @@ func (a *Agent) evictEarlierIncarnation(ctx context.Context, r *replicaStep, mem
 		return got, fmt.Errorf("%s: %w", why, err)
 	}
 	return nil, nil
+}
+
+// freeBacking deletes the backing volume of a replica retyped from Diskful to
+// Access or TieBreaker once its member is diskless too and the kernel runs the
+// member's configuration (the caller saw to it), so DRBD no longer uses the
+// disk. The replica keeps its spec.storage through the retype
+// (docs/controller.md, "Retyping a replica"), which says where the volume is.
+// Retyped back to Diskful, the replica gets a fresh volume and resyncs into it.
+func (a *Agent) freeBacking(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, member *v1.DatameshMember) error {
+	diskless := rvr.Spec.Type == v1.ReplicaTypeAccess || rvr.Spec.Type == v1.ReplicaTypeTieBreaker
+	if !diskless || member.Type.ConnectsToAllPeers() || rvr.Spec.Storage == nil {
+		return nil
+	}
+	a.mu.Lock()
+	freed := a.freed[rvr.UID]
+	a.mu.Unlock()
+	if freed {
+		return nil
+	}
+	p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
+	if err != nil {
+		return err
+	}
+	if err := p.Delete(ctx, backingKey(rvr)); err != nil {
+		return err
+	}
+	a.markCapacity()
+	a.mu.Lock()
+	delete(a.volumes, rvr.UID)
+	a.freed[rvr.UID] = true
+	a.mu.Unlock()
+	a.log.Info("replica retyped to a diskless type; backing volume freed", "replica", rvr.Name, "type", rvr.Spec.Type)
+	return nil
 }
 
 // replicaStep is one converge of one replica in progress: the step it will
@@ -605,6 +641,7 @@ func (a *Agent) ensureVolume(ctx context.Context, rvr *v1.ReplicatedVolumeReplic
 	}
 	a.mu.Lock()
 	a.volumes[rvr.UID] = v
+	delete(a.freed, rvr.UID)
 	a.mu.Unlock()
 	return v, nil
 }
@@ -735,6 +772,7 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 	a.mu.Lock()
 	delete(a.volumes, rvr.UID)
 	delete(a.written, rvr.UID)
+	delete(a.freed, rvr.UID)
 	a.mu.Unlock()
 	if !controllerutil.ContainsFinalizer(rvr, v1.FinalizerAgent) {
 		return nil

@@ -135,8 +135,12 @@ func (c *Controller) retype(ctx context.Context, v *volume, r *v1.ReplicatedVolu
 	if r == nil || r.DeletionTimestamp != nil || r.Spec.Type == t {
 		return nil
 	}
-	var storage *v1.ReplicaStorage
-	if v.rsp != nil {
+	// A replica retyped to Access or TieBreaker keeps its storage: its member stays
+	// Diskful until the engine's retype has detached the disk, and its agent needs the
+	// storage to run it until then and to free the backing volume after
+	// (docs/controller.md, "Retyping a replica").
+	storage := r.Spec.Storage
+	if (t == v1.ReplicaTypeDiskful || t == v1.ReplicaTypeShadowDiskful) && v.rsp != nil {
 		storage = storageFor(v.rsp, r.Spec.NodeName)
 	}
 	if err := ignoreStale(c.applyRVR(ctx, v.rv, r.Spec.NodeName, t, storage, r.ResourceVersion)); err != nil {

@@ -537,14 +537,15 @@ func (c *Controller) enginePool(v *volume) *datamesh.Pool {
 // labels, the agent's finalizer, the owner reference and the spec. The same function
 // serves create and retype, so an apply never drops a field the controller set before.
 // A retype passes the replica's resourceVersion, so it never recreates a replica that is
-// gone.
+// gone. storage is applied as given: nil for a new diskless replica, the storage it had
+// for a Diskful one retyped to a diskless type.
 func (c *Controller) applyRVR(ctx context.Context, rv *v1.ReplicatedVolume, node string, t v1.ReplicaType, storage *v1.ReplicaStorage, resourceVersion string) error {
 	u := applyObject("ReplicatedVolumeReplica", "", v1.ReplicaName(rv.Name, node), resourceVersion)
 	u.SetLabels(map[string]string{v1.LabelVolume: rv.Name, v1.LabelNode: node})
 	u.SetFinalizers([]string{v1.FinalizerAgent})
 	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}})
 	spec := map[string]any{"replicatedVolumeName": rv.Name, "nodeName": node, "type": string(t)}
-	if storage != nil && (t == v1.ReplicaTypeDiskful || t == v1.ReplicaTypeShadowDiskful) {
+	if storage != nil {
 		m, err := toMap(storage)
 		if err != nil {
 			return err

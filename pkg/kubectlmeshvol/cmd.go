@@ -73,7 +73,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("kubeconfig namespace: %w", err)
 		}
 	}
-	cl, err := client.New(restCfg, client.Options{Scheme: scheme()})
+	cl, err := client.NewWithWatch(restCfg, client.Options{Scheme: scheme()})
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -26,12 +27,13 @@ const cordonMaintenance = "maintenance"
 // follows it until every replica there is in sync (docs/operating.md, "Node
 // maintenance").
 type Maintainer struct {
-	Client client.Client
+	Client client.WithWatch
 	// Reader finds the PVCs of attached volumes for the progress lines.
 	Reader Reader
 	Out    io.Writer
-	// Poll is how often the maintenance is read (default 1 s); Timeout how long a
-	// command follows it (default 10 min).
+	// Poll is how often drain tries again to create a maintenance while the last one
+	// is still being deleted (default 1 s); Timeout how long a command follows the
+	// maintenance (default 10 min).
 	Poll, Timeout time.Duration
 	// Now is the clock of the progress lines (default time.Now).
 	Now func() time.Time
@@ -92,7 +94,7 @@ func (m *Maintainer) Drain(ctx context.Context, node string) error {
 		return err
 	}
 	m.line("maintenance %s created; node %s cordoned for meshvol", node, node)
-	st, err := m.follow(ctx, node, func(p v1.MaintenancePhase) bool {
+	st, err := m.follow(ctx, rnm, func(p v1.MaintenancePhase) bool {
 		return p == v1.MaintenanceReadyForMaintenance || p == v1.MaintenanceBlocked
 	})
 	if err != nil {
@@ -129,7 +131,7 @@ func (m *Maintainer) Uncordon(ctx context.Context, node string) error {
 		}
 		m.line("maintenance %s: return requested", node)
 	}
-	st, err := m.follow(ctx, node, func(p v1.MaintenancePhase) bool { return p == v1.MaintenanceCompleted || p == v1.MaintenanceFailed })
+	st, err := m.follow(ctx, rnm, func(p v1.MaintenancePhase) bool { return p == v1.MaintenanceCompleted || p == v1.MaintenanceFailed })
 	if err != nil {
 		return err
 	}
@@ -143,33 +145,81 @@ func (m *Maintainer) Uncordon(ctx context.Context, node string) error {
 	return nil
 }
 
-// follow prints every phase or message change of the node's maintenance until done
-// says its phase ends the command.
-func (m *Maintainer) follow(ctx context.Context, node string, done func(v1.MaintenancePhase) bool) (v1.ReplicatedNodeMaintenanceStatus, error) {
+// follow prints every phase or message change of the maintenance from rnm on (the
+// object as this command last wrote or read it) until done says its phase ends the
+// command. It watches from rnm's resourceVersion rather than polling: a phase the
+// controller holds for less than a poll's interval (a copy made in a moment, a
+// volume detached at once) is still printed, in order.
+func (m *Maintainer) follow(ctx context.Context, rnm *v1.ReplicatedNodeMaintenance, done func(v1.MaintenancePhase) bool) (v1.ReplicatedNodeMaintenanceStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.Timeout)
 	defer cancel()
 	var last v1.ReplicatedNodeMaintenanceStatus
-	for {
-		rnm := &v1.ReplicatedNodeMaintenance{}
-		if err := m.Client.Get(ctx, client.ObjectKey{Name: node}, rnm); err != nil {
-			return last, fmt.Errorf("maintenance of node %s: %w", node, err)
-		}
+	// show prints rnm's status if it is new and current, and says whether it ends
+	// the command.
+	show := func(rnm *v1.ReplicatedNodeMaintenance) bool {
 		st := rnm.Status
-		current := st.ObservedGeneration == rnm.Generation && st.Phase != ""
-		if current && (st.Phase != last.Phase || st.Message != last.Message) {
+		if st.ObservedGeneration != rnm.Generation || st.Phase == "" {
+			return false
+		}
+		if st.Phase != last.Phase || st.Message != last.Message {
 			m.line("%s: %s", st.Phase, st.Message)
 			if st.Phase == v1.MaintenanceDraining {
 				m.attachedPVCs(ctx, st.AttachedVolumes)
 			}
-			last = st
 		}
-		if current && done(st.Phase) {
-			return st, nil
+		last = st
+		return done(st.Phase)
+	}
+	timedOut := func() error {
+		return fmt.Errorf("maintenance of node %s still %s after %s: %w", rnm.Name, phaseOrPending(last.Phase), m.Timeout, ctx.Err())
+	}
+	if show(rnm) {
+		return last, nil
+	}
+	rv := rnm.ResourceVersion
+	for {
+		w, err := m.Client.Watch(ctx, &v1.ReplicatedNodeMaintenanceList{},
+			client.MatchingFields{"metadata.name": rnm.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}})
+		if err != nil {
+			if ctx.Err() != nil {
+				return last, timedOut()
+			}
+			return last, fmt.Errorf("watching the maintenance of node %s: %w", rnm.Name, err)
 		}
-		select {
-		case <-ctx.Done():
-			return last, fmt.Errorf("maintenance of node %s still %s after %s: %w", node, phaseOrPending(last.Phase), m.Timeout, ctx.Err())
-		case <-time.After(m.Poll):
+		resync := false
+		for ev := range w.ResultChan() {
+			switch cur, ok := ev.Object.(*v1.ReplicatedNodeMaintenance); {
+			case ev.Type == watch.Error:
+				// Most often 410 Gone: rv is older than the API server keeps.
+				// Read the object as it is now and watch on from there.
+				resync = true
+			case ev.Type == watch.Deleted:
+				w.Stop()
+				return last, fmt.Errorf("maintenance of node %s was deleted while %s", rnm.Name, phaseOrPending(last.Phase))
+			case ok:
+				rv = cur.ResourceVersion
+				if show(cur) {
+					w.Stop()
+					return last, nil
+				}
+			}
+			if resync {
+				break
+			}
+		}
+		w.Stop()
+		if ctx.Err() != nil {
+			return last, timedOut()
+		}
+		if resync {
+			cur := &v1.ReplicatedNodeMaintenance{}
+			if err := m.Client.Get(ctx, client.ObjectKey{Name: rnm.Name}, cur); err != nil {
+				return last, fmt.Errorf("maintenance of node %s: %w", rnm.Name, err)
+			}
+			if show(cur) {
+				return last, nil
+			}
+			rv = cur.ResourceVersion
 		}
 	}
 }

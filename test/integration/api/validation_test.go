@@ -687,6 +687,39 @@ spec:
 		field: "spec", msg: "storage must be empty for diskless types Access and TieBreaker",
 	},
 	{
+		// A retype keeps the storage the replica had; it never moves it.
+		name:   "rvr/retyped to Access with another storage",
+		before: rvrOK,
+		bad: `
+kind: ReplicatedVolumeReplica
+metadata: {name: $NAME}
+spec:
+  replicatedVolumeName: pvc-1
+  nodeName: node-1
+  type: Access
+  storage: {pool: pool-a, volumeGroup: vg-other}
+`,
+		field: "spec", msg: "storage must be empty for diskless types Access and TieBreaker",
+	},
+	{
+		name: "rvr/Access gains storage",
+		before: `
+kind: ReplicatedVolumeReplica
+metadata: {name: $NAME}
+spec: {replicatedVolumeName: pvc-1, nodeName: node-1, type: Access}
+`,
+		bad: `
+kind: ReplicatedVolumeReplica
+metadata: {name: $NAME}
+spec:
+  replicatedVolumeName: pvc-1
+  nodeName: node-1
+  type: Access
+  storage: {pool: pool-a, volumeGroup: vg-data}
+`,
+		field: "spec", msg: "storage must be empty for diskless types Access and TieBreaker",
+	},
+	{
 		name: "rvr/TieBreaker with storage",
 		bad: `
 kind: ReplicatedVolumeReplica
@@ -1052,6 +1085,21 @@ spec:
 kind: ReplicatedVolumeReplica
 metadata: {name: $NAME}
 spec: {replicatedVolumeName: pvc-1, nodeName: node-1, type: Access}
+`,
+	},
+	{
+		// Its member is still Diskful until the retype detaches the disk; the agent
+		// needs the storage until it has freed the backing volume.
+		name:   "rvr/retyped from Diskful to TieBreaker, storage kept",
+		before: rvrOK,
+		after: `
+kind: ReplicatedVolumeReplica
+metadata: {name: $NAME}
+spec:
+  replicatedVolumeName: pvc-1
+  nodeName: node-1
+  type: TieBreaker
+  storage: {pool: pool-a, volumeGroup: vg-data}
 `,
 	},
 	{

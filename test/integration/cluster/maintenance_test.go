@@ -74,8 +74,8 @@ func TestNodeMaintenance(t *testing.T) {
 		drainErr = r.pluginTo(kc, &drainOut, "drain", node, "--timeout", "3m")
 	}()
 	draining := "Draining: Waiting for the volumes attached on node " + node + " to detach: " + vol
-	// The plugin reads the maintenance once a second: the volume detaches only once the
-	// plugin has printed Draining, or its output would skip the phase.
+	// The volume detaches only once the maintenance is Draining on it (or the
+	// controller would judge the node free at once) and the plugin has printed that.
 	r.eventually("kubectl meshvol drain "+node+" following Draining on "+vol, time.Minute, func() string {
 		m := &v1.ReplicatedNodeMaintenance{}
 		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: node}, m); err != nil {

@@ -24,7 +24,7 @@ type ReplicaStorage struct {
 // ReplicatedVolumeReplicaSpec is the placement of one replica, written by the controller.
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || size(oldSelf.nodeName) == 0 || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set"
 // +kubebuilder:validation:XValidation:rule="self.replicatedVolumeName == oldSelf.replicatedVolumeName",message="replicatedVolumeName is immutable"
-// +kubebuilder:validation:XValidation:rule="!(self.type == 'Access' || self.type == 'TieBreaker') || !has(self.storage)",message="storage must be empty for diskless types Access and TieBreaker"
+// +kubebuilder:validation:XValidation:rule="!(self.type == 'Access' || self.type == 'TieBreaker') || !has(self.storage) || (oldSelf.hasValue() && has(oldSelf.value().storage) && oldSelf.value().storage == self.storage)",message="storage must be empty for diskless types Access and TieBreaker, except the storage a replica retyped from Diskful keeps",optionalOldSelf=true
 type ReplicatedVolumeReplicaSpec struct {
 	// replicatedVolumeName is the volume this replica belongs to.
 	// +kubebuilder:validation:MinLength=1
@@ -37,7 +37,10 @@ type ReplicatedVolumeReplicaSpec struct {
 	NodeName string `json:"nodeName,omitempty"`
 	// type is the type the replica should become in the datamesh.
 	Type ReplicaType `json:"type"`
-	// storage is where a diskful replica's backing volume lives.
+	// storage is where a diskful replica's backing volume lives. A replica retyped
+	// from Diskful to Access or TieBreaker keeps it: its datamesh member stays
+	// Diskful until the retype has detached the disk, and its agent frees the
+	// backing volume once DRBD runs without it. A diskless replica never gains one.
 	// +optional
 	Storage *ReplicaStorage `json:"storage,omitempty"`
 	// drbdOptions overrides the volume's DRBD options for this replica.
