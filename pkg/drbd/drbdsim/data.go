@@ -23,8 +23,10 @@ import (
 // Without quorum the write fails with EIO (on-no-quorum io-error) or blocks
 // until quorum returns or ctx ends (suspend-io). After SuspendIO it blocks
 // until ResumeIO or ctx ends, quorum or not. A Primary without any
-// UpToDate data in reach fails with EIO. A write to the Primary's block
-// device (Options.LoopDevices) takes the same path.
+// UpToDate data in reach fails with EIO (on-no-data-accessible io-error),
+// suspended or not, and so does a suspended write once that happens. A
+// write to the Primary's block device (Options.LoopDevices) takes the same
+// path.
 func (n *Node) Write(ctx context.Context, name string, off int64, data []byte) error {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
@@ -58,6 +60,12 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 		}
 		if r.role != rolePrimary {
 			return fmt.Errorf("%s %s at offset %d: device is Secondary (not opened for writing): %w", op, name, off, syscall.EROFS)
+		}
+		if !r.dataAccessible() && r.failsWithoutData() {
+			// Suspended or not: DRBD fails the request, and releases those
+			// it held, once no UpToDate data is in reach (a suspended
+			// Primary outdated by a refused connect, refuseConnect).
+			return ioErr(op, name, off, "no UpToDate data accessible (on-no-data-accessible io-error)")
 		}
 		why := "suspended by suspend-io"
 		if !r.suspendedUser {

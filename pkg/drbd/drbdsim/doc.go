@@ -48,6 +48,16 @@
 //     came back), full sync (a new replica, or a lost bitmap), split brain
 //     (both sides changed since they parted: StandAlone + message), or
 //     unrelated data.
+//   - A connect is refused, both ends StandAlone until adjust, when the
+//     handshake would make a Primary the SyncTarget ("I shall become
+//     SyncTarget, but I am primary!", rr-conflict disconnect) or when it
+//     would put two Primaries in one connected cluster without
+//     allow-two-primaries (SS_TWO_PRIMARIES, also through a diskless
+//     node): a Primary cut off by a partition does not rejoin a side that
+//     promoted meanwhile. The initiator (lower node-id) outdates its own
+//     disk if the peer has newer data and it is a Secondary, or a Primary
+//     whose IO is suspended under on-no-data-accessible io-error; that
+//     Primary then fails its IO with EIO.
 //   - Resync at Options.ResyncRate bytes per virtual second, copying the
 //     real bytes between the replicas' backing files. new-current-uuid
 //     --clear-bitmap at formation skips it.
@@ -185,7 +195,10 @@
 //
 // # What is not modelled
 //
-// Protocols A and B (everything behaves as C), multiple volumes, online
+// Protocols A and B (everything behaves as C), rr-conflict and
+// on-suspended-primary-outdated other than their defaults (disconnect), the
+// refusal of two Primaries that allow-two-primaries lets connect but that
+// would not be directly connected (SS_WEAKLY_CONNECTED), multiple volumes, online
 // verify's status details (ov-left and friends), the soft-transition refusal of a graceful peer departure that would
 // drop a Primary's quorum, fencing policies and handlers other than the
 // quorum-lost and disconnected notifications, congestion, the activity log

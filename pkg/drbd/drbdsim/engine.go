@@ -2,6 +2,7 @@ package drbdsim
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -280,6 +281,14 @@ func authenticated(r, pr *resource) bool {
 // the replication state goes from Off straight to the handshake's result:
 // Established, or WFBitMapS/T when a resync follows (contract-real seqs).
 func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
+	var p syncPlan
+	if r.attached() && pr.attached() {
+		p = plan(r, pr)
+	}
+	if why := c.connectRefusal(r, pr, p); why != "" {
+		c.refuseConnect(r, k, pr, pk, p, why)
+		return
+	}
 	for _, e := range []struct {
 		self, peer *resource
 		k          *conn
@@ -315,6 +324,80 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 		x.publish()
 	}
 	c.pending = append(c.pending, r)
+}
+
+// connectRefusal is why DRBD refuses the cluster-wide state change that
+// would connect r and pr, or "". The handshake (plan) runs first: a Primary
+// that would become SyncTarget is refused ("I shall become SyncTarget, but
+// I am primary!"). Then the connect, a two-phase commit over both sides'
+// connected nodes, fails with SS_TWO_PRIMARIES when it would put two
+// Primaries in one connected cluster without allow-two-primaries
+// (drbd_state.c, check_primaries_distances): a Primary cut off by a
+// partition does not rejoin, directly or through a diskless node, a side
+// that promoted meanwhile. Split brain and unrelated data are the
+// handshake's own refusals (handshake).
+func (c *Cluster) connectRefusal(r, pr *resource, p syncPlan) string {
+	if p.primaryTarget() {
+		return "I shall become SyncTarget, but I am primary!"
+	}
+	if p.kind == planSplitBrain || p.kind == planUnrelated {
+		return ""
+	}
+	if initiator(r, pr).cfg.Options.Net.AllowTwoPrimaries {
+		return ""
+	}
+	primaries := map[*resource]bool{}
+	for _, x := range append(c.component(r), c.component(pr)...) {
+		if x.role == rolePrimary {
+			primaries[x] = true
+		}
+	}
+	if len(primaries) > 1 {
+		return "Multiple primaries not allowed by config"
+	}
+	return ""
+}
+
+// initiator is the end of a connection that runs the connect's two-phase
+// commit: the lower node-id (drbd_receiver.c, conn_connect).
+func initiator(r, pr *resource) *resource {
+	if pr.nodeID() < r.nodeID() {
+		return pr
+	}
+	return r
+}
+
+// refuseConnect is a failed connect with rr-conflict's default
+// (disconnect): the initiator sends a disconnect and both ends go
+// StandAlone. Before that the initiator applies what the handshake taught
+// it (drbd_receiver.c, apply_local_state_change): if the peer has newer data
+// (the plan makes it the SyncTarget), its disk goes Outdated — as a
+// Secondary, and as a Primary whose IO is suspended while
+// on-no-data-accessible is io-error, which then fails that IO (the
+// Primary has no UpToDate data left). A Primary that still serves IO keeps
+// its disk state: DRBD never outdates it from under its users.
+func (c *Cluster) refuseConnect(r *resource, k *conn, pr *resource, pk *conn, p syncPlan, why string) {
+	k.pathUp, pk.pathUp = false, false
+	if in := initiator(r, pr); p.kind == planSync && p.dst == in && (in.disk == DiskUpToDate || in.disk == DiskConsistent) &&
+		(in.role != rolePrimary || (in.suspended() && in.failsWithoutData())) {
+		in.setDisk(DiskOutdated)
+	}
+	c.standAlone(r, k, pr, pk, false, why)
+}
+
+// suspended: DRBD holds the resource's IO, by suspend-io or for lack of
+// quorum under on-no-quorum suspend-io (DRBD suspends as soon as quorum is
+// gone, before any IO arrives).
+func (r *resource) suspended() bool {
+	return r.suspendedUser || (r.role == rolePrimary && !r.quorate && r.cfg.Options.Resource.Quorum != drbd.QuorumOff &&
+		r.cfg.Options.Resource.OnNoQuorum == drbd.OnNoQuorumSuspendIO)
+}
+
+// failsWithoutData: on-no-data-accessible io-error (DRBD's default): a
+// Primary without UpToDate data in reach fails every request with EIO,
+// suspended or not (drbd_state.c, cached_err_io).
+func (r *resource) failsWithoutData() bool {
+	return r.cfg.Options.Resource.OnNoDataAccessible != drbd.OnNoDataAccessibleSuspendIO
 }
 
 // lose takes a connection down on r's side after a failure (how is the
@@ -376,43 +459,90 @@ func (c *Cluster) refreshPeerView(r *resource, k *conn, pr *resource) bool {
 	return changed
 }
 
-// handshake compares generation UUIDs like DRBD's uuid_compare and decides
-// between no sync, a bitmap-based or full resync, split brain and
-// unrelated data.
-func (c *Cluster) handshake(a *resource, ka *conn, b *resource, kb *conn) {
-	ka.handshaken, kb.handshaken = true, true
+// syncPlan is what comparing two replicas' generation UUIDs decides
+// (DRBD's drbd_uuid_compare), before anything changes: the connect that
+// carries it may still be refused (connectRefusal).
+type syncPlan struct {
+	kind     planKind
+	src, dst *resource // planSync: who sends, who receives
+	full     bool      // planSync: every block, not only the bitmap's
+}
+
+type planKind int
+
+const (
+	planNothing    planKind = iota // both just created: "no-sync by rule=just-created-both"
+	planNoSync                     // same data
+	planSync                       // a resync from src to dst
+	planSplitBrain                 // both changed since they parted
+	planUnrelated                  // no common ancestor
+)
+
+// plan decides like DRBD's uuid_compare between no sync, a bitmap-based
+// or full resync, split brain and unrelated data. It changes nothing.
+func plan(a, b *resource) syncPlan {
 	am, bm := a.md, b.md
 	apm, bpm := am.peer(b.nodeID()), bm.peer(a.nodeID())
+	sync := func(src, dst *resource, full bool) syncPlan {
+		return syncPlan{kind: planSync, src: src, dst: dst, full: full}
+	}
 	switch {
 	case am.current == uuidJustCreated && bm.current == uuidJustCreated:
-		// "no-sync by rule=just-created-both"
+		return syncPlan{kind: planNothing}
 	case am.current == bm.current:
-		apm.bits.or(bpm.bits)
-		bpm.bits.or(apm.bits)
-		if apm.bits.count() == 0 {
-			c.noSync(a, b)
-			return
+		if outOfSync(a, b) == 0 {
+			return syncPlan{kind: planNoSync}
 		}
 		if better(b, a) {
-			c.startSync(b, kb, a, ka, false)
-		} else {
-			c.startSync(a, ka, b, kb, false)
+			return sync(b, a, false)
 		}
+		return sync(a, b, false)
 	case bm.current == uuidJustCreated:
-		c.startSync(a, ka, b, kb, true) // "source-set-bitmap by rule=just-created-peer"
+		return sync(a, b, true) // "source-set-bitmap by rule=just-created-peer"
 	case am.current == uuidJustCreated:
-		c.startSync(b, kb, a, ka, true)
+		return sync(b, a, true)
 	case apm.bitmapUUID != 0 && apm.bitmapUUID == bm.current:
-		c.startSync(a, ka, b, kb, false) // b came back: sync what changed
+		return sync(a, b, false) // b came back: sync what changed
 	case bpm.bitmapUUID != 0 && bpm.bitmapUUID == am.current:
-		c.startSync(b, kb, a, ka, false)
+		return sync(b, a, false)
 	case am.inHistory(bm.current):
-		c.startSync(a, ka, b, kb, true) // b is behind and the bitmap is gone
+		return sync(a, b, true) // b is behind and the bitmap is gone
 	case bm.inHistory(am.current):
-		c.startSync(b, kb, a, ka, true)
+		return sync(b, a, true)
 	case related(am, bm):
+		return syncPlan{kind: planSplitBrain}
+	}
+	return syncPlan{kind: planUnrelated}
+}
+
+// primaryTarget: the plan would make a Primary with good data the
+// SyncTarget of blocks it would have to receive. DRBD refuses that under
+// its users: with rr-conflict's default (disconnect) it logs "I shall become
+// SyncTarget, but I am primary!" and the connection is dropped
+// (drbd_receiver.c, drbd_sync_handshake).
+func (p syncPlan) primaryTarget() bool {
+	dst := p.dst
+	return p.kind == planSync && dst.role == rolePrimary && (dst.disk == DiskUpToDate || dst.disk == DiskConsistent) &&
+		(p.full || outOfSync(p.src, dst) > 0)
+}
+
+// handshake compares generation UUIDs (plan) and acts on the result: no
+// sync, a resync, or StandAlone for split brain and unrelated data.
+func (c *Cluster) handshake(a *resource, ka *conn, b *resource, kb *conn) {
+	ka.handshaken, kb.handshaken = true, true
+	p := plan(a, b)
+	switch p.kind {
+	case planNoSync:
+		c.noSync(a, b)
+	case planSync:
+		kSrc, kDst := ka, kb
+		if p.src == b {
+			kSrc, kDst = kb, ka
+		}
+		c.resync(p, kSrc, kDst)
+	case planSplitBrain:
 		c.standAlone(a, ka, b, kb, true, "Split-Brain detected but unresolved, dropping connection!")
-	default:
+	case planUnrelated:
 		c.standAlone(a, ka, b, kb, false, "Unrelated data, aborting!")
 	}
 }
@@ -476,6 +606,25 @@ func (c *Cluster) noSync(a, b *resource) {
 			}
 		}
 	}
+}
+
+// resync starts the planned resync, unless it would make a Primary the
+// SyncTarget (syncPlan.primaryTarget): on a connection that is already up
+// (a disk attached under it) the connection drops to StandAlone. A
+// connection coming up is refused before that (connectRefusal).
+func (c *Cluster) resync(p syncPlan, ks, kd *conn) {
+	if p.primaryTarget() {
+		c.standAlone(p.src, ks, p.dst, kd, false, "I shall become SyncTarget, but I am primary!")
+		return
+	}
+	c.startSync(p.src, ks, p.dst, kd, p.full)
+}
+
+// outOfSync counts the blocks either side marks out of sync for the other.
+func outOfSync(a, b *resource) int64 {
+	union := slices.Clone(a.md.peer(b.nodeID()).bits)
+	union.or(b.md.peer(a.nodeID()).bits)
+	return union.count()
 }
 
 func (c *Cluster) startSync(src *resource, ks *conn, dst *resource, kd *conn, full bool) {

@@ -528,8 +528,8 @@ func (n *Node) destroy(r *resource) {
 	delete(n.res, r.name)
 }
 
-// Primary promotes: refused with DRBD's errors when another directly
-// connected node is Primary (-1), without UpToDate data in reach (-2) or
+// Primary promotes: refused with DRBD's errors when another node of its
+// connected cluster is Primary (-1), without UpToDate data in reach (-2) or
 // without quorum (-25). force (`primary --force`) makes an Inconsistent
 // local disk UpToDate and bypasses the quorum check.
 func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason) error {
@@ -578,6 +578,17 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 			detail = "No UpToDate peer with quorum"
 		}
 		return stateErr(drbd.ErrNoQuorum, "primary", name, -25, "No quorum", detail)
+	}
+	if !r.cfg.Options.Net.AllowTwoPrimaries {
+		// Past the local checks, the promotion is a two-phase commit over
+		// every reachable node: a Primary anywhere in the connected
+		// cluster refuses it, not only a direct peer (drbd_state.c,
+		// check_primaries_distances).
+		for _, x := range c.component(r) {
+			if x != r && x.role == rolePrimary {
+				return stateErr(drbd.ErrTwoPrimaries, "primary", name, -1, "Multiple primaries not allowed by config", "")
+			}
+		}
 	}
 	r.role = rolePrimary
 	r.publish()
