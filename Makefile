@@ -55,11 +55,14 @@ build: ## Build bin/meshvol from ./cmd/meshvol and the kubectl plugin bin/kubect
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kubectl-meshvol ./cmd/kubectl-meshvol
 
 .PHONY: sandbox
-sandbox: deps build k8s image ## Run a real Kubernetes cluster on this machine, `helm install` meshvol's chart and image on it, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
+sandbox: deps build k8s image sandbox-bin ## Run a real Kubernetes cluster on this machine, `helm install` meshvol's chart and image on it, a demonstration, up until Ctrl-C (root; SANDBOX_ARGS="-demo=false ...")
+	bin/meshvol-sandbox $(SANDBOX_ARGS)
+
+.PHONY: sandbox-bin
+sandbox-bin: ## Build bin/meshvol-sandbox and the static programs it puts on the nodes (the pause program, the drbd-utils stand-ins)
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/meshvol-sandbox ./cmd/meshvol-sandbox
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/meshvol-pause ./internal/kubecluster/pause
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/drbdsim-utils ./internal/drbdsimd/drbdutils
-	bin/meshvol-sandbox $(SANDBOX_ARGS)
 
 .PHONY: k8s
 k8s: ## Build the real control plane and CSI sidecars into bin/k8s (hack/build-k8s.sh; no-op when up to date)
@@ -106,22 +109,32 @@ verify: k8s ## Fail if `make generate` or `make manifests` changes any generated
 	$(MAKE) --no-print-directory lint
 
 .PHONY: sanity
-sanity: build k8s ## Run the real bin/k8s/csi-sanity against `meshvol controller --csi-endpoint` and a node service on an in-process cluster, layouts 1D, 2D+1TB, 3D (root; logs in _output/sanity)
+sanity: build k8s image ## Run the real bin/k8s/csi-sanity, layouts 1D, 2D+1TB, 3D: against `meshvol controller --csi-endpoint` and a node service on an in-process cluster, then against the chart-installed driver's pods in a sandbox (root; logs in _output/sanity)
 	$(GO) run ./hack/sanity $(SANITY_ARGS)
+	$(GO) run ./hack/sanity -installed $(SANITY_ARGS)
 
 .PHONY: e2e-crash-2d1tb
 e2e-crash-2d1tb: deps k8s image ## The e2e node crash on the default 2D+1TB class, which needs the sandbox's three nodes to itself (root; about 2 min)
 	$(GO) test ./test/e2e -run 'TestNodeCrash$$' -count=1 -timeout $(TEST_TIMEOUT) -v -args -crash-class=meshvol-2d-1tb
 
 # Kubernetes' own e2e.test, from test/conformance (a module of its own, so this one
-# does not inherit Kubernetes' dependency graph), at the version bin/k8s runs.
+# does not inherit Kubernetes' dependency graph), at the version bin/k8s runs; with it
+# ginkgo's CLI (parallel runs) and agnhost (a test image's program) from the same go.mod.
 K8S_E2E_VERSION ?= v1.33.13
 .PHONY: conformance-build
-conformance-build: ## Build Kubernetes' e2e.test (External Storage suite) into bin/conformance and list the specs test/conformance/testdriver.yaml selects (dry run; about 9 min cold, seconds warm)
+conformance-build: ## Build Kubernetes' e2e.test (External Storage suite), ginkgo and agnhost into bin/conformance and list the specs test/conformance/testdriver.yaml selects (dry run; about 9 min cold, seconds warm)
 	cd test/conformance && GOTOOLCHAIN=local $(GO) test -c -o ../../bin/conformance/e2e.test \
 		-ldflags "-X k8s.io/component-base/version.gitVersion=$(K8S_E2E_VERSION)" .
+	cd test/conformance && GOTOOLCHAIN=local $(GO) build -o ../../bin/conformance/ginkgo github.com/onsi/ginkgo/v2/ginkgo
+	cd test/conformance && CGO_ENABLED=0 GOTOOLCHAIN=local $(GO) build -trimpath -ldflags '-s -w' \
+		-o ../../bin/conformance/agnhost k8s.io/kubernetes/test/images/agnhost
 	bin/conformance/e2e.test --ginkgo.dry-run --ginkgo.no-color --ginkgo.focus='External.Storage' \
 		--storage.testdriver=$(CURDIR)/test/conformance/testdriver.yaml 2>&1 | grep -E 'Driver loaded from path|^Ran [0-9]+ of'
+
+.PHONY: conformance
+conformance: deps build k8s image sandbox-bin conformance-build ## Kubernetes' External Storage suite against the chart-installed driver in a sandbox: parallel, [Serial], and volumes+provisioning on 3D; counts, failures and skip reasons in _output/conformance/results.md (root; hack/conformance.sh, docs/conformance.md)
+	$(GO) run ./hack/conformance-images -rootfs bin/image/rootfs -agnhost bin/conformance/agnhost -out bin/conformance/images
+	hack/conformance.sh
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:FuzzX ..." to choose

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,6 +43,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	image := fs.String("image", filepath.Join(filepath.Dir(exe), "image", "meshvol.oci.tar"), "the meshvol image (`make image`), installed with `helm install` of the chart")
 	standIns := fs.String("stand-ins", filepath.Join(filepath.Dir(exe), "drbdsim-utils"), "the drbd-utils stand-ins (internal/drbdsimd/drbdutils, static; `make sandbox` builds it) through which the node pods reach the simulated DRBD")
 	inProcess := fs.Bool("in-process", false, "run meshvol's controller, agents and CSI services in this process instead of installing the chart and the image")
+	var images []string
+	fs.Func("images", "more OCI image archives, comma-separated, imported into every node's containerd (`make conformance` gives the upstream test images)", func(v string) error {
+		for _, a := range strings.Split(v, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				images = append(images, a)
+			}
+		}
+		return nil
+	})
 	wait := fs.Bool("wait", false, "wait for another sandbox or e2e run on this machine to end instead of exiting (one runs at a time)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -86,6 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		PauseBinary:    *pause,
 		TaintLostNodes: *taint,
 		WaitForLock:    *wait,
+		Images:         images,
 		Progress:       stdout,
 		Log:            log,
 	})

@@ -39,6 +39,7 @@ type controllerFlags struct {
 	namespace   string
 	metricsAddr string
 	probeAddr   string
+	pprofAddr   string
 	leaderElect bool
 	// The leader election's timing (controller.ManagerOptions).
 	leaseDuration, renewDeadline, retryPeriod time.Duration
@@ -72,6 +73,8 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 		"address of the Prometheus /metrics endpoint (meshvol_controller_* and controller-runtime's reconcile metrics); \"0\" turns it off")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081",
 		"address of /healthz (the process is alive) and /readyz (its caches are synced); empty turns them off")
+	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "",
+		"address of Go's /debug/pprof/ profiles (CPU, goroutines, blocking and lock contention) for finding where time goes (docs/scale.md); empty, the default, turns it off")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true,
 		"elect one active controller through a coordination.k8s.io Lease; turn off only when a single replica runs")
 	fs.StringVar(&f.leaderID, "leader-election-id", controller.LeaderElectionID, "name of the leader-election Lease")
@@ -179,7 +182,7 @@ func runController(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return 1
 	}
 	mgr, err := controller.NewManager(cfg, opts, controller.ManagerOptions{
-		MetricsAddr: f.metricsAddr, ProbeAddr: f.probeAddr, LeaderElection: f.leaderElect, LeaderElectionID: f.leaderID,
+		MetricsAddr: f.metricsAddr, ProbeAddr: f.probeAddr, PprofAddr: f.pprofAddr, LeaderElection: f.leaderElect, LeaderElectionID: f.leaderID,
 		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod,
 	})
 	if err != nil {

@@ -39,9 +39,43 @@ func main() {
 	which := flag.String("layouts", "1d,2d-1tb,3d", "layouts to run, comma-separated: 1d, 2d-1tb, 3d")
 	focus := flag.String("focus", "", "passed to csi-sanity as --ginkgo.focus")
 	skip := flag.String("skip", "", "passed to csi-sanity as --ginkgo.skip")
-	logDir := flag.String("log-dir", "", "where each layout's csi-sanity output and the controller's log go (default <repo>/_output/sanity)")
+	logDir := flag.String("log-dir", "", "where each layout's csi-sanity output and the controller's log go (default <repo>/_output/sanity, <repo>/_output/sanity/installed with -installed)")
+	installed := flag.Bool("installed", false, "run against the chart-installed driver of a sandbox (the node pod of node-1 and a controller pod, from bin/image/meshvol.oci.tar) instead of the in-process harness")
 	flag.Parse()
+	if *installed {
+		os.Exit(runInstalled(*bin, *which, *focus, *skip, *logDir))
+	}
 	os.Exit(run(*bin, *meshvol, *which, *focus, *skip, *logDir))
+}
+
+// layoutsOf parses -layouts.
+func layoutsOf(which string) ([]sanity.Layout, error) {
+	var layouts []sanity.Layout
+	for _, name := range strings.Split(which, ",") {
+		l, ok := sanity.LayoutByName(name)
+		if !ok {
+			return nil, fmt.Errorf("sanity: unknown layout %q", name)
+		}
+		layouts = append(layouts, l)
+	}
+	return layouts, nil
+}
+
+// runLayouts runs csi-sanity against h once per layout; false when one
+// failed.
+func runLayouts(ctx context.Context, h target, layouts []sanity.Layout, bin, focus, skip, logDir string) (bool, error) {
+	failed := false
+	for _, l := range layouts {
+		if ctx.Err() != nil {
+			break
+		}
+		ok, err := runLayout(ctx, h, l, bin, focus, skip, logDir)
+		if err != nil {
+			return false, fmt.Errorf("sanity %s: %w", l.Name, err)
+		}
+		failed = failed || !ok
+	}
+	return !failed && ctx.Err() == nil, nil
 }
 
 func run(bin, meshvol, which, focus, skip, logDir string) int {
@@ -76,14 +110,10 @@ func run(bin, meshvol, which, focus, skip, logDir string) int {
 			return 1
 		}
 	}
-	var layouts []sanity.Layout
-	for _, name := range strings.Split(which, ",") {
-		l, ok := sanity.LayoutByName(name)
-		if !ok {
-			fmt.Fprintf(os.Stderr, "sanity: unknown layout %q\n", name)
-			return 2
-		}
-		layouts = append(layouts, l)
+	layouts, err := layoutsOf(which)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
 	}
 
 	// The agents' logs would drown csi-sanity's; they are not needed to read a
@@ -122,36 +152,65 @@ func run(bin, meshvol, which, focus, skip, logDir string) int {
 	fmt.Printf("sanity: cluster up in %v (3 nodes, drbdsim on loop devices); controller service %s, node service of %s in this process\n",
 		time.Since(start).Round(time.Millisecond), where, h.Node.Name)
 
-	failed := false
-	for _, l := range layouts {
-		if ctx.Err() != nil {
-			break
-		}
-		ok, err := runLayout(ctx, h, l, bin, focus, skip, logDir)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "sanity %s: %v\n", l.Name, err)
-			return 1
-		}
-		failed = failed || !ok
+	return exitCode(runLayouts(ctx, inProcess{h}, layouts, bin, focus, skip, logDir))
+}
+
+// exitCode is the process's exit code for runLayouts' outcome.
+func exitCode(ok bool, err error) int {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	if failed || ctx.Err() != nil {
+	if !ok {
 		return 1
 	}
 	return 0
 }
 
-func runLayout(ctx context.Context, h *sanity.Harness, l sanity.Layout, bin, focus, skip, logDir string) (bool, error) {
+// target is what csi-sanity runs against: the in-process harness
+// (inProcess) or the chart-installed driver of a sandbox (installed.go).
+type target interface {
+	// Endpoints are the node and controller services' sockets, unix:///….
+	Endpoints() (node, controller string)
+	// Dir holds the layouts' parameter files.
+	Dir() string
+	// Paths are the layout's target and staging paths as the node service
+	// sees them; PathArgs what csi-sanity needs to create, check and
+	// remove them there.
+	Paths(l sanity.Layout) (target, staging string, err error)
+	PathArgs() []string
+	// Leftovers lists the volumes and attachments left in the cluster.
+	Leftovers(ctx context.Context) ([]string, error)
+	// Err is the error of a part that stopped on its own.
+	Err() error
+	// ResetRPCs forgets the CSI calls recorded; RPCTable is their table
+	// ("" when the calls are not recorded).
+	ResetRPCs()
+	RPCTable() string
+}
+
+// inProcess is the test/sanity harness as a target.
+type inProcess struct{ *sanity.Harness }
+
+func (h inProcess) Endpoints() (string, string) { return h.NodeEndpoint, h.ControllerEndpoint }
+func (h inProcess) Dir() string                 { return h.Harness.Dir }
+func (h inProcess) PathArgs() []string          { return nil }
+func (h inProcess) ResetRPCs()                  { h.RPCs.Reset() }
+func (h inProcess) RPCTable() string            { return h.RPCs.Table() }
+
+func runLayout(ctx context.Context, h target, l sanity.Layout, bin, focus, skip, logDir string) (bool, error) {
 	target, staging, err := h.Paths(l)
 	if err != nil {
 		return false, err
 	}
-	params := filepath.Join(h.Dir, l.Name+".yaml")
+	params := filepath.Join(h.Dir(), l.Name+".yaml")
 	if err := os.WriteFile(params, []byte(v1.CSIParameterStorageClass+": "+l.Class()+"\n"), 0o644); err != nil {
 		return false, err
 	}
+	nodeEndpoint, controllerEndpoint := h.Endpoints()
 	args := []string{
-		"--csi.endpoint=" + h.NodeEndpoint,
-		"--csi.controllerendpoint=" + h.ControllerEndpoint,
+		"--csi.endpoint=" + nodeEndpoint,
+		"--csi.controllerendpoint=" + controllerEndpoint,
 		"--csi.mountdir=" + target,
 		"--csi.stagingdir=" + staging,
 		"--csi.testvolumeparameters=" + params,
@@ -163,6 +222,7 @@ func runLayout(ctx context.Context, h *sanity.Harness, l sanity.Layout, bin, foc
 		"--ginkgo.no-color",
 		"--ginkgo.timeout=40m",
 	}
+	args = append(args, h.PathArgs()...)
 	if focus != "" {
 		args = append(args, "--ginkgo.focus="+focus)
 	}
@@ -174,7 +234,7 @@ func runLayout(ctx context.Context, h *sanity.Harness, l sanity.Layout, bin, foc
 	if err != nil {
 		return false, err
 	}
-	h.RPCs.Reset()
+	h.ResetRPCs()
 	t0 := time.Now()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -194,7 +254,9 @@ func runLayout(ctx context.Context, h *sanity.Harness, l sanity.Layout, bin, foc
 			fmt.Printf("sanity %s: the spec above skipped for a reason other than a capability meshvol does not advertise\n", l.Name)
 		}
 	}
-	fmt.Printf("CSI calls of layout %s, by slowest call:\n%s", l.Name, h.RPCs.Table())
+	if table := h.RPCTable(); table != "" {
+		fmt.Printf("CSI calls of layout %s, by slowest call:\n%s", l.Name, table)
+	}
 	if runErr != nil {
 		fmt.Printf("sanity %s: csi-sanity: %v\n", l.Name, runErr)
 	}

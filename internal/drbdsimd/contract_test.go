@@ -102,3 +102,51 @@ func (h *execHarness) LostAckedWrites(res string) []string { return h.c.LostAcke
 func TestContractThroughStandIns(t *testing.T) {
 	contract.Run(t, newExecHarness(t))
 }
+
+// TestLoneResourceThroughStandIns: a resource with no peer (a 1D volume's
+// only replica) has no connection, so its file names no address of this
+// host; it comes up through ExecDriver and the stand-ins, is Primary, and
+// connects once an adjust adds a peer.
+func TestLoneResourceThroughStandIns(t *testing.T) {
+	h := newExecHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lone := h.Resource("node1")
+	lone.Peers = nil
+	d := h.Driver("node1")
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"write-config", func() error { return d.WriteConfig(ctx, lone) }},
+		{"create-md", func() error { return d.CreateMetadata(ctx, lone.Name, 7) }},
+		{"up", func() error { return d.Up(ctx, lone.Name) }},
+		{"new-current-uuid", func() error { return d.NewCurrentUUIDClearBitmap(ctx, lone.Name) }},
+		{"primary", func() error { return d.Primary(ctx, lone.Name, drbd.NoForce) }},
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("%s of a resource without peers: %v", s.name, err)
+		}
+	}
+	if err := h.Write(ctx, "node1", 0, []byte("lone")); err != nil {
+		t.Fatalf("writing to the lone Primary: %v", err)
+	}
+	// A peer joins: node1's adjust brings its real address and the path.
+	withPeer := h.Resource("node1")
+	withPeer.Peers = withPeer.Peers[:1]
+	if err := d.WriteConfig(ctx, withPeer); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Adjust(ctx, withPeer.Name); err != nil {
+		t.Fatalf("adjust adding a peer: %v", err)
+	}
+	show, err := d.Show(ctx, withPeer.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(show) != 1 || len(show[0].Connections) != 1 || show[0].Connections[0].Path == nil ||
+		show[0].Connections[0].Path.ThisHost != withPeer.Self.Address.ShowString() {
+		t.Fatalf("after the adjust, show: %+v; want one connection whose path's this host is %s", show, withPeer.Self.Address.ShowString())
+	}
+}

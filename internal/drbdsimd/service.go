@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -199,6 +200,10 @@ func unsupported(stderr io.Writer, prog string, args []string) int {
 	return 20
 }
 
+// loneHostAddress is this host's address in a resource without peers,
+// whose file names none (see drbdadm).
+var loneHostAddress = drbd.Address{IP: netip.MustParseAddr("192.0.2.1"), Port: drbd.MaxPort}
+
 // drbdadmVersion is `drbdadm --version` of drbd-utils 9.22.0 with DRBD
 // 9.2.18 loaded (pkg/drbd/internal/captures/testdata/drbdadm--version.txt).
 const drbdadmVersion = `DRBDADM_BUILDTAG=GIT-hash:\ 409097fe02187f83790b88ac3e0d94f3c167adab\ reproducible\ build\,\ 2023-01-09\ 14:51:18
@@ -227,6 +232,15 @@ func (s *Service) drbdadm(ctx context.Context, node string, args []string, files
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", path, err)
 		return 10
+	}
+	if len(r.Peers) == 0 && !r.Self.Address.IP.IsValid() {
+		// A resource with no peer has no connection, so its file names no
+		// address of this host (the address is a connection path's), and
+		// DRBD needs none. drbdsim's resource model always has one: give
+		// it an address no node has (TEST-NET-1, RFC 5737), never used
+		// without a connection; the adjust that adds a peer brings the
+		// real one.
+		r.Self.Address = loneHostAddress
 	}
 	if err := r.Validate(drbd.Features{}); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", path, err)

@@ -256,6 +256,18 @@ func BuildPause(ctx context.Context, repoRoot, dir string) (string, error) {
 	return out, nil
 }
 
+// WriteBusyboxImage writes an OCI archive at path of the image ref that
+// holds the static busybox program at busyboxPath (Debian's busybox-static)
+// with a link per applet: the image BusyboxImage is, under another name.
+func WriteBusyboxImage(path, ref, busyboxPath string) error {
+	spec, err := busyboxImage(busyboxPath)
+	if err != nil {
+		return err
+	}
+	spec.ref = ref
+	return writeOCIArchive(path, spec)
+}
+
 // WriteBinaryImage writes an OCI archive at path of the image ref that holds
 // only the static program bin, as /<its name>, its entrypoint (and an empty
 // /tmp): what a CSI sidecar built from source needs to run in a pod.

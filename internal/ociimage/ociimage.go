@@ -110,6 +110,17 @@ func Build(spec Spec) (v1.Image, error) {
 
 // WriteArchive writes img as an OCI image layout packed in a tar file at out.
 func WriteArchive(img v1.Image, ref, out string) error {
+	var refs []string
+	if ref != "" {
+		refs = []string{ref}
+	}
+	return WriteArchiveRefs(img, refs, out)
+}
+
+// WriteArchiveRefs writes img as an OCI image layout packed in a tar file at
+// out, named by every one of refs: `ctr images import` gives it each name,
+// and stores its blobs once.
+func WriteArchiveRefs(img v1.Image, refs []string, out string) error {
 	dir, err := os.MkdirTemp("", "ociimage-layout-")
 	if err != nil {
 		return err
@@ -119,12 +130,15 @@ func WriteArchive(img v1.Image, ref, out string) error {
 	if err != nil {
 		return err
 	}
-	var opts []layout.Option
-	if ref != "" {
-		opts = append(opts, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref}))
+	if len(refs) == 0 {
+		if err := p.AppendImage(img); err != nil {
+			return err
+		}
 	}
-	if err := p.AppendImage(img, opts...); err != nil {
-		return err
+	for _, ref := range refs {
+		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref})); err != nil {
+			return err
+		}
 	}
 	tmp := out + ".tmp"
 	f, err := os.Create(tmp)

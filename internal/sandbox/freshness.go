@@ -106,3 +106,15 @@ func fileSHA256(p string) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// gitOutput is the trimmed output of git args in root, fallback when git
+// fails or prints nothing.
+func gitOutput(ctx context.Context, root, fallback string, args ...string) string {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" {
+		return fallback
+	}
+	return strings.TrimSpace(string(out))
+}

@@ -203,7 +203,7 @@ func (s *Sandbox) startInstalled(ctx context.Context, specs []kubecluster.NodeSp
 
 	began := time.Now()
 	ko := s.clusterOptions(specs)
-	ko.Namespaces, ko.PrepareNode, ko.Images = true, s.prepareNode, append([]string{opts.Image}, archives...)
+	ko.Namespaces, ko.PrepareNode, ko.Images = true, s.prepareNode, append(append([]string{opts.Image}, archives...), ko.Images...)
 	s.Kube, err = kubecluster.Start(ctx, ko)
 	if err != nil {
 		return err
@@ -378,11 +378,15 @@ func (s *Sandbox) waitRelease(ctx context.Context, timeout time.Duration) error 
 			if d.Spec.Replicas != nil {
 				want = *d.Spec.Replicas
 			}
-			ready = ready && d.Status.ReadyReplicas == want && d.Status.UpdatedReplicas == want
+			// The status of this generation (a Deployment just changed still
+			// shows the last one's), and no pod of an older template left.
+			ready = ready && d.Status.ObservedGeneration >= d.Generation &&
+				d.Status.ReadyReplicas == want && d.Status.UpdatedReplicas == want && d.Status.Replicas == want
 			state = append(state, fmt.Sprintf("Deployment %s %d/%d", d.Name, d.Status.ReadyReplicas, want))
 		}
 		for _, d := range dss.Items {
-			ready = ready && d.Status.DesiredNumberScheduled > 0 && d.Status.NumberReady == d.Status.DesiredNumberScheduled && d.Status.UpdatedNumberScheduled == d.Status.DesiredNumberScheduled
+			ready = ready && d.Status.ObservedGeneration >= d.Generation &&
+				d.Status.DesiredNumberScheduled > 0 && d.Status.NumberReady == d.Status.DesiredNumberScheduled && d.Status.UpdatedNumberScheduled == d.Status.DesiredNumberScheduled
 			state = append(state, fmt.Sprintf("DaemonSet %s %d/%d", d.Name, d.Status.NumberReady, d.Status.DesiredNumberScheduled))
 		}
 		if ready && len(deps.Items) > 0 && len(dss.Items) > 0 {
@@ -582,14 +586,22 @@ func (s *Sandbox) DRBDRole(ctx context.Context, node, resource string) (string, 
 // ContainerReport is what one container of the release did over the
 // sandbox's life: its restarts, the peak of its memory use (its cgroup's
 // high-water mark) and the lines of its logs that say "forbidden" (the
-// apiserver refusing a request the RBAC rules do not allow).
+// apiserver refusing a request the RBAC rules do not allow). After a
+// restart, LastExit and PreviousLog say why the last one ended: the
+// kubelet's record of its termination and the end of its log.
 type ContainerReport struct {
 	Pod, Container, Node string
 	Restarts             int32
 	PeakMemory           int64 // bytes; 0 when the cgroup is gone
 	MemoryLimit          string
 	Forbidden            []string
+	LastExit             string
+	PreviousLog          []string
 }
+
+// previousLogLines is how much of a restarted container's previous log a
+// ContainerReport keeps.
+const previousLogLines = 30
 
 // ReleaseReport reports every container of the release's pods, those of
 // crashed nodes included.
@@ -616,7 +628,8 @@ func (s *Sandbox) ReleaseReport(ctx context.Context) ([]ContainerReport, error) 
 			if id != "" {
 				r.PeakMemory = peakMemory(kn.CgroupRoot, id)
 			}
-			logs, _ := filepath.Glob(filepath.Join(kn.Dir, "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), cs.Name, "*.log"))
+			logDir := filepath.Join(kn.Dir, "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), cs.Name)
+			logs, _ := filepath.Glob(filepath.Join(logDir, "*.log"))
 			for _, l := range logs {
 				b, err := os.ReadFile(l)
 				if err != nil {
@@ -628,10 +641,32 @@ func (s *Sandbox) ReleaseReport(ctx context.Context) ([]ContainerReport, error) 
 					}
 				}
 			}
+			if t := cs.LastTerminationState.Terminated; t != nil {
+				r.LastExit = fmt.Sprintf("%s, exit code %d, signal %d, at %s", t.Reason, t.ExitCode, t.Signal, t.FinishedAt.UTC().Format(time.RFC3339))
+				if t.Message != "" {
+					r.LastExit += ": " + t.Message
+				}
+			}
+			if cs.RestartCount > 0 {
+				// The kubelet names a container's logs by its restart
+				// count: the previous run's is one below the current.
+				r.PreviousLog = lastLines(filepath.Join(logDir, fmt.Sprintf("%d.log", cs.RestartCount-1)), previousLogLines)
+			}
 			out = append(out, r)
 		}
 	}
 	return out, nil
+}
+
+// lastLines is the last n lines of the file at p; none when it cannot be
+// read.
+func lastLines(p string, n int) []string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return lines[max(0, len(lines)-n):]
 }
 
 // peakMemory is the high-water mark of the memory cgroup of container id

@@ -79,6 +79,10 @@ type Options struct {
 	StandIns string
 	// Chart is the chart's directory; empty means charts/meshvol.
 	Chart string
+	// Images are more OCI archives imported into every node's containerd,
+	// for pods other than meshvol's (the upstream test images of
+	// `make conformance`).
+	Images []string
 }
 
 // Sandbox is a running sandbox.
@@ -271,6 +275,7 @@ func (s *Sandbox) clusterOptions(specs []kubecluster.NodeSpec) kubecluster.Optio
 		PauseBinary: s.opts.PauseBinary,
 		WaitForLock: s.opts.WaitForLock,
 		Log:         s.opts.Progress,
+		Images:      s.opts.Images,
 	}
 }
 

@@ -33,25 +33,35 @@ type Upgrade struct {
 	MinNodeReady int
 }
 
-// RetagImage writes a copy of the meshvol image archive under another tag,
-// the image of a second build to upgrade to, and returns its path and
-// reference.
-func (s *Sandbox) RetagImage(tag string) (archive, ref string, err error) {
+// BuildImage writes the image of another build of meshvol: the sandbox's
+// image with, on top, ./cmd/meshvol of root built as hack/image.sh builds
+// it but stamped version — a binary with other bytes that reports another
+// version — under the tag version. It returns the archive and reference.
+func (s *Sandbox) BuildImage(ctx context.Context, root, version string) (archive, ref string, err error) {
 	from, err := imageRef(s.opts.Image)
 	if err != nil {
 		return "", "", err
 	}
 	repo, _ := splitRef(from)
-	ref = repo + ":" + tag
+	ref = repo + ":" + version
+	dir := filepath.Join(s.opts.Dir, "images")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", err
+	}
+	bin := filepath.Join(dir, "meshvol-"+version)
+	if err := buildMeshvol(ctx, root, version, gitOutput(ctx, root, "unknown", "rev-parse", "--short", "HEAD"), bin); err != nil {
+		return "", "", err
+	}
 	img, cleanup, err := ociimage.Read(s.opts.Image)
 	if err != nil {
 		return "", "", err
 	}
 	defer cleanup()
-	archive = filepath.Join(s.opts.Dir, "images", "meshvol-"+tag+".tar")
-	if err := os.MkdirAll(filepath.Dir(archive), 0o755); err != nil {
+	img, err = ociimage.AppendFiles(img, []ociimage.File{{Path: imageBinary, Source: bin, Mode: 0o755}})
+	if err != nil {
 		return "", "", err
 	}
+	archive = filepath.Join(dir, "meshvol-"+version+".tar")
 	return archive, ref, ociimage.WriteArchive(img, ref, archive)
 }
 

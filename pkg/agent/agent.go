@@ -246,6 +246,14 @@ func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log lo
 // (triggered by RVR and RV changes and by the kernel's events), the events2
 // Observer, the Lease and the garbage collector of backing volumes.
 func (a *Agent) addRunnables(mgr manager.Manager) error {
+	// A volume's replicas are found by an index: a label selector scans every
+	// replica of the node, once per event of every volume.
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1.ReplicatedVolumeReplica{}, indexVolume,
+		func(o client.Object) []string {
+			return []string{o.(*v1.ReplicatedVolumeReplica).Spec.ReplicatedVolumeName}
+		}); err != nil {
+		return fmt.Errorf("agent: indexing replicas by volume: %w", err)
+	}
 	kernel := make(chan event.TypedGenericEvent[string], 64)
 	byVolume := handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, volume string) []reconcile.Request {
 		return a.replicasOf(ctx, volume)
@@ -301,11 +309,14 @@ func (a *Agent) runObserver(ctx context.Context, kernel chan<- event.TypedGeneri
 	return err
 }
 
+// indexVolume indexes the cached replicas by their volume.
+const indexVolume = "spec.replicatedVolumeName"
+
 // replicasOf maps a volume (RV name = DRBD resource name) to the replicas of
 // this node that belong to it.
 func (a *Agent) replicasOf(ctx context.Context, volume string) []reconcile.Request {
 	var list v1.ReplicatedVolumeReplicaList
-	if err := a.cache.List(ctx, &list, client.MatchingLabels{v1.LabelVolume: volume}); err != nil {
+	if err := a.cache.List(ctx, &list, client.MatchingFields{indexVolume: volume}, client.UnsafeDisableDeepCopy); err != nil {
 		a.log.Error(err, "listing replicas", "volume", volume)
 		return nil
 	}

@@ -158,3 +158,61 @@ func TestChooseAlgorithm(t *testing.T) {
 		t.Error("no preferred algorithm offered must be refused")
 	}
 }
+
+// A Lease renewal that changes only a pool's capacity wakes only the volumes that wait
+// for room; any other fact, or the liveness verdict, wakes the node's volumes.
+func TestOnlyCapacityChanged(t *testing.T) {
+	now := time.Now()
+	c := &Controller{opts: Options{Now: func() time.Time { return now }, AgentGracePeriod: 10 * time.Second}}
+	secs := int32(10)
+	lease := func(renewed time.Time, ann map[string]string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: v1.AgentLeasePrefix + "n1", Annotations: ann},
+			Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: renewed}, LeaseDurationSeconds: &secs}}
+	}
+	base := map[string]string{v1.AnnotationAddresses: "10.0.0.1", v1.AnnotationPoolCapacityPrefix + "p": "total=10,free=9"}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{}
+		for k, v := range base {
+			m[k] = v
+		}
+		m[k] = v
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		old  *coordinationv1.Lease
+		new  *coordinationv1.Lease
+		want bool
+	}{
+		{"capacity", lease(now, base), lease(now, with(v1.AnnotationPoolCapacityPrefix+"p", "total=10,free=5")), true},
+		{"new pool", lease(now, base), lease(now, with(v1.AnnotationPoolCapacityPrefix+"q", "total=1,free=1")), true},
+		{"addresses", lease(now, base), lease(now, with(v1.AnnotationAddresses, "10.0.0.2")), false},
+		{"back from expiry", lease(now.Add(-time.Minute), base), lease(now, with(v1.AnnotationPoolCapacityPrefix+"p", "total=10,free=5")), false},
+	} {
+		if got := c.onlyCapacityChanged(tc.old, tc.new); got != tc.want {
+			t.Errorf("%s: onlyCapacityChanged = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// What a volume waits for, by which the index finds the volumes a node's change wakes.
+func TestWaitingFor(t *testing.T) {
+	cond := func(typ string, s metav1.ConditionStatus) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: s}
+	}
+	for _, tc := range []struct {
+		name string
+		st   v1.ReplicatedVolumeStatus
+		want string
+	}{
+		{"ready", v1.ReplicatedVolumeStatus{Phase: v1.VolumePhaseReady, Conditions: []metav1.Condition{cond(v1.ConditionScheduled, metav1.ConditionTrue)}}, ""},
+		{"forming", v1.ReplicatedVolumeStatus{Phase: v1.VolumePhaseForming}, waitingNodes},
+		{"no room", v1.ReplicatedVolumeStatus{Phase: v1.VolumePhasePending, Conditions: []metav1.Condition{cond(v1.ConditionScheduled, metav1.ConditionFalse)}},
+			waitingNodes + "," + waitingRoom},
+		{"no port", v1.ReplicatedVolumeStatus{Phase: v1.VolumePhaseReady, Conditions: []metav1.Condition{cond(v1.ConditionAllocated, metav1.ConditionFalse)}}, waitingNodes},
+	} {
+		if got := strings.Join(waitingFor(&v1.ReplicatedVolume{Status: tc.st}), ","); got != tc.want {
+			t.Errorf("%s: waitingFor = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

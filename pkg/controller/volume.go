@@ -68,7 +68,7 @@ func (c *Controller) setupVolume(mgr ctrl.Manager) error {
 		Watches(&v1.ReplicatedStoragePool{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfPool),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfNode), builder.WithPredicates(nodeFactsChanged())).
-		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfLease), builder.WithPredicates(c.leaseFactsChanged())).
+		Watches(&coordinationv1.Lease{}, c.leaseHandler(), builder.WithPredicates(c.leaseFactsChanged())).
 		// A maintenance's copied volumes tolerate one more failure while it lasts
 		// (maintenanceView): an update maps its old and new lists, a deletion its last.
 		Watches(&v1.ReplicatedNodeMaintenance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {

@@ -4,13 +4,16 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -68,18 +71,45 @@ func (c *Controller) volumesOnNode(ctx context.Context, node string, waiting boo
 		}
 	}
 	if waiting {
-		var rvs v1.ReplicatedVolumeList
-		if err := c.reader.List(ctx, &rvs, client.UnsafeDisableDeepCopy); err == nil {
-			for i := range rvs.Items {
-				if waitsForNodes(&rvs.Items[i]) {
-					set[rvs.Items[i].Name] = true
-				}
-			}
+		c.addWaiting(ctx, set, waitingNodes)
+	}
+	return requestsOf(set)
+}
+
+// addWaiting adds the volumes that wait as why says (the index indexWaiting) to set.
+func (c *Controller) addWaiting(ctx context.Context, set map[string]bool, why string) {
+	var rvs v1.ReplicatedVolumeList
+	if err := c.reader.List(ctx, &rvs, client.MatchingFields{indexWaiting: why}, client.UnsafeDisableDeepCopy); err == nil {
+		for i := range rvs.Items {
+			set[rvs.Items[i].Name] = true
 		}
 	}
+}
+
+func requestsOf(set map[string]bool) []reconcile.Request {
 	var out []reconcile.Request
 	for _, n := range slices.Sorted(maps.Keys(set)) {
 		out = append(out, volumeRequest(n)...)
+	}
+	return out
+}
+
+// What a volume waits for, the values of indexWaiting: waitingNodes, any change of
+// the nodes (placement or allocation refused, or not formed yet); waitingRoom, room
+// on a node (placement refused).
+const (
+	waitingNodes = "nodes"
+	waitingRoom  = "room"
+)
+
+// waitingFor is what the volume waits for (indexWaiting).
+func waitingFor(rv *v1.ReplicatedVolume) []string {
+	var out []string
+	if waitsForNodes(rv) {
+		out = append(out, waitingNodes)
+	}
+	if c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionScheduled); c != nil && c.Status == metav1.ConditionFalse {
+		out = append(out, waitingRoom)
 	}
 	return out
 }
@@ -95,16 +125,72 @@ func waitsForNodes(rv *v1.ReplicatedVolume) bool {
 	return rv.Status.Phase == v1.VolumePhasePending || rv.Status.Phase == v1.VolumePhaseForming
 }
 
-func (c *Controller) volumesOfLease(ctx context.Context, o client.Object) []reconcile.Request {
-	l, ok := o.(*coordinationv1.Lease)
-	if !ok {
-		return nil
+// leaseHandler maps an agent Lease's events (those leaseFactsChanged passes) to the
+// volumes they concern. A change of the node's pool capacity alone — the agent reports
+// it after each backing volume it creates or deletes, so every few seconds on every
+// node while volumes form — concerns only the volumes placement refused for want of
+// room: waking every volume of the node on it made each formation cost a reconcile of
+// every other volume. Any other change (liveness, addresses, zone, algorithms,
+// prerequisites) concerns the node's volumes and those waiting for nodes.
+func (c *Controller) leaseHandler() handler.EventHandler {
+	enqueue := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], rs []reconcile.Request) {
+		for _, r := range rs {
+			q.Add(r)
+		}
 	}
-	n := agentlease.NodeName(l)
-	if n == "" {
-		return nil
+	whole := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		l, ok := o.(*coordinationv1.Lease)
+		if !ok {
+			return
+		}
+		if n := agentlease.NodeName(l); n != "" {
+			enqueue(q, c.volumesOnNode(ctx, n, true))
+		}
 	}
-	return c.volumesOnNode(ctx, n, true)
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			o, okOld := e.ObjectOld.(*coordinationv1.Lease)
+			n, okNew := e.ObjectNew.(*coordinationv1.Lease)
+			if okOld && okNew && c.onlyCapacityChanged(o, n) {
+				set := map[string]bool{}
+				c.addWaiting(ctx, set, waitingRoom)
+				enqueue(q, requestsOf(set))
+				return
+			}
+			whole(ctx, e.ObjectNew, q)
+		},
+	}
+}
+
+// onlyCapacityChanged: between o and n, only pool capacity annotations changed, and
+// the liveness verdict did not.
+func (c *Controller) onlyCapacityChanged(o, n *coordinationv1.Lease) bool {
+	now := c.opts.Now()
+	lo, ln := agentlease.Judge(o, now, c.opts.AgentGracePeriod), agentlease.Judge(n, now, c.opts.AgentGracePeriod)
+	if lo.Live != ln.Live || lo.Lost != ln.Lost {
+		return false
+	}
+	return maps.Equal(withoutCapacity(o.Annotations), withoutCapacity(n.Annotations))
+}
+
+// withoutCapacity is a Lease's annotations but the pools' capacity.
+func withoutCapacity(ann map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range ann {
+		if !strings.HasPrefix(k, v1.AnnotationPoolCapacityPrefix) {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func rvRequests(rvs []v1.ReplicatedVolume) []reconcile.Request {

@@ -122,7 +122,10 @@ func releaseHealthy(ctx context.Context) bool {
 			ok = false
 		}
 		if r.Restarts > 0 && !sb.Kube.Node(r.Node).CrashedOnce() && !killedPods[r.Pod] {
-			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times\n", r.Pod, r.Container, r.Restarts)
+			fmt.Fprintf(os.Stderr, "FAIL: %s/%s restarted %d times; the last run ended: %s; the end of its log:\n", r.Pod, r.Container, r.Restarts, r.LastExit)
+			for _, l := range r.PreviousLog {
+				fmt.Fprintf(os.Stderr, "FAIL:   %s\n", l)
+			}
 			ok = false
 		}
 	}
@@ -779,17 +782,29 @@ func backingFiles(volume string) []string {
 	return fs
 }
 
-// TestHelmUpgradeWhileWriting: `helm upgrade` to a second image while a pod
-// writes to a 2D+1TB and a 3D volume: the node DaemonSet rolls one node at a
-// time (maxUnavailable 1: the agent adopts the running DRBD resources, so one
-// node at a time keeps every volume's quorum), the controller Deployment
-// rolls, no write fails, and both volumes are Ready on the new image. The
-// second image is the first under another tag: this checks the rollout, not
-// a version skew between two builds.
+// TestHelmUpgradeWhileWriting: `helm upgrade` to another build of meshvol
+// (this tree's meshvol stamped with another version: other bytes, another
+// `meshvol version`) while a pod writes to a 2D+1TB and a 3D volume, with
+// controller transitions in flight across the upgrade — the 3D volume
+// growing (its claim raised just before) and a new volume forming for a
+// new pod. The node DaemonSet rolls one node at a time (maxUnavailable 1:
+// the agent adopts the running DRBD resources, so one node at a time keeps
+// every volume's quorum), the controller Deployment rolls, no write fails,
+// the transitions finish under the new build, and every pod of the release
+// runs it.
 func TestHelmUpgradeWhileWriting(t *testing.T) {
-	ctx := ctxT(t, 10*time.Minute)
+	ctx := ctxT(t, 12*time.Minute)
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const version = "v0.0.0-upgrade-test"
+	archive, ref, err := sb.BuildImage(ctx, root, version)
+	if err != nil {
+		t.Fatal(err)
+	}
 	script := `i=0; while true; do i=$((i+1)); echo $i | dd of=/data/counter conv=fsync 2>/tmp/err || { echo "WRITE FAILED after $i: $(cat /tmp/err)"; exit 1; }; sleep 0.2; done`
-	var writers []string
+	var writers, claims []string
 	for _, cls := range []string{"meshvol-2d-1tb", "meshvol-3d"} {
 		pvcName, podName := name(t, "-"+cls), name(t, "-w-"+cls)
 		if err := sb.Client.Create(ctx, sandbox.PVC(pvcName, cls, "32Mi", corev1.PersistentVolumeFilesystem)); err != nil {
@@ -798,17 +813,33 @@ func TestHelmUpgradeWhileWriting(t *testing.T) {
 		pod(t, ctx, podName, pvcName, "", script, false)
 		waitRunning(t, ctx, podName)
 		t.Cleanup(func() { deletePod(t, context.Background(), podName) })
-		writers = append(writers, podName)
+		writers, claims = append(writers, podName), append(claims, pvcName)
 	}
 	before := map[string]int{}
 	for _, w := range writers {
 		n, _ := strconv.Atoi(waitFile(t, ctx, w, "/data/counter"))
 		before[w] = n
 	}
-	archive, ref, err := sb.RetagImage("upgrade")
-	if err != nil {
+	// In flight across the upgrade: the 3D volume grows (the resizer's
+	// ControllerExpandVolume, the controller's resize transition), and a
+	// new volume forms for a new pod.
+	grow := int64(48 << 20)
+	var pvc corev1.PersistentVolumeClaim
+	if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: claims[1]}, &pvc); err != nil {
 		t.Fatal(err)
 	}
+	grown := pvc.DeepCopy()
+	grown.Spec.Resources.Requests[corev1.ResourceStorage] = *resource.NewQuantity(grow, resource.BinarySI)
+	if err := sb.Client.Patch(ctx, grown, client.MergeFrom(&pvc)); err != nil {
+		t.Fatal(err)
+	}
+	freshPVC, freshPod := name(t, "-fresh"), name(t, "-fresh-w")
+	if err := sb.Client.Create(ctx, sandbox.PVC(freshPVC, class, "32Mi", corev1.PersistentVolumeFilesystem)); err != nil {
+		t.Fatal(err)
+	}
+	pod(t, ctx, freshPod, freshPVC, "", script, false)
+	t.Cleanup(func() { deletePod(t, context.Background(), freshPod) })
+
 	up, err := sb.HelmUpgrade(ctx, archive, ref)
 	if up != nil {
 		for _, e := range up.Timeline {
@@ -818,11 +849,42 @@ func TestHelmUpgradeWhileWriting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("helm upgrade %s → %s: the release Ready on the new image in %s; at least %d node pods Ready throughout",
+	t.Logf("helm upgrade %s → %s: the release Ready on the new build in %s; at least %d node pods Ready throughout",
 		up.From, up.To, up.Took.Round(100*time.Millisecond), up.MinNodeReady)
 	if live := len(sb.Kube.Nodes); up.MinNodeReady < live-1 {
 		t.Errorf("only %d of %d node pods were Ready at one moment: the DaemonSet rolled more than one node at a time", up.MinNodeReady, live)
 	}
+	// Every pod of the release runs the new build.
+	for _, c := range []string{"controller", "node"} {
+		pods, err := sb.ReleasePods(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods {
+			out, err := sb.Kube.Kubectl(ctx, "-n", sandbox.ReleaseNamespace, "exec", p.Name, "-c", "meshvol", "--", "meshvol", "version")
+			if err != nil || !strings.Contains(out, version) {
+				t.Errorf("pod %s after the upgrade: `meshvol version` printed %q (%v), want %s", p.Name, out, err, version)
+			}
+		}
+	}
+	// The transitions in flight finished under the new build.
+	upgraded := time.Now()
+	var pv corev1.PersistentVolume
+	waitUntil(t, ctx, 3*time.Minute, "the 3D volume to be grown after the upgrade", func() (bool, string) {
+		if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: claims[1]}, &pvc); err != nil {
+			return false, err.Error()
+		}
+		if err := sb.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
+			return false, err.Error()
+		}
+		c := pv.Spec.Capacity[corev1.ResourceStorage]
+		return c.Value() >= grow, "PV capacity " + c.String() + "; claim: " + claimResize(ctx, claims[1])
+	})
+	t.Logf("the 3D volume's growth, raised before the upgrade: done %s after the release was Ready on the new build", time.Since(upgraded).Round(100*time.Millisecond))
+	p := waitRunning(t, ctx, freshPod)
+	n, _ := strconv.Atoi(waitFile(t, ctx, freshPod, "/data/counter"))
+	t.Logf("the new volume, created before the upgrade: its pod Running on %s and writing (%d writes) %s after the release was Ready",
+		p.Spec.NodeName, n, time.Since(upgraded).Round(100*time.Millisecond))
 	for _, w := range writers {
 		var p corev1.Pod
 		if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: w}, &p); err != nil {

@@ -324,23 +324,29 @@ func (h *Harness) Paths(l Layout) (target, staging string, err error) {
 // that csi-sanity's own clean-up should have deleted through DeleteVolume and
 // ControllerUnpublishVolume.
 func (h *Harness) Leftovers(ctx context.Context) ([]string, error) {
+	return Leftovers(ctx, h.Cluster.Client)
+}
+
+// Leftovers lists the volumes and attachments of a cluster: after a layout's run,
+// what csi-sanity's clean-up left behind.
+func Leftovers(ctx context.Context, c client.Client) ([]string, error) {
 	var out []string
 	var rvs v1.ReplicatedVolumeList
-	if err := h.Cluster.Client.List(ctx, &rvs); err != nil {
+	if err := c.List(ctx, &rvs); err != nil {
 		return nil, err
 	}
 	for _, rv := range rvs.Items {
 		out = append(out, "ReplicatedVolume "+rv.Name)
 	}
 	var rvas v1.ReplicatedVolumeAttachmentList
-	if err := h.Cluster.Client.List(ctx, &rvas); err != nil {
+	if err := c.List(ctx, &rvas); err != nil {
 		return nil, err
 	}
 	for _, a := range rvas.Items {
 		out = append(out, "ReplicatedVolumeAttachment "+a.Name)
 	}
 	var snaps v1.ReplicatedVolumeSnapshotList
-	if err := h.Cluster.Client.List(ctx, &snaps); err != nil {
+	if err := c.List(ctx, &snaps); err != nil {
 		return nil, err
 	}
 	for _, s := range snaps.Items {

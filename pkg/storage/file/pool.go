@@ -58,6 +58,13 @@ type poolDir struct {
 	// status before each use. So no call costs more than the one device it
 	// needs, however many loop devices the machine has.
 	devices map[string]loopDev
+	// sizes is the size of each volume file, by replica, for Capacity's
+	// ProvisionedBytes: Capacity runs at every Lease renewal (every few
+	// seconds), and a scan of the directory there cost every renewal, under
+	// mu, a stat of every volume of the node. Nil until the first Capacity or
+	// List scans the directory; Create, Resize and Delete keep it, and each
+	// List, which scans anyway, renews it.
+	sizes map[string]int64
 }
 
 // poolDirs holds the poolDir of each directory (by its real path) a Pool was
@@ -248,6 +255,7 @@ func (p *Pool) Create(ctx context.Context, req storage.CreateRequest) (storage.V
 	if err != nil {
 		return storage.Volume{}, err
 	}
+	p.sized(req.Replica, cur)
 	if cur < req.SizeBytes {
 		return storage.Volume{}, p.err(op, req.Replica, storage.ErrAlreadyExists,
 			fmt.Sprintf("%s exists with %d bytes, less than the %d requested; resize it instead", p.path(req.Replica), cur, req.SizeBytes), nil)
@@ -381,6 +389,7 @@ func (p *Pool) Resize(ctx context.Context, replica string, sizeBytes int64) (sto
 			}
 			return storage.Volume{}, p.err(op, replica, kind, "", err)
 		}
+		p.sized(replica, want)
 	}
 	v, err := p.attached(op, replica)
 	if err != nil {
@@ -433,7 +442,17 @@ func (p *Pool) Delete(ctx context.Context, replica string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return p.err(op, replica, nil, "", err)
 	}
+	if p.sizes != nil {
+		delete(p.sizes, replica)
+	}
 	return syncDir(p.dir)
+}
+
+// sized records a volume file's size for Capacity. Callers hold p.mu.
+func (p *Pool) sized(replica string, size int64) {
+	if p.sizes != nil {
+		p.sizes[replica] = size
+	}
 }
 
 // List implements storage.Provider: the marked files of the pool with their
@@ -485,6 +504,10 @@ func (p *Pool) files() ([]storage.Volume, error) {
 		out = append(out, storage.Volume{Replica: name, Name: e.Name(), Pool: p.dir, SizeBytes: info.Size()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Replica < out[j].Replica })
+	p.sizes = make(map[string]int64, len(out))
+	for _, v := range out {
+		p.sizes[v.Replica] = v.SizeBytes
+	}
 	return out, nil
 }
 
@@ -496,18 +519,21 @@ func (p *Pool) Capacity(ctx context.Context) (storage.Capacity, error) {
 		return storage.Capacity{}, p.err("capacity", "", storage.ErrTimeout, "", err)
 	}
 	p.mu.Lock()
-	vols, err := p.files() // sizes only: capacity needs no device
-	p.mu.Unlock()
-	if err != nil {
-		return storage.Capacity{}, err
+	provisioned := int64(0)
+	if p.sizes == nil {
+		if _, err := p.files(); err != nil {
+			p.mu.Unlock()
+			return storage.Capacity{}, err
+		}
 	}
+	for _, size := range p.sizes {
+		provisioned += size
+	}
+	p.mu.Unlock()
 	var st unix.Statfs_t
 	if err := unix.Statfs(p.dir, &st); err != nil {
 		return storage.Capacity{}, p.err("capacity", "", storage.ErrPoolNotFound, "", err)
 	}
-	c := storage.Capacity{Pool: p.dir, TotalBytes: int64(st.Blocks) * st.Bsize, FreeBytes: int64(st.Bavail) * st.Bsize}
-	for _, v := range vols {
-		c.ProvisionedBytes += v.SizeBytes
-	}
-	return c, nil
+	return storage.Capacity{Pool: p.dir, TotalBytes: int64(st.Blocks) * st.Bsize, FreeBytes: int64(st.Bavail) * st.Bsize,
+		ProvisionedBytes: provisioned}, nil
 }

@@ -426,3 +426,36 @@ func TestDeleteWhileOpenIsDeferred(t *testing.T) {
 		t.Fatal("still attached")
 	}
 }
+
+// Capacity keeps ProvisionedBytes from what the pool itself created, resized
+// and deleted, without a scan of the directory between (a Lease renewal asks
+// every few seconds).
+func TestCapacityFollowsChanges(t *testing.T) {
+	p := newPool(t)
+	provisioned := func(want int64) {
+		t.Helper()
+		c, err := p.Capacity(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.ProvisionedBytes != want {
+			t.Fatalf("ProvisionedBytes = %d, want %d", c.ProvisionedBytes, want)
+		}
+	}
+	provisioned(0)
+	mustCreate(t, p, "rvr-a", 2*mib)
+	provisioned(2 * mib)
+	if _, err := p.Resize(ctx, "rvr-a", 3*mib); err != nil {
+		t.Fatal(err)
+	}
+	provisioned(3 * mib)
+	mustCreate(t, p, "rvr-b", mib)
+	provisioned(4 * mib)
+	if err := p.Delete(ctx, "rvr-a"); err != nil {
+		t.Fatal(err)
+	}
+	provisioned(mib)
+	if err := p.Delete(ctx, "rvr-b"); err != nil {
+		t.Fatal(err)
+	}
+}

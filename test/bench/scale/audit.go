@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 )
@@ -43,6 +44,9 @@ type auditEvent struct {
 	User      struct {
 		Username string `json:"username"`
 	} `json:"user"`
+	ResponseStatus *struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
 	ObjectRef *struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
@@ -83,7 +87,12 @@ func readAudit(path string) (auditCounts, error) {
 		if res == "leases" {
 			c.Leases[who]++
 		}
-		c.ByResource[who+" "+e.Verb+" "+res]++
+		key := who + " " + e.Verb + " " + res
+		if e.ResponseStatus != nil && e.ResponseStatus.Code >= 300 {
+			// A refused write (a conflict above all) is a round trip spent for nothing.
+			key += fmt.Sprintf(" (refused: %d)", e.ResponseStatus.Code)
+		}
+		c.ByResource[key]++
 	}
 	return c, sc.Err()
 }

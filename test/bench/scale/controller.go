@@ -23,6 +23,7 @@ import (
 type controllerProc struct {
 	cmd         *exec.Cmd
 	metricsAddr string
+	pprofAddr   string
 	done        chan error
 }
 
@@ -42,19 +43,24 @@ func startController(env *testenv.Env, bin, dir, logPath string, extra []string)
 	if err != nil {
 		return nil, err
 	}
+	pprofAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	args := append([]string{"controller", "--kubeconfig", kcPath, "--leader-elect=false",
-		"--metrics-bind-address", addr, "--health-probe-bind-address", ""}, extra...)
+		"--metrics-bind-address", addr, "--health-probe-bind-address", "",
+		"--pprof-bind-address", pprofAddr}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err
 	}
-	p := &controllerProc{cmd: cmd, metricsAddr: addr, done: make(chan error, 1)}
+	p := &controllerProc{cmd: cmd, metricsAddr: addr, pprofAddr: pprofAddr, done: make(chan error, 1)}
 	go func() { p.done <- cmd.Wait(); logf.Close() }()
 	return p, nil
 }
@@ -80,6 +86,9 @@ func (p *controllerProc) stop() error {
 type controllerCounters struct {
 	HTTPWrites       int
 	ReconcilerWrites int
+	// VolumeReconciles counts the volume reconciler's runs
+	// (controller_runtime_reconcile_total{controller="volume"}).
+	VolumeReconciles int
 }
 
 func (p *controllerProc) counters(ctx context.Context) (controllerCounters, error) {
@@ -116,6 +125,8 @@ func parseCounters(r io.Reader) (controllerCounters, error) {
 			c.HTTPWrites += int(v)
 		case strings.HasPrefix(line, "meshvol_controller_writes_total{"):
 			c.ReconcilerWrites += int(v)
+		case strings.HasPrefix(line, "controller_runtime_reconcile_total{") && strings.Contains(line, `controller="volume"`):
+			c.VolumeReconciles += int(v)
 		}
 	}
 	return c, sc.Err()

@@ -84,6 +84,8 @@ type Writes struct {
 	ControllerReconciler int  `json:"controllerReconciler"`
 	AgentsHTTP           int  `json:"agentsHTTP"`
 	Agree                bool `json:"agree"`
+	// VolumeReconciles is how many times the controller reconciled a volume.
+	VolumeReconciles int `json:"volumeReconciles"`
 	// The audit log's writes by component, verb and resource.
 	ByResource map[string]int `json:"byResource,omitempty"`
 }

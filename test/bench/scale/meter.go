@@ -55,6 +55,7 @@ func (r reading) since(before reading, volumes int) Writes {
 		ControllerHTTP:       r.ctrl.HTTPWrites - before.ctrl.HTTPWrites,
 		ControllerReconciler: r.ctrl.ReconcilerWrites - before.ctrl.ReconcilerWrites,
 		AgentsHTTP:           agentsHTTP,
+		VolumeReconciles:     r.ctrl.VolumeReconciles - before.ctrl.VolumeReconciles,
 		ByResource:           map[string]int{},
 	}
 	for k, v := range a.ByResource {

@@ -35,6 +35,10 @@ func render(dir string, rs []Result) error {
 		fmt.Fprintf(&b, "### %s %s N=%d\n\n", r.Label, r.Class, r.N)
 		fmt.Fprintf(&b, "Audit: controller %d, agents %d (of which %d Lease renewals); the processes' own counts: controller client-go %d (its reconcilers %d, Events and refused requests not among them), agents %d.\n\n",
 			r.Formation.AuditController, r.Formation.AuditAgents, r.Formation.Leases, r.Formation.ControllerHTTP, r.Formation.ControllerReconciler, r.Formation.AgentsHTTP)
+		if r.Formation.VolumeReconciles > 0 {
+			fmt.Fprintf(&b, "The controller reconciled a volume %d times (%.1f per volume).\n\n",
+				r.Formation.VolumeReconciles, float64(r.Formation.VolumeReconciles)/float64(r.N))
+		}
 		b.WriteString("| writes | per volume | component verb resource |\n|---|---|---|\n")
 		keys := slices.Sorted(maps.Keys(r.Formation.ByResource))
 		for _, k := range keys {

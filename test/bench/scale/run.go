@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -113,7 +114,11 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	go w.run(wctx, cl)
 
 	// Formation: N volumes created at once.
-	stopProfile := profile(filepath.Join(cfg.LogDir, "profile-"+tag+"-formation.pprof"))
+	apiHTTP, err := rest.HTTPClientFor(env.Config)
+	if err != nil {
+		return res, err
+	}
+	prof := startProfiler(cfg.LogDir, tag+"-formation", ctrl.pprofAddr, apiHTTP, strings.TrimSuffix(env.Config.Host, "/"), 5*time.Second)
 	before, err := m.read(ctx)
 	if err != nil {
 		return res, err
@@ -133,7 +138,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	})
 	res.CreateSeconds = time.Since(start).Seconds()
 	ready := w.waitAll(ctx, names, cfg.Timeout)
-	stopProfile()
+	prof.stop()
 	after, err := m.read(ctx)
 	if err != nil {
 		return res, err
@@ -163,7 +168,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		return res, err
 	}
 	cpu0 := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
-	stopProfile = profile(filepath.Join(cfg.LogDir, "profile-"+tag+"-idle.pprof"))
+	stopProfile := profile(filepath.Join(cfg.LogDir, "profile-"+tag+"-idle.pprof"))
 	idleStart := time.Now()
 	time.Sleep(cfg.Idle)
 	stopProfile()

@@ -117,12 +117,7 @@ func TestPartition(t *testing.T) {
 	}
 	r.c.Heal()
 	r.inSync(vol, rv)
-	if ok, msgs := r.c.Sim.Diverged(vol); ok {
-		t.Fatalf("split brain: %v", msgs)
-	}
-	if lost := r.c.Sim.LostAckedWrites(vol); len(lost) > 0 {
-		t.Fatalf("acknowledged writes lost: %v", lost)
-	}
+	r.consistent(vol)
 	// The attached side alone is the minority now: it cannot write.
 	others := []string{rv.Status.Datamesh.Members[1].NodeName, c}
 	r.c.Partition(others...)
@@ -140,12 +135,7 @@ func TestPartition(t *testing.T) {
 		}
 		return ""
 	})
-	if ok, msgs := r.c.Sim.Diverged(vol); ok {
-		t.Fatalf("split brain: %v", msgs)
-	}
-	if lost := r.c.Sim.LostAckedWrites(vol); len(lost) > 0 {
-		t.Fatalf("acknowledged writes lost: %v", lost)
-	}
+	r.consistent(vol)
 	r.detach(vol, a)
 	r.deleteVolume(vol)
 }

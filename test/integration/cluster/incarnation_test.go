@@ -32,15 +32,7 @@ import (
 func TestReturningNodeGetsFreshReplica(t *testing.T) {
 	r := newRig(t)
 	const vol = "return-2d1tb"
-	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
-	rv := r.ready(vol, 2*time.Minute)
-	var all, diskful []string
-	for _, m := range rv.Status.Datamesh.Members {
-		all = append(all, m.NodeName)
-		if m.Type == v1.MemberTypeDiskful {
-			diskful = append(diskful, m.NodeName)
-		}
-	}
+	all, diskful := r.formed2D1TB(vol)
 	r.cordonAllBut(all...)
 	a, b := diskful[0], diskful[1]
 	r.attach(vol, a)
@@ -128,12 +120,7 @@ func TestReturningNodeGetsFreshReplica(t *testing.T) {
 	if !bytes.Equal(got, survivors) {
 		t.Fatalf("%s reads %d at offset 0, want %d: the write made on %s while %s was away", a, got[0], survivors[0], b, a)
 	}
-	if lost := r.c.Sim.LostAckedWrites(vol); len(lost) > 0 {
-		t.Fatalf("acknowledged writes lost: %v", lost)
-	}
-	if split, msgs := r.c.Sim.Diverged(vol); split {
-		t.Fatalf("split brain: %v", msgs)
-	}
+	r.consistent(vol)
 	r.detach(vol, a)
 	r.deleteVolume(vol)
 }

@@ -221,6 +221,18 @@ func (r *rig) formed(name string, l layoutCase) *v1.ReplicatedVolume {
 	return r.ready(name, 2*time.Minute)
 }
 
+// consistent fails the test when drbdsim saw an acknowledged write of the volume
+// lost or its replicas' data diverge (split brain).
+func (r *rig) consistent(vol string) {
+	r.t.Helper()
+	if lost := r.c.Sim.LostAckedWrites(vol); len(lost) > 0 {
+		r.t.Fatalf("acknowledged writes lost: %v", lost)
+	}
+	if ok, msgs := r.c.Sim.Diverged(vol); ok {
+		r.t.Fatalf("split brain: %v", msgs)
+	}
+}
+
 // deleteVolume deletes an RV and waits until it and everything of it is gone.
 func (r *rig) deleteVolume(name string) {
 	r.t.Helper()

@@ -181,12 +181,7 @@ func TestProtectionChangesUnderWrites(t *testing.T) {
 	}
 	w.finish(t)
 	t.Logf("protection changes under writes:\n%s", strings.Join(report, "\n"))
-	if lost := r.c.Sim.LostAckedWrites(vol); len(lost) > 0 {
-		t.Fatalf("acknowledged writes lost: %v", lost)
-	}
-	if ok, msgs := r.c.Sim.Diverged(vol); ok {
-		t.Fatalf("split brain: %v", msgs)
-	}
+	r.consistent(vol)
 	r.detach(vol, node)
 	r.deleteVolume(vol)
 }
@@ -236,12 +231,7 @@ func TestRestartsMidTransition(t *testing.T) {
 	}
 	w.finish(t)
 	r.checkLayout(final, layouts[5], v1.TopologyIgnored)
-	if lost := r.c.Sim.LostAckedWrites(vol); len(lost) > 0 {
-		t.Fatalf("acknowledged writes lost: %v", lost)
-	}
-	if ok, msgs := r.c.Sim.Diverged(vol); ok {
-		t.Fatalf("split brain: %v", msgs)
-	}
+	r.consistent(vol)
 	r.detach(vol, node)
 	r.deleteVolume(vol)
 }
