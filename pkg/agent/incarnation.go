@@ -53,7 +53,7 @@ func incarnationKey(rvr *v1.ReplicatedVolumeReplica) string {
 // keep that replica's disk, generation UUIDs and bitmaps (docs/contract.md,
 // "Node that is gone"). A diskless resource under the member's node-id holds no
 // data and is adjusted as it is.
-func (a *Agent) earlierIncarnation(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, member *v1.DatameshMember, vol *storage.Volume, got *drbd.ShowResource) (string, error) {
+func (a *Agent) earlierIncarnation(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, member *v1.DatameshMember, got *drbd.ShowResource) (string, error) {
 	if got == nil {
 		return "", nil
 	}
@@ -69,7 +69,7 @@ func (a *Agent) earlierIncarnation(ctx context.Context, rvr *v1.ReplicatedVolume
 	if disk == "" {
 		return "", nil
 	}
-	own, err := a.ownDevice(ctx, rvr, vol)
+	own, err := a.ownDevice(ctx, rvr)
 	if err != nil || disk == own {
 		return "", err
 	}
@@ -80,12 +80,10 @@ func (a *Agent) earlierIncarnation(ctx context.Context, rvr *v1.ReplicatedVolume
 }
 
 // ownDevice is the block device of this replica's backing volume, "" when it has
-// none: vol when the member holds one, else the volume under its key (a member
-// whose type holds no disk may still have one, attached until now).
-func (a *Agent) ownDevice(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, vol *storage.Volume) (string, error) {
-	if vol != nil {
-		return vol.DevicePath, nil
-	}
+// none (yet): the one this agent last saw for it, else the one under its key.
+// It looks, never creates: a member whose type holds no disk may still have one,
+// attached until now, and a new member's volume is made only after the check.
+func (a *Agent) ownDevice(ctx context.Context, rvr *v1.ReplicatedVolumeReplica) (string, error) {
 	if v, ok := a.knownVolume(rvr); ok {
 		return v.DevicePath, nil
 	}

@@ -92,16 +92,18 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 			return r.failed(ctx, "resume-io", err)
 		}
 	}
-	vol, err := a.backing(ctx, r, member)
-	if err != nil {
-		return r.failed(ctx, "backing volume", err)
-	}
+	// An earlier replica's resource goes before this one's backing volume is
+	// made: on a full pool the new volume may only fit once the old one is gone.
 	got, err := a.shown(ctx, rv.Name)
 	if err != nil {
 		return r.failed(ctx, "read back (drbdsetup show)", err)
 	}
-	if got, err = a.evictEarlierIncarnation(ctx, r, member, vol, got); err != nil {
+	if got, err = a.evictEarlierIncarnation(ctx, r, member, got); err != nil {
 		return r.failed(ctx, "taking down an earlier replica's resource", err)
+	}
+	vol, err := a.backing(ctx, r, member)
+	if err != nil {
+		return r.failed(ctx, "backing volume", err)
 	}
 	want, what, err := a.desiredConfig(ctx, r, member, vol)
 	if err != nil {
@@ -122,8 +124,8 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 // down as any resource is, never forced: while that replica's device is held open
 // (its pod's mount, until the kubelet ends the pod) the step fails and retries.
 // It returns what the kernel runs afterwards: got, or nil once it is down.
-func (a *Agent) evictEarlierIncarnation(ctx context.Context, r *replicaStep, member *v1.DatameshMember, vol *storage.Volume, got *drbd.ShowResource) (*drbd.ShowResource, error) {
-	why, err := a.earlierIncarnation(ctx, r.rvr, member, vol, got)
+func (a *Agent) evictEarlierIncarnation(ctx context.Context, r *replicaStep, member *v1.DatameshMember, got *drbd.ShowResource) (*drbd.ShowResource, error) {
+	why, err := a.earlierIncarnation(ctx, r.rvr, member, got)
 	if err != nil || why == "" {
 		return got, err
 	}
