@@ -140,12 +140,12 @@ conformance: deps build k8s image sandbox-bin conformance-build ## Kubernetes' E
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s); FUZZ_TARGETS="pkg:FuzzX ..." to choose
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh $(FUZZ_TARGETS)
 
-# The deep model check in four parts, one per group of starting layouts, so that
-# `make -j4 modelcheck` runs them side by side (docs/modelcheck.md "Bounds and figures").
+# The deep model check in five parts, one per group of starting layouts and node maintenance, so that
+# `make -j5 modelcheck` runs them side by side (docs/modelcheck.md "Bounds and figures").
 MODELCHECK_DEEP := $(GO) test $(MODELCHECK_PKG) -modelcheck.depth=deep -timeout 2h -v -run
 
-.PHONY: modelcheck modelcheck-1d-2d modelcheck-2d1tb modelcheck-3d modelcheck-large
-modelcheck: modelcheck-1d-2d modelcheck-2d1tb modelcheck-3d modelcheck-large ## Deep model check of the datamesh engine, returns 1 (four parts; make -j4 runs them in parallel)
+.PHONY: modelcheck modelcheck-1d-2d modelcheck-2d1tb modelcheck-3d modelcheck-large modelcheck-maintenance
+modelcheck: modelcheck-1d-2d modelcheck-2d1tb modelcheck-3d modelcheck-large modelcheck-maintenance ## Deep model check of the datamesh engine, returns 1 (five parts; make -j5 runs them in parallel)
 modelcheck-1d-2d: ## Deep model check, part: 1D and 2D (with the attach pass)
 	$(MODELCHECK_DEEP) 'TestModelCheck/layouts/^(1D|2D)$$/'
 modelcheck-2d1tb: ## Deep model check, part: 2D+1TB (with the attach pass)
@@ -154,6 +154,8 @@ modelcheck-3d: ## Deep model check, part: 3D (with the attach pass)
 	$(MODELCHECK_DEEP) 'TestModelCheck/layouts/^3D$$/'
 modelcheck-large: ## Deep model check, part: 4D+1TB and 5D
 	$(MODELCHECK_DEEP) 'TestModelCheck/layouts/^(4D\+1TB|5D)$$/'
+modelcheck-maintenance: ## Deep model check, part: node maintenance (ExtraFTT) under faults, every request spent on it
+	$(MODELCHECK_DEEP) 'TestMaintenanceUnderFaults'
 
 .PHONY: soak
 soak: deps k8s ## Fault campaign on the in-process cluster: SEEDS seeds × DURATION from SEED (root; docs/soak.md; logs in _output/soak)

@@ -11,6 +11,9 @@
 #   3d        the volumes and provisioning suites once more on the 3D class
 #             (testdriver.yaml with the class meshvol-3d), in parallel
 #
+# (`make conformance-build`'s dry run prints the line `Driver loaded from path` with
+# what e2e.test read from the driver file: parallel processes do not print it.)
+#
 # then hack/conformance-report prints passed/failed/skipped per pass, the
 # failures and the skip reasons grouped, into _output/conformance/results.md.
 # Environment: CONFORMANCE_PROCS (default 4), CONFORMANCE_PASSES (default
@@ -65,7 +68,7 @@ while [[ -z $kubeconfig ]]; do
 	fi
 	sleep 2
 done
-log "sandbox up ($(grep -o 'up in [0-9.]*[a-z]*' "$OUT/sandbox.log" | head -n 1), $((SECONDS - start)) s with waiting for the machine's cluster lock)"
+log "sandbox up ($(grep -o 'meshvol-sandbox: up in [0-9.]*[a-z]*' "$OUT/sandbox.log" | head -n 1), $((SECONDS - start)) s with waiting for the machine's cluster lock)"
 
 # pass NAME DRIVER SELECT PARALLEL: one ginkgo run; its JSON report in $OUT/NAME.
 # [Serial] and [Disruptive] are labels as well as words in the specs' names.
@@ -85,7 +88,6 @@ pass() {
 		--kubeconfig="$kubeconfig" --kubectl-path="$ROOT/bin/k8s/kubectl" \
 		--storage.testdriver="$driver" \
 		--report-dir="$ROOT/$OUT/$name" >"$OUT/$name.log" 2>&1 || true
-	grep -m 1 'Driver loaded from path' "$OUT/$name.log" || { echo "conformance: e2e.test did not load $driver" >&2; }
 	log "pass $name: done in $((SECONDS - began)) s"
 }
 

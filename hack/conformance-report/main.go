@@ -49,10 +49,10 @@ func (s spec) name() string {
 
 // pass is one ginkgo run's specs by outcome.
 type pass struct {
-	name                    string
-	passed, failed, skipped []spec
-	unselected              int
-	took                    time.Duration
+	name                                 string
+	passed, failed, skipped, interrupted []spec
+	unselected                           int
+	took                                 time.Duration
 }
 
 func main() {
@@ -106,6 +106,9 @@ func read(name, path string) (pass, error) {
 				p.unselected++
 			case s.State == "skipped" || s.State == "pending":
 				p.skipped = append(p.skipped, s)
+			case s.State == "interrupted":
+				// Cut short by an interrupt of the run: neither verdict.
+				p.interrupted = append(p.interrupted, s)
 			default:
 				p.failed = append(p.failed, s)
 			}
@@ -121,9 +124,9 @@ var numbers = regexp.MustCompile(`[0-9]+`)
 func write(w io.Writer, passes []pass, took time.Duration) bool {
 	failed := false
 	fmt.Fprintf(w, "# External Storage suite on the sandbox\n\n")
-	fmt.Fprintf(w, "| pass | passed | failed | skipped | specs' run time |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(w, "| pass | passed | failed | skipped | interrupted | specs' run time |\n|---|---|---|---|---|---|\n")
 	for _, p := range passes {
-		fmt.Fprintf(w, "| %s | %d | %d | %d | %s |\n", p.name, len(p.passed), len(p.failed), len(p.skipped), p.took.Round(time.Second))
+		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %s |\n", p.name, len(p.passed), len(p.failed), len(p.skipped), len(p.interrupted), p.took.Round(time.Second))
 		failed = failed || len(p.failed) > 0
 	}
 	if took > 0 {
@@ -140,6 +143,15 @@ func write(w io.Writer, passes []pass, took time.Duration) bool {
 				msg = msg[:i] + " …"
 			}
 			fmt.Fprintf(w, "- %s (%s)\n  - %s:%d: %s\n", s.name(), s.State, s.Failure.Location.FileName, s.Failure.Location.LineNumber, msg)
+		}
+	}
+	for _, p := range passes {
+		if len(p.interrupted) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n## Interrupted in pass %s (the run was cut short)\n\n", p.name)
+		for _, s := range p.interrupted {
+			fmt.Fprintf(w, "- %s\n", s.name())
 		}
 	}
 	for _, p := range passes {

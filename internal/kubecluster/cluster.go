@@ -152,7 +152,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	c = &Cluster{Dir: opts.Dir, BinDir: opts.BinDir, log: logw, opts: opts}
 	locking := time.Now()
-	c.lock, err = hostLock(opts.WaitForLock, c.logf)
+	c.lock, err = hostLock(ctx, opts.WaitForLock, c.logf)
 	if err != nil {
 		return nil, err
 	}

@@ -64,8 +64,16 @@ func TestClusterRunsPodsAndLeavesNothing(t *testing.T) {
 	}()
 
 	// A second cluster on the machine is refused while this one runs.
-	if _, err := hostLock(false, t.Logf); !errors.Is(err, ErrBusy) {
+	if _, err := hostLock(context.Background(), false, t.Logf); !errors.Is(err, ErrBusy) {
 		t.Fatalf("a second lock while the cluster runs: %v, want ErrBusy", err)
+	}
+	// One that waits for it gives up when its context ends (Ctrl-C of
+	// `meshvol-sandbox -wait`).
+	waitCtx, cancelWait := context.WithTimeout(ctx, time.Second)
+	_, err = hostLock(waitCtx, true, t.Logf)
+	cancelWait()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting for the lock while the cluster runs, for a second: %v, want the context's deadline", err)
 	}
 
 	// Each node's zone label, set by its kubelet.

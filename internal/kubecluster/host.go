@@ -1,6 +1,7 @@
 package kubecluster
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,11 +80,16 @@ type hostState struct {
 	Bridge bool
 }
 
+// lockPoll is how often hostLock tries the lock again while it waits.
+const lockPoll = 500 * time.Millisecond
+
 var sharedDirs = []string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/netns", "/var/log/containers"}
 
 // hostLock takes the machine-wide lock. With wait false it fails at once
-// when another cluster holds it, naming that cluster's process.
-func hostLock(wait bool, log func(string, ...any)) (*os.File, error) {
+// when another cluster holds it, naming that cluster's process; with wait
+// true it tries again every lockPoll until ctx ends (a blocking flock would
+// outlive a Ctrl-C).
+func hostLock(ctx context.Context, wait bool, log func(string, ...any)) (*os.File, error) {
 	if err := os.MkdirAll(hostStateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("kubecluster: %w", err)
 	}
@@ -98,9 +104,21 @@ func hostLock(wait bool, log func(string, ...any)) (*os.File, error) {
 			return nil, fmt.Errorf("%w: held by %s (lock %s)", ErrBusy, strings.TrimSpace(string(holder)), f.Name())
 		}
 		log("waiting for the cluster of %s to end (machine-wide lock %s)", strings.TrimSpace(string(holder)), f.Name())
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("kubecluster: lock %s: %w", f.Name(), err)
+		for {
+			err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.EWOULDBLOCK) {
+				f.Close()
+				return nil, fmt.Errorf("kubecluster: lock %s: %w", f.Name(), err)
+			}
+			select {
+			case <-ctx.Done():
+				f.Close()
+				return nil, fmt.Errorf("kubecluster: waiting for the machine-wide lock %s: %w", f.Name(), ctx.Err())
+			case <-time.After(lockPoll):
+			}
 		}
 	}
 	_ = f.Truncate(0)

@@ -52,4 +52,11 @@ type Backend interface {
 	// RestartAgent kills node's `meshvol node` (SIGKILL) and starts it again;
 	// DRBD keeps running.
 	RestartAgent(ctx context.Context, node string) error
+	// Partition cuts node off as a broken cable would: its DRBD from every
+	// other node's and its agent from the apiserver (its Lease lapses). The
+	// node keeps running; the scenario still reaches it (Shell, DRBD) as it
+	// would its console.
+	Partition(ctx context.Context, node string) error
+	// Heal undoes Partition.
+	Heal(ctx context.Context) error
 }

@@ -42,6 +42,8 @@ type Local struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	errs    chan error
+	// partitioned are the nodes Partition cut off, until Heal.
+	partitioned []string
 }
 
 var _ Backend = (*Local)(nil)
@@ -186,7 +188,11 @@ func (l *Local) Nodes() []string {
 
 // Shell runs the script on this machine: the simulated nodes share it.
 func (l *Local) Shell(ctx context.Context, _ string, script string) (string, error) {
-	out, err := exec.CommandContext(ctx, "sh", "-c", script).Output()
+	cmd := exec.CommandContext(ctx, "sh", "-c", script)
+	// A child blocked in the kernel (IO on a frozen device) keeps the
+	// output pipe open after ctx killed the shell: stop waiting for it.
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -213,6 +219,27 @@ func (l *Local) Crash(_ context.Context, node string) error { return l.Cluster.C
 // RestartAgent stops the node's agent and starts a new one.
 func (l *Local) RestartAgent(_ context.Context, node string) error {
 	return l.Cluster.RestartAgent(node)
+}
+
+// Partition cuts the node's simulated links to every other node and stops
+// its agent: an agent that cannot reach the apiserver renews nothing and
+// changes nothing, which a stopped one models.
+func (l *Local) Partition(_ context.Context, node string) error {
+	l.Cluster.Partition(node)
+	l.partitioned = append(l.partitioned, node)
+	return l.Cluster.StopAgent(node)
+}
+
+// Heal restores every link and starts the partitioned nodes' agents again,
+// as an agent reconnecting to the apiserver resumes from a fresh list.
+func (l *Local) Heal(_ context.Context) error {
+	l.Cluster.Heal()
+	var errs []error
+	for _, n := range l.partitioned {
+		errs = append(errs, l.Cluster.RestartAgent(n))
+	}
+	l.partitioned = nil
+	return errors.Join(errs...)
 }
 
 // Stop stops the CSI services and the cluster and removes the directory.

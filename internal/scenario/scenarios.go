@@ -49,6 +49,14 @@ type Options struct {
 	// Wait bounds every wait for the cluster to converge (a volume Ready,
 	// an attachment): seconds on drbdsim, minutes under emulation.
 	Wait time.Duration
+	// Partition adds scenario 6 (partition and heal) before scenario 5.
+	// It is off in `make test`: on drbdsim the cut-off Primary rejoins after
+	// the heal and writes again (test/vm/FINDINGS.md, "The product on real
+	// DRBD", 8), so the scenario fails there until that is fixed.
+	Partition bool
+	// Skip names scenarios to leave out ("10-retype"): the VM tier runs a
+	// scenario by default only once it has passed twice in a row there.
+	Skip map[string]bool
 }
 
 // run is one pass of the scenario list.
@@ -60,6 +68,7 @@ type run struct {
 	rec *Record
 
 	vols      map[string]string            // layout → volume id
+	extra     []string                     // volumes of a single scenario, recorded while they exist
 	secrets   map[string]string            // volume id → its Secret's name
 	published map[string]string            // volume id → node it is published on
 	sums      map[string]string            // volume id → checksum of the file written
@@ -68,7 +77,8 @@ type run struct {
 }
 
 // Run runs the scenario list — 1 create, 2 publish and write, 3 move, 4
-// expand, 7 agent restart, 8 protection change, 5 crash (the crashed node stays down), 9 delete —
+// expand, 7 agent restart, 8 protection change, 10 retype, 6 partition (with
+// Options.Partition), 5 crash (the crashed node stays down), 9 delete —
 // each as a subtest, stopping at the first that fails, and returns what
 // every step looked like.
 func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
@@ -77,19 +87,29 @@ func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
 	}
 	r := &run{t: t, ctx: ctx, b: b, o: o, rec: &Record{Backend: b.Name()},
 		vols: map[string]string{}, secrets: map[string]string{}, published: map[string]string{}, sums: map[string]string{}, pubCtx: map[string]map[string]string{}, down: map[string]bool{}}
-	for _, s := range []struct {
+	type scenario struct {
 		name string
 		fn   func(t *testing.T)
-	}{
+	}
+	partition := []scenario{}
+	if o.Partition {
+		partition = append(partition, scenario{"6-partition", r.partition})
+	}
+	for _, s := range slices.Concat([]scenario{
 		{"1-create", r.create},
 		{"2-publish-write", r.publishWrite},
 		{"3-move", r.move},
 		{"4-expand", r.expand},
 		{"7-agent-restart", r.agentRestart},
 		{"8-protection-change", r.protectionChange},
+		{"10-retype", r.retype},
+	}, partition, []scenario{
 		{"5-crash", r.crash},
 		{"9-delete", r.delete},
-	} {
+	}) {
+		if o.Skip[s.name] {
+			continue
+		}
 		began := time.Now()
 		ok := t.Run(s.name, s.fn)
 		r.rec.Times = append(r.rec.Times, Timing{s.name, time.Since(began)})
@@ -107,7 +127,7 @@ func (r *run) volumes() []string {
 			out = append(out, v)
 		}
 	}
-	return out
+	return append(out, r.extra...)
 }
 
 // step records what every replica looks like now.
@@ -182,39 +202,52 @@ func (r *run) rv(t *testing.T, id string) *v1.ReplicatedVolume {
 // member types as the layout says, read from the kernel.
 func (r *run) create(t *testing.T) {
 	for _, l := range Layouts {
-		rsc := &v1.ReplicatedStorageClass{ObjectMeta: metav1.ObjectMeta{Name: l.Name}}
-		rsc.Spec.StoragePool = r.b.Pool()
-		ftt, gmdr := l.FTT, l.GMDR
-		rsc.Spec.FailuresToTolerate, rsc.Spec.GuaranteedMinimumDataRedundancy = &ftt, &gmdr
-		rsc.Spec.Topology = v1.TopologyIgnored
-		if err := r.b.Client().Create(r.ctx, rsc); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
+		r.createClass(t, l)
 	}
 	for _, l := range Layouts {
-		var resp *csipb.CreateVolumeResponse
-		classSeen := time.Now().Add(time.Minute)
-		r.call(t, "CreateVolume "+l.Name, func(ctx context.Context) (err error) {
-			resp, err = r.b.Controller().CreateVolume(ctx, &csipb.CreateVolumeRequest{
-				Name:               "pvc-scenario-" + l.Name,
-				CapacityRange:      &csipb.CapacityRange{RequiredBytes: VolumeSize},
-				VolumeCapabilities: []*csipb.VolumeCapability{mountCap},
-				Parameters:         map[string]string{v1.CSIParameterStorageClass: l.Name},
-			})
-			// The CSI controller reads classes from its informer, which
-			// may not have seen the class created a moment ago; on a
-			// cluster the class exists long before its first volume.
-			if status.Code(err) == codes.InvalidArgument && strings.Contains(err.Error(), "does not exist") && time.Now().Before(classSeen) {
-				return status.Error(codes.Unavailable, err.Error())
-			}
-			return err
-		})
-		r.vols[l.Name] = resp.GetVolume().GetVolumeId()
+		r.vols[l.Name] = r.createVolume(t, l.Name, mountCap)
 	}
 	for _, l := range Layouts {
 		r.ready(t, l)
 	}
 	r.step(t, "1 created")
+}
+
+// createClass creates the class of layout l, named as l.
+func (r *run) createClass(t *testing.T, l Layout) {
+	t.Helper()
+	rsc := &v1.ReplicatedStorageClass{ObjectMeta: metav1.ObjectMeta{Name: l.Name}}
+	rsc.Spec.StoragePool = r.b.Pool()
+	ftt, gmdr := l.FTT, l.GMDR
+	rsc.Spec.FailuresToTolerate, rsc.Spec.GuaranteedMinimumDataRedundancy = &ftt, &gmdr
+	rsc.Spec.Topology = v1.TopologyIgnored
+	if err := r.b.Client().Create(r.ctx, rsc); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// createVolume is external-provisioner's CreateVolume of a volume of class
+// with capability c; it returns the volume's id.
+func (r *run) createVolume(t *testing.T, class string, c *csipb.VolumeCapability) string {
+	t.Helper()
+	var resp *csipb.CreateVolumeResponse
+	classSeen := time.Now().Add(time.Minute)
+	r.call(t, "CreateVolume "+class, func(ctx context.Context) (err error) {
+		resp, err = r.b.Controller().CreateVolume(ctx, &csipb.CreateVolumeRequest{
+			Name:               "pvc-scenario-" + class,
+			CapacityRange:      &csipb.CapacityRange{RequiredBytes: VolumeSize},
+			VolumeCapabilities: []*csipb.VolumeCapability{c},
+			Parameters:         map[string]string{v1.CSIParameterStorageClass: class},
+		})
+		// The CSI controller reads classes from its informer, which
+		// may not have seen the class created a moment ago; on a
+		// cluster the class exists long before its first volume.
+		if status.Code(err) == codes.InvalidArgument && strings.Contains(err.Error(), "does not exist") && time.Now().Before(classSeen) {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		return err
+	})
+	return resp.GetVolume().GetVolumeId()
 }
 
 // ready waits until the layout's volume is Ready and checks it against the kernel.
@@ -674,7 +707,7 @@ func (r *run) rvrsOf(t *testing.T, id string) []v1.ReplicatedVolumeReplica {
 }
 
 // Scenario 5: the node holding the Primary of the 2d-1tb and 3d volumes
-// (scenario 8 left both published there, with data written) crashes; as Kubernetes does for a lost node, each attachment is released
+// (scenario 8, or 6, left both published there, with data written) crashes; as Kubernetes does for a lost node, each attachment is released
 // (ControllerUnpublish) and the volume published on a survivor, where every
 // fsynced byte reads back. The figures: time from the crash to published
 // elsewhere, bytes checked.
@@ -682,7 +715,7 @@ func (r *run) crash(t *testing.T) {
 	two, three := r.vols["2d-1tb"], r.vols["3d"]
 	node := r.published[two]
 	if r.published[three] != node {
-		t.Fatalf("scenario 8 left %s published on %q, not on %s with %s", three, r.published[three], node, two)
+		t.Fatalf("%s is published on %q, not on %s with %s", three, r.published[three], node, two)
 	}
 	crashed := time.Now()
 	if err := r.b.Crash(r.ctx, node); err != nil {

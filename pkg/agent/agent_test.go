@@ -160,10 +160,17 @@ func (r *rig) publish(change func(st *v1.ReplicatedVolumeStatus)) int64 {
 	}
 }
 
-// member makes a datamesh member of the RVR, with the addresses it reported.
+// member makes a datamesh member of the RVR, with its node's addresses (the
+// controller takes them from the agent's Lease: docs/contract.md).
 func (r *rig) member(name string, typ v1.MemberType, id int32) v1.DatameshMember {
 	rvr := r.rvr(name)
-	return v1.DatameshMember{Name: name, Type: typ, NodeName: rvr.Spec.NodeName, Addresses: rvr.Status.Addresses, NodeID: id}
+	var addrs []string
+	for _, n := range r.c.Nodes {
+		if n.Name == rvr.Spec.NodeName {
+			addrs = []string{n.Address.String()}
+		}
+	}
+	return v1.DatameshMember{Name: name, Type: typ, NodeName: rvr.Spec.NodeName, Addresses: addrs, NodeID: id}
 }
 
 // eventually polls cond until it returns "" or the deadline passes.
@@ -216,16 +223,6 @@ func formation(st *v1.ReplicatedVolumeStatus, rev int64) {
 func (r *rig) form3D() []string {
 	r.t.Helper()
 	names := []string{r.addReplica(0, v1.ReplicaTypeDiskful), r.addReplica(1, v1.ReplicaTypeDiskful), r.addReplica(2, v1.ReplicaTypeDiskful)}
-	r.eventually("replicas report addresses, not yet members", 30*time.Second, func() string {
-		for _, n := range names {
-			o := r.rvr(n)
-			c := meta.FindStatusCondition(o.Status.Conditions, v1.ConditionDRBDConfigured)
-			if len(o.Status.Addresses) == 0 || c == nil || c.Reason != v1.ReasonPendingDatameshJoin {
-				return fmt.Sprintf("%s: addresses %v, %v", n, o.Status.Addresses, c)
-			}
-		}
-		return ""
-	})
 	var members []v1.DatameshMember
 	for i, n := range names {
 		members = append(members, r.member(n, v1.MemberTypeDiskful, int32(i)))
@@ -314,12 +311,6 @@ func TestAddAfterWritesResyncs(t *testing.T) {
 		r.must(r.node(0).Sim.Write(r.ctx, r.rv, int64(i)*4096*16, bytes.Repeat([]byte{byte(i + 1)}, 4096)))
 	}
 	n4 := r.addReplica(3, v1.ReplicaTypeDiskful)
-	r.eventually("addresses", 30*time.Second, func() string {
-		if len(r.rvr(n4).Status.Addresses) == 0 {
-			return "none yet"
-		}
-		return ""
-	})
 	m := r.member(n4, v1.MemberTypeDiskful, 3)
 	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members = append(st.Datamesh.Members, m) })
 	sawSync := false

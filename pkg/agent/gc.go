@@ -7,6 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/storage"
 )
 
 // runGC looks for DRBD resources and backing volumes that no replica of this
@@ -59,19 +60,16 @@ func (a *Agent) collect(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		vols, err := p.List(ctx)
+		names, err := volumeNames(ctx, p)
 		if err != nil {
 			a.log.Error(err, "gc: listing pool", "pool", rsps.Items[i].Name)
 			continue
 		}
-		pv := poolVols{name: rsps.Items[i].Name}
-		for _, v := range vols {
-			pv.vols = append(pv.vols, v.Replica)
-		}
-		pools = append(pools, pv)
+		pools = append(pools, poolVols{name: rsps.Items[i].Name, vols: names})
 	}
 	var rvrs v1.ReplicatedVolumeReplicaList
-	if err := a.cache.List(ctx, &rvrs, client.MatchingLabels{v1.LabelNode: a.cfg.NodeName}); err != nil {
+	// Read only, without copies: the sweep reads every replica of the node.
+	if err := a.cache.List(ctx, &rvrs, client.MatchingLabels{v1.LabelNode: a.cfg.NodeName}, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	volumes, replicas := map[string]bool{}, map[string]bool{}
@@ -105,4 +103,27 @@ func (a *Agent) collect(ctx context.Context) {
 			a.markCapacity()
 		}
 	}
+}
+
+// namesLister is a provider that lists its volumes' names more cheaply than List,
+// which resolves each volume's device (the file pool checks every loop device's
+// status): the collector needs only the names.
+type namesLister interface {
+	Names(ctx context.Context) ([]string, error)
+}
+
+// volumeNames lists the names of p's volumes.
+func volumeNames(ctx context.Context, p storage.Provider) ([]string, error) {
+	if n, ok := p.(namesLister); ok {
+		return n.Names(ctx)
+	}
+	vols, err := p.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(vols))
+	for _, v := range vols {
+		out = append(out, v.Replica)
+	}
+	return out, nil
 }

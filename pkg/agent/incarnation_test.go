@@ -60,7 +60,7 @@ func TestReplacedReplicaStartsFresh(t *testing.T) {
 	if placed.UID == old.UID {
 		t.Fatalf("the new replica has the earlier one's UID %s", old.UID)
 	}
-	m := v1.DatameshMember{Name: names[2], Type: v1.MemberTypeDiskful, NodeName: away.Name, Addresses: old.Status.Addresses, NodeID: 2}
+	m := r.member(names[2], v1.MemberTypeDiskful, 2)
 	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members = append(st.Datamesh.Members, m) })
 	r.must(r.c.RestartAgent(away.Name))
 	oldUID, newUID := uidPart(old.UID), uidPart(placed.UID)

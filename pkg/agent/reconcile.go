@@ -33,6 +33,9 @@ type step struct {
 	// read from the kernel now rather than from the Observer, which may not
 	// have seen the change yet (a confirmed Detach must not show Primary).
 	acted bool
+	// waiting: the replica waits to join the datamesh and holds nothing on
+	// this node: a report would say only that.
+	waiting bool
 }
 
 func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -58,10 +61,14 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		}
 	}
 	s := a.converge(ctx, rvr, rv)
-	if s.gone {
+	if s.gone || s.waiting && neverReported(rvr) {
+		// A new replica waiting for its first revision has nothing to report
+		// the controller needs: it takes the node's addresses from the Lease
+		// (docs/contract.md). Its first report is the configuration it runs —
+		// a write per replica of every volume formed, saved.
 		return ctrl.Result{}, nil
 	}
-	after, err := a.writeStatus(ctx, rvr, s.st)
+	after, err := a.writeStatus(ctx, rvr, s.st, awaitsDayZero(rv, &s.st))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -250,7 +257,13 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	if v, ok := a.knownVolume(r.rvr); ok {
 		r.st.BackingVolume = backingStatus(&v)
 	}
+	r.waiting = r.st.BackingVolume == nil
 	return r.step
+}
+
+// neverReported: the replica's status holds nothing of the agent's.
+func neverReported(rvr *v1.ReplicatedVolumeReplica) bool {
+	return sameStatus(rvr.Status, v1.ReplicatedVolumeReplicaStatus{})
 }
 
 // backing ensures the member's backing volume: every full-mesh member with
@@ -501,6 +514,15 @@ func everyOtherDiskful(rv *v1.ReplicatedVolume, self *v1.DatameshMember, ok func
 		}
 	}
 	return true
+}
+
+// awaitsDayZero: st is a Diskful member's report in a formation that skips its initial
+// sync (dayZero), its disk still Inconsistent. Its peers coming up one by one are
+// progress toward the day-0 clear, which makes every disk UpToDate and is reported at
+// once: each connection's own report cost a write per peer of every volume formed
+// (docs/controller.md, "Write budget"), so they are paced as resync progress is.
+func awaitsDayZero(rv *v1.ReplicatedVolume, st *v1.ReplicatedVolumeReplicaStatus) bool {
+	return rv != nil && rv.Spec.DataSource == nil && formationActive(rv) && st.DiskState == v1.DiskStateInconsistent
 }
 
 func formationActive(rv *v1.ReplicatedVolume) bool {
@@ -816,7 +838,7 @@ func (a *Agent) fillKernel(ctx context.Context, st *v1.ReplicatedVolumeReplicaSt
 // what this agent last wrote. A change in resync progress alone waits until
 // ProgressInterval has passed since the last write; the returned duration
 // says when to come back for it.
-func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus) (time.Duration, error) {
+func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus, peersAreProgress bool) (time.Duration, error) {
 	if sameStatus(st, rvr.Status) {
 		return 0, nil
 	}
@@ -826,7 +848,11 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 	if ok && sameStatus(st, last.status) {
 		return 0, nil
 	}
-	if ok && sameStatus(withoutProgress(st), withoutProgress(last.status)) {
+	progress := withoutProgress
+	if peersAreProgress {
+		progress = withoutPeers
+	}
+	if ok && sameStatus(progress(st), progress(last.status)) {
 		if wait := a.cfg.ProgressInterval - time.Since(last.at); wait > 0 {
 			return wait, nil
 		}

@@ -69,12 +69,6 @@ func (r *rig) joinSyncing(i int, id int32) string {
 	r.t.Helper()
 	r.c.Sim.SetResyncRate(16 << 10)
 	name := r.addReplica(i, v1.ReplicaTypeDiskful)
-	r.eventually("addresses of "+name, 30*time.Second, func() string {
-		if len(r.rvr(name).Status.Addresses) == 0 {
-			return "none yet"
-		}
-		return ""
-	})
 	m := r.member(name, v1.MemberTypeDiskful, id)
 	r.publish(func(st *v1.ReplicatedVolumeStatus) {
 		st.Datamesh.Members = append(st.Datamesh.Members, m)
@@ -146,12 +140,6 @@ func TestNeverPromotesWithForce(t *testing.T) {
 func TestNoDayZeroOutsideFormation(t *testing.T) {
 	r := newRig(t, 2, nil)
 	first := r.addReplica(0, v1.ReplicaTypeDiskful)
-	r.eventually("addresses of "+first, 30*time.Second, func() string {
-		if len(r.rvr(first).Status.Addresses) == 0 {
-			return "none yet"
-		}
-		return ""
-	})
 	m := r.member(first, v1.MemberTypeDiskful, 0)
 	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) {
 		st.Datamesh = v1.Datamesh{Members: []v1.DatameshMember{m}, Quorum: 1, QuorumMinimumRedundancy: 1, Port: 7000, Minor: 1000}

@@ -125,6 +125,13 @@ func withoutProgress(st v1.ReplicatedVolumeReplicaStatus) v1.ReplicatedVolumeRep
 	return st
 }
 
+// withoutPeers blanks the peers (awaitsDayZero).
+func withoutPeers(st v1.ReplicatedVolumeReplicaStatus) v1.ReplicatedVolumeReplicaStatus {
+	st = *st.DeepCopy()
+	st.Peers = nil
+	return st
+}
+
 // applyBody is the server-side apply request body for an RVR's status: only
 // the fields the agent owns. Leaving a field out hands it back (deletes it),
 // which is how a field that no longer applies disappears.

@@ -72,3 +72,12 @@ func NodeName(l *coordinationv1.Lease) string {
 	}
 	return strings.TrimPrefix(l.Name, v1.AgentLeasePrefix)
 }
+
+// Addresses returns the node's DRBD replication addresses the agent publishes on its
+// Lease (nil when it publishes none).
+func Addresses(l *coordinationv1.Lease) []string {
+	if l == nil || l.Annotations[v1.AnnotationAddresses] == "" {
+		return nil
+	}
+	return strings.Split(l.Annotations[v1.AnnotationAddresses], ",")
+}

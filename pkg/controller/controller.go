@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"net/http"
 	goruntime "runtime"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -269,6 +270,9 @@ type Controller struct {
 	engine    *datamesh.Engine // keeps nothing between calls: shared by every worker
 	allocOnce onceErr
 	recorder  record.EventRecorder
+	// statusWritten: RV name → its resourceVersion before this controller's last
+	// status write, until the cache shows a newer one (behindOwnWrite).
+	statusWritten sync.Map
 }
 
 // Setup registers the field indexes and the reconcilers with mgr.

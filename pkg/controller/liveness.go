@@ -26,8 +26,15 @@ func (c *Controller) agentVerdict(v *volume, node string) (metav1.Condition, age
 }
 
 // markLiveness writes AgentReady on the volume's replicas where the verdict changed and
-// returns the replicas as the engine must see them (deep copies carrying the verdict),
-// and when to look again because a Lease in its grace period will have expired.
+// returns the replicas as the engine must see them (deep copies carrying the verdict,
+// and the node's addresses from its live agent's Lease for a replica that has not
+// reported its own yet), and when to look again because a Lease in its grace period
+// will have expired.
+//
+// The addresses: a replica's are its node's, which the agent publishes on its Lease
+// (docs/contract.md, "Node facts and liveness"), so a new replica joins the datamesh
+// without waiting for a report of its own — a write per replica of every volume
+// formed, saved (docs/controller.md, "Write budget").
 //
 // A replica without the condition counts as ready, so a healthy replica costs no write:
 // the condition is written False when its node is lost, and True again only over a
@@ -42,6 +49,9 @@ func (c *Controller) markLiveness(ctx context.Context, v *volume) ([]*v1.Replica
 			continue
 		}
 		want, lv := c.agentVerdict(v, r.Spec.NodeName)
+		if len(cp.Status.Addresses) == 0 && lv.Live {
+			cp.Status.Addresses = agentlease.Addresses(v.leases[r.Spec.NodeName])
+		}
 		if !lv.Live && !lv.Lost && !lv.Next.IsZero() {
 			if d := lv.Next.Sub(v.now) + 100*time.Millisecond; requeue == 0 || d < requeue {
 				requeue = d

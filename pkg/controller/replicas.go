@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/pkg/agentlease"
@@ -38,15 +37,16 @@ type memberNeed struct {
 
 // place carries out what the engine wants: Diskful and TieBreaker replicas through Place
 // (all or none), Access replicas on their attachment's node, deletions and retypes. It
-// sets the Scheduled condition on work and returns the refusal message, if any.
-func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVolume, wanted []datamesh.WantedReplica, accessRefused map[string]string) (string, error) {
+// sets the Scheduled condition on work and returns the refusal message, if any, and
+// whether it created a replica that the cache already shows, with its other writes.
+func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVolume, wanted []datamesh.WantedReplica, accessRefused map[string]string) (string, bool, error) {
 	var w replicaWrites
 	need, err := c.carryOut(ctx, v, work, wanted, accessRefused, &w)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if err := c.deleteNeverJoined(ctx, v, work, &w); err != nil {
-		return "", err
+		return "", false, err
 	}
 	refusal := ""
 	if need.diskful+need.tieBreaker > 0 {
@@ -55,11 +55,11 @@ func (c *Controller) place(ctx context.Context, v *volume, work *v1.ReplicatedVo
 		err = c.nothingToPlace(ctx, v, work, wanted)
 	}
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	c.waitForCache(ctx, w.created, true)
-	c.waitForCache(ctx, w.deleted, false)
-	return refusal, nil
+	seen := c.waitForCache(ctx, w.created, true)
+	seen = c.waitForCache(ctx, w.deleted, false) && seen
+	return refusal, len(w.created) > 0 && seen, nil
 }
 
 // carryOut creates the Access replicas, deletes and retypes what the engine wants, and
@@ -306,7 +306,7 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 	for n := range v.leases {
 		names[n] = true
 	}
-	sizes := map[string]int64{} // RV name → size, read once per reconcile
+	var sizes map[string]int64 // RV name → size, read once per reconcile when needed
 	var out []placement.Node
 	for n := range names {
 		pn := placement.Node{Name: n, Zone: nodeZone(v.nodes[n], v.leases[n]), AgentLive: v.liveness(n).Live, HMACOK: offersAlgorithm(v, n, alg),
@@ -330,15 +330,20 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 					r.Spec.Storage == nil || r.Spec.Storage.Pool != v.rsp.Name {
 					continue
 				}
-				size, ok := sizes[r.Spec.ReplicatedVolumeName]
-				if !ok {
-					other := &v1.ReplicatedVolume{}
-					if err := c.reader.Get(ctx, types.NamespacedName{Name: r.Spec.ReplicatedVolumeName}, other); err == nil {
-						size = other.Spec.Size.Value()
+				if sizes == nil {
+					// Read once, without copies: while many volumes form, most
+					// replicas of a node wait for their backing volume, and a copy of
+					// each one's RV per placement made placement O(volumes) copies.
+					var rvs v1.ReplicatedVolumeList
+					if err := c.reader.List(ctx, &rvs, client.UnsafeDisableDeepCopy); err != nil {
+						return nil, err
 					}
-					sizes[r.Spec.ReplicatedVolumeName] = size
+					sizes = make(map[string]int64, len(rvs.Items))
+					for i := range rvs.Items {
+						sizes[rvs.Items[i].Name] = rvs.Items[i].Spec.Size.Value()
+					}
 				}
-				pn.Free -= placement.BackingBytes(size)
+				pn.Free -= placement.BackingBytes(sizes[r.Spec.ReplicatedVolumeName])
 			}
 		}
 		out = append(out, pn)

@@ -134,14 +134,9 @@ func (v *volume) liveness(node string) agentlease.Liveness {
 // source and pool, the nodes and the agents' Leases, and the pool's eligible nodes.
 func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume, error) {
 	v := &volume{rv: rv, now: c.opts.Now(), nodes: map[string]*corev1.Node{}, leases: map[string]*coordinationv1.Lease{}}
-	var rvrs v1.ReplicatedVolumeReplicaList
-	if err := c.reader.List(ctx, &rvrs, client.MatchingFields{indexVolume: rv.Name}); err != nil {
+	if err := c.readReplicas(ctx, v); err != nil {
 		return nil, err
 	}
-	for i := range rvrs.Items {
-		v.rvrs = append(v.rvrs, &rvrs.Items[i])
-	}
-	slices.SortFunc(v.rvrs, func(a, b *v1.ReplicatedVolumeReplica) int { return strings.Compare(a.Name, b.Name) })
 	var rvas v1.ReplicatedVolumeAttachmentList
 	if err := c.reader.List(ctx, &rvas, client.MatchingFields{indexVolume: rv.Name}); err != nil {
 		return nil, err
@@ -181,6 +176,20 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 		}
 	}
 	return v, nil
+}
+
+// readReplicas reads the volume's replicas from the cache, by name.
+func (c *Controller) readReplicas(ctx context.Context, v *volume) error {
+	var rvrs v1.ReplicatedVolumeReplicaList
+	if err := c.reader.List(ctx, &rvrs, client.MatchingFields{indexVolume: v.rv.Name}); err != nil {
+		return err
+	}
+	v.rvrs = nil
+	for i := range rvrs.Items {
+		v.rvrs = append(v.rvrs, &rvrs.Items[i])
+	}
+	slices.SortFunc(v.rvrs, func(a, b *v1.ReplicatedVolumeReplica) int { return strings.Compare(a.Name, b.Name) })
+	return nil
 }
 
 // readConfiguration reads the volume's configuration source (its storage class unless
@@ -239,6 +248,9 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 	if v == nil || err != nil {
 		return ctrl.Result{}, err
 	}
+	if c.behindOwnWrite(v.rv) {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
 	if done, err := c.ensureFinalizers(ctx, v); done || err != nil {
 		return ctrl.Result{}, err
 	}
@@ -257,18 +269,40 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 		return ctrl.Result{}, err
 	}
 	var out engineOutput
-	if allocated || work.Status.DatameshRevision > 0 {
-		if out, err = c.runEngine(ctx, v, work, engineRVRs); err != nil {
+	for pass := 0; pass < enginePasses && (allocated || work.Status.DatameshRevision > 0); pass++ {
+		before := withoutProgress(work.Status)
+		o, err := c.runEngine(ctx, v, work, engineRVRs)
+		if err != nil {
 			return ctrl.Result{}, c.refuseInput(ctx, v, err)
 		}
-		if !v.deleting() {
-			// Placement acts on what the engine wants.
-			why, err := c.place(ctx, v, work, out.wanted, out.accessRefused)
-			if err != nil {
+		o.events = append(out.events, o.events...)
+		out = o
+		if v.deleting() {
+			break
+		}
+		// Placement acts on what the engine wants.
+		why, created, err := c.place(ctx, v, work, out.wanted, out.accessRefused)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if pendingWhy == "" {
+			pendingWhy = why
+		}
+		// The engine runs again on what this pass made, as the next reconcile would,
+		// so that one status write carries every step the inputs allow
+		// (docs/controller.md, "Write budget"): after placement created replicas
+		// (they are in the cache: place waited for them), or after the engine moved
+		// on and wants nothing placed.
+		advanced := len(out.wanted) == 0 && !equality.Semantic.DeepEqual(before, withoutProgress(work.Status))
+		if !created && !advanced {
+			break
+		}
+		if created {
+			if err := c.readReplicas(ctx, v); err != nil {
 				return ctrl.Result{}, err
 			}
-			if pendingWhy == "" {
-				pendingWhy = why
+			if engineRVRs, requeue, err = c.markLiveness(ctx, v); err != nil {
+				return ctrl.Result{}, err
 			}
 		}
 	}
@@ -287,6 +321,7 @@ func (c *Controller) observe(ctx context.Context, name string) (*volume, error) 
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: name}, rv); err != nil {
 		if apierrors.IsNotFound(err) {
 			c.alloc.Release(name)
+			c.statusWritten.Delete(name)
 			return nil, nil
 		}
 		return nil, err
@@ -408,7 +443,13 @@ func (c *Controller) refuseInput(ctx context.Context, v *volume, err error) erro
 // publish writes the status computed for the volume (only when it changed), then the
 // engine's events, the attachments' statuses and the lost nodes' finalizers.
 func (c *Controller) publish(ctx context.Context, v *volume, work *v1.ReplicatedVolume, out engineOutput, requeue time.Duration) (ctrl.Result, error) {
-	if retry, err := c.publishStatus(ctx, v.rv, work); err != nil {
+	if wait := progressWait(v.rv, work, v.now); wait > 0 && len(out.events) == 0 {
+		// Only progress moved, and the last status write is recent: the new
+		// messages go out with the next change, or in wait.
+		if requeue == 0 || wait < requeue {
+			requeue = wait
+		}
+	} else if retry, err := c.publishStatus(ctx, v.rv, work); err != nil {
 		return ctrl.Result{}, err
 	} else if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
@@ -473,7 +514,27 @@ func (c *Controller) writeStatus(ctx context.Context, rv, work *v1.ReplicatedVol
 	if equality.Semantic.DeepEqual(rv.Status, work.Status) {
 		return nil
 	}
-	return applyStatus(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, &work.Status)
+	if err := applyStatus(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, &work.Status); err != nil {
+		return err
+	}
+	c.statusWritten.Store(rv.Name, rv.ResourceVersion)
+	return nil
+}
+
+// behindOwnWrite: the cache still shows the RV as it was before this controller's
+// last status write, so a reconcile on it would only compute that write again and
+// fail its resourceVersion precondition (a Conflict, a round trip for nothing). The
+// write's own watch event brings the next reconcile.
+func (c *Controller) behindOwnWrite(rv *v1.ReplicatedVolume) bool {
+	before, ok := c.statusWritten.Load(rv.Name)
+	if !ok {
+		return false
+	}
+	if before == rv.ResourceVersion {
+		return true
+	}
+	c.statusWritten.Delete(rv.Name)
+	return false
 }
 
 // summarize computes the phase, the Ready condition and the kubectl columns.
@@ -576,11 +637,12 @@ func storageFor(rsp *v1.ReplicatedStoragePool, node string) *v1.ReplicaStorage {
 
 // waitForCache waits until the cache shows every object in want (present) or shows it
 // gone or deleting: the next reconcile must not act on a view without this one's
-// writes (it would place a second replica for the same want).
-func (c *Controller) waitForCache(ctx context.Context, names []string, present bool) {
+// writes (it would place a second replica for the same want). It reports whether the
+// cache did within its deadline.
+func (c *Controller) waitForCache(ctx context.Context, names []string, present bool) bool {
 	deadline := time.Now().Add(5 * time.Second)
 	for _, n := range names {
-		for time.Now().Before(deadline) {
+		for {
 			r := &v1.ReplicatedVolumeReplica{}
 			err := c.reader.Get(ctx, types.NamespacedName{Name: n}, r)
 			if present && err == nil {
@@ -589,13 +651,65 @@ func (c *Controller) waitForCache(ctx context.Context, names []string, present b
 			if !present && (apierrors.IsNotFound(err) || (err == nil && r.DeletionTimestamp != nil)) {
 				break
 			}
+			if !time.Now().Before(deadline) {
+				return false
+			}
 			select {
 			case <-ctx.Done():
-				return
+				return false
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
 	}
+	return true
+}
+
+// enginePasses bounds the engine's runs in one reconcile (reconcileVolume).
+const enginePasses = 3
+
+// progressInterval is the least time between two status writes of a volume that change
+// nothing but its progress: the messages of its conditions, transition steps and
+// replica requests, readyMembers and syncProgress. Each agent report moves a forming
+// volume's messages ("1/3 replicas confirmed revision 1"), and writing each cost a write
+// per replica of every volume formed, for text a person reads when a volume is stuck
+// (docs/controller.md, "Write budget"); the agents pace their resync progress so too
+// (docs/contract.md).
+const progressInterval = 5 * time.Second
+
+// progressWait is how long to hold back work's status: zero unless it differs from
+// rv's only in progress and rv's status was written less than progressInterval before
+// now (by its managed fields' time).
+func progressWait(rv, work *v1.ReplicatedVolume, now time.Time) time.Duration {
+	if equality.Semantic.DeepEqual(rv.Status, work.Status) ||
+		!equality.Semantic.DeepEqual(withoutProgress(rv.Status), withoutProgress(work.Status)) {
+		return 0
+	}
+	var last time.Time
+	for _, f := range rv.ManagedFields {
+		if f.Manager == v1.FieldManagerController && f.Subresource == "status" && f.Time != nil {
+			last = f.Time.Time
+		}
+	}
+	wait := progressInterval - now.Sub(last)
+	return min(max(wait, 0), progressInterval)
+}
+
+// withoutProgress is st with its progress blanked (progressWait).
+func withoutProgress(st v1.ReplicatedVolumeStatus) v1.ReplicatedVolumeStatus {
+	st = *st.DeepCopy()
+	st.ReadyMembers, st.SyncProgress = "", ""
+	for i := range st.Conditions {
+		st.Conditions[i].Message = ""
+	}
+	for i := range st.DatameshTransitions {
+		for j := range st.DatameshTransitions[i].Steps {
+			st.DatameshTransitions[i].Steps[j].Message = ""
+		}
+	}
+	for i := range st.DatameshReplicaRequests {
+		st.DatameshReplicaRequests[i].Message = ""
+	}
+	return st
 }
 
 // conflictRetry is how soon a reconcile whose status write met a newer RV runs again.

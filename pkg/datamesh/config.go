@@ -39,6 +39,7 @@ func (rc *reconcile) resolveConfiguration() error {
 			return inputError("status.configuration." + err.Error())
 		}
 		rc.hasCfg = true
+		rc.baseCfg = rc.cfg
 		if raised := rc.cfg; rc.in.ExtraFTT > 0 && !rc.formationActive() {
 			raised.FTT += rc.in.ExtraFTT
 			if raised.Validate() == nil {

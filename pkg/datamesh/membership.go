@@ -329,10 +329,19 @@ func (rc *reconcile) leavingDGuards(p *Plan, mi int) string {
 }
 
 // leavingTBGuards are docs/datamesh-spec.md "Preconditions for leaving TB".
+//
+// The guard is checked against the configuration both raised by Input.ExtraFTT and
+// as written: it is the one guard that a higher FTT can pass where a lower one does
+// not (a TB is required exactly when FTT = D/2), and a node maintenance only adds
+// protection. Two voters left of a 3D (one lost) need the TB for FTT 1; that the raise
+// to 4D+1TB asks for FTT 2, which two voters cannot give, must not let it go
+// (docs/modelcheck-findings.md, M2).
 func (rc *reconcile) leavingTBGuards(mi int) string {
 	c := rc.counts()
-	if ok, msg := layout.GuardTBRequired(c.tb, c.voters, rc.cfg.FTT); !ok {
-		return msg
+	for _, ftt := range []int{rc.cfg.FTT, rc.baseCfg.FTT} {
+		if ok, msg := layout.GuardTBRequired(c.tb, c.voters, ftt); !ok {
+			return msg
+		}
 	}
 	if cfg := rc.st.Configuration; cfg != nil && cfg.Topology == v1.TopologyTransZonal {
 		if ok, msg := layout.GuardZoneTBRequired(rc.zoneCounts(), rc.st.Datamesh.Members[mi].Zone, rc.effective()); !ok {

@@ -23,8 +23,10 @@ type reconcile struct {
 	st    *v1.ReplicatedVolumeStatus
 	stamp metav1.Time // startedAt/completedAt of every step this call moves
 
-	cfg    layout.Layout // target layout (status.configuration)
-	hasCfg bool
+	cfg layout.Layout // target layout (status.configuration, raised by Input.ExtraFTT)
+	// baseCfg is status.configuration's layout without Input.ExtraFTT's raise.
+	baseCfg layout.Layout
+	hasCfg  bool
 
 	rvrOrd []int // RVR indexes in name order
 

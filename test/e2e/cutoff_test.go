@@ -36,7 +36,7 @@ import (
 // regains quorum and its IO stays suspended; the old pod's fsync never
 // returns, its kubelet cannot end it, and the resource stays Primary under
 // its mount. meshvol does not yet fail that IO (docs/controller.md,
-// "Freeing a lost node's pods"). The cleanup reboots the node, as an
+// "--delete-lost-pods"). The cleanup reboots the node, as an
 // operator would, so that the tests after it find three working nodes.
 func TestPartitionFailover(t *testing.T) {
 	for _, cls := range []string{"meshvol-3d", "meshvol-2d-1tb"} {

@@ -50,7 +50,28 @@ func (w *world) checkNow() {
 	for _, name := range w.deleted {
 		w.checkKernels(name)
 	}
+	w.checkStale()
 	w.stats.checks++
+}
+
+// checkStale: a workload left behind an isolation acknowledged no write once a
+// workload on the majority side had acknowledged one (two writers, seen from the
+// filesystems).
+func (w *world) checkStale() {
+	w.mu.Lock()
+	var bad string
+	for _, a := range w.staleAcks {
+		for _, v := range w.vols {
+			if v.name == a.vol && !v.newerAck.IsZero() && a.at.After(v.newerAck) && bad == "" {
+				bad = fmt.Sprintf("%s: the isolated workload on %s acknowledged seq %d (slot %d) %s after the majority side's first acknowledged write: two writers",
+					a.vol, a.node, a.seq, a.slot, a.at.Sub(v.newerAck).Round(time.Millisecond))
+			}
+		}
+	}
+	w.mu.Unlock()
+	if bad != "" {
+		w.fail("%s", bad)
+	}
 }
 
 func (w *world) checkKernels(name string) {
@@ -71,6 +92,7 @@ func (w *world) heal() {
 	w.step("heal: every fault ends")
 	w.c.Heal()
 	w.partitioned, w.slowLinks = nil, false
+	w.endIsolations()
 	for _, n := range w.nodeNames() {
 		switch {
 		case w.crashed[n]:

@@ -3,6 +3,7 @@ package soak_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,4 +219,75 @@ func TestLoweringProtectionKeepsTheCurrentCopy(t *testing.T) {
 		}
 		w.step("%s: %s", v.name, w.detachVol(v))
 	}
+}
+
+// TestIsolatedWriterStaysStale: a 3D volume attached on one of its Diskful nodes, whose
+// workload writes; that node is cut off from its peers and from the control plane at
+// once while it runs on (isolateWriter), and the volume moves to another Diskful node,
+// where a new workload writes during the partition. The old workload must acknowledge
+// nothing once the new one has (its DRBD has no quorum, and after the heal it does not
+// rejoin as a writer: docs/drbd-quorum.md, the stale Primary); after the heal the
+// volume is Ready, its UpToDate replicas agree and every acknowledged write of the new
+// workload reads back.
+func TestIsolatedWriterStaysStale(t *testing.T) {
+	needs(t)
+	t.Parallel()
+	w := startRepro(t)
+	v := w.createLayout(layouts[3]) // 3D
+	if why := w.waitReady(v.name, 2*time.Minute); why != "Ready" {
+		t.Fatal(why)
+	}
+	rv := &v1.ReplicatedVolume{}
+	if err := w.c.Client.Get(w.ctx, client.ObjectKey{Name: v.name}, rv); err != nil {
+		t.Fatal(err)
+	}
+	var diskful []string
+	for _, m := range rv.Status.Datamesh.Members {
+		if m.Type == v1.MemberTypeDiskful {
+			diskful = append(diskful, m.NodeName)
+		}
+	}
+	w.attachOn(v, diskful[0])
+	if v.sess == nil {
+		w.step("settle: %s", w.activate(v, time.Minute))
+	}
+	if v.sess == nil {
+		w.fail("not attached on %s", diskful[0])
+	}
+	time.Sleep(2 * time.Second) // the workload writes
+	w.isolateAndMove(v, diskful[1])
+	if v.sess == nil {
+		w.step("settle: %s", w.activate(v, 3*time.Minute))
+	}
+	if v.sess == nil {
+		w.fail("the attachment did not move to %s after %s was isolated", diskful[1], diskful[0])
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		w.checkNow()
+	}
+	w.mu.Lock()
+	wrote := !v.newerAck.IsZero()
+	w.mu.Unlock()
+	if !wrote {
+		w.fail("the workload on %s acknowledged no write during the partition", diskful[1])
+	}
+	w.c.Heal()
+	w.partitioned = nil
+	w.step("heal the network")
+	w.endIsolations()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		w.checkNow()
+	}
+	if why := w.waitReady(v.name, 2*time.Minute); why != "Ready" {
+		w.fail("%s after healing: %s", v.name, why)
+	}
+	w.checkNow()
+	w.step("%s: %s", v.name, w.deactivate(v))
+	w.sameReplicas(v)
+	w.step("remount %s: %s", v.name, w.activate(v, time.Minute))
+	if v.sess == nil {
+		w.fail("%s does not mount again on %s", v.name, v.node)
+	}
+	w.step("%s: %s", v.name, w.detachVol(v))
+	t.Logf("history:\n  %s", strings.Join(w.history, "\n  "))
 }

@@ -61,12 +61,30 @@ type vol struct {
 	sess      *session
 	acked     map[int]int64 // slot → last acknowledged sequence number
 	nextSeq   int64
+	// newerAck: when a session started after one of the volume's sessions was
+	// isolated first acknowledged a write (the majority side wrote); zero until
+	// then. Guarded by world.mu.
+	newerAck time.Time
+	// isolatedOnce: one of its sessions was isolated (guarded by world.mu).
+	isolatedOnce bool
 }
 
 // session is a mounted filesystem and a writer on it.
 type session struct {
 	node, dev, mnt string
 	w              *writer
+	// isolated: when its node was cut off from every peer and from the control
+	// plane while the session ran on (isolateWriter); zero otherwise. Guarded by
+	// world.mu.
+	isolated time.Time
+}
+
+// staleAck is a write that a session acknowledged after its node was isolated.
+type staleAck struct {
+	vol, node string
+	slot      int
+	seq       int64
+	at        time.Time
 }
 
 // world is one seed's run.
@@ -88,8 +106,13 @@ type world struct {
 	crashed      map[string]bool
 	agentStopped map[string]bool
 	partitioned  []string
-	slowLinks    bool
-	failedDisks  map[string]bool // volume/node
+	// stale are the sessions left running behind an isolation (isolateWriter)
+	// until the network heals; staleAcks what they acknowledged after it (guarded
+	// by mu).
+	stale       []*session
+	staleAcks   []staleAck
+	slowLinks   bool
+	failedDisks map[string]bool // volume/node
 
 	history []string
 	stats   stats
@@ -210,8 +233,10 @@ func (w *world) randomStep() {
 		w.crash()
 	case k < 74:
 		w.restart()
-	case k < 79:
+	case k < 76:
 		w.partition()
+	case k < 79:
+		w.isolateWriter()
 	case k < 84:
 		w.healNet()
 	case k < 88:
@@ -356,16 +381,29 @@ func (w *world) activate(v *vol, d time.Duration) string {
 	}
 	n := w.verify(v, mnt)
 	v.nextSeq += 1 << 20 // a new session's numbers are above every earlier one
+	sess := &session{node: v.node, dev: dev, mnt: mnt}
 	wr, err := startWriter(mnt, v.nextSeq, func(slot int, seq int64) {
 		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !sess.isolated.IsZero() {
+			// Behind the cut: its writes are not the volume's any more (the
+			// majority side moved on), so they are not what must read back;
+			// one acknowledged after the majority side wrote is two writers.
+			w.staleAcks = append(w.staleAcks, staleAck{v.name, sess.node, slot, seq, time.Now()})
+			w.stats.count("stale ack")
+			return
+		}
+		if v.isolatedOnce && v.newerAck.IsZero() {
+			v.newerAck = time.Now()
+		}
 		v.acked[slot] = seq
 		w.stats.acked++
-		w.mu.Unlock()
 	})
 	if err != nil {
 		w.fail("starting a writer: %v", err)
 	}
-	v.sess = &session{node: v.node, dev: dev, mnt: mnt, w: wr}
+	sess.w = wr
+	v.sess = sess
 	return fmt.Sprintf("attached, mounted, %d acknowledged writes read back", n)
 }
 
@@ -411,6 +449,12 @@ func (w *world) deactivate(v *vol) string {
 		return "no session"
 	}
 	v.sess = nil
+	return w.endSession(s, 4)
+}
+
+// endSession stops s's writer and unmounts its filesystem, trying a plain unmount
+// tries times before a lazy one.
+func (w *world) endSession(s *session, tries int) string {
 	what := "writer stopped"
 	if s.w.exited() {
 		what = "writer had stopped: " + s.w.lastError()
@@ -420,7 +464,7 @@ func (w *world) deactivate(v *vol) string {
 	// A plain unmount, retried: a lazy one would leave the filesystem alive on its
 	// loop device, out of anyone's reach, until its IO can complete.
 	var err error
-	for try := 0; try < 4; try++ {
+	for try := 0; try < tries; try++ {
 		if _, err = runFor(20*time.Second, "umount", s.mnt); err == nil {
 			break
 		}
@@ -438,6 +482,17 @@ func (w *world) stopAllSessions() {
 	for _, v := range w.vols {
 		w.deactivate(v)
 	}
+	w.endStale()
+}
+
+// endStale ends the sessions left behind isolations: once the cut heals, the node's
+// kubelet kills the old pod and unmounts its volume. A writer still blocked in the
+// kernel is abandoned and its filesystem unmounted lazily after one try.
+func (w *world) endStale() {
+	for _, s := range w.stale {
+		w.step("  stale session on %s: %s", s.node, w.endSession(s, 1))
+	}
+	w.stale = nil
 }
 
 func (w *world) detach() {
@@ -648,6 +703,67 @@ func (w *world) healNet() {
 	w.partitioned, w.slowLinks = nil, false
 	w.stats.count("fault heal")
 	w.step("heal the network")
+	w.endIsolations()
+}
+
+// endIsolations brings the isolated nodes back once the network heals: the node's
+// control-plane link returns with it (its agent runs again) and the stale sessions
+// end.
+func (w *world) endIsolations() {
+	for _, s := range w.stale {
+		if !w.crashed[s.node] && w.agentStopped[s.node] {
+			if err := w.c.RestartAgent(s.node); err != nil {
+				w.step("restart agent %s: %v", s.node, err)
+			}
+			delete(w.agentStopped, s.node)
+		}
+	}
+	w.endStale()
+}
+
+// isolateWriter cuts the node of a running workload off from every DRBD peer and
+// from the control plane at once, while the node, its mounted filesystem and its
+// writer run on (a whole node behind a network partition, not a crash). The volume is
+// then moved to a node on the majority side, where a new workload writes while the
+// partition lasts; the old one stays behind the cut. It must acknowledge nothing once
+// the majority side has written (checkStale): its IO is suspended or fails without
+// quorum, and when the network heals its DRBD must not rejoin as a writer
+// (docs/drbd-quorum.md, the stale Primary). Healing the network brings the node's
+// agent back and ends the old workload, as its kubelet would.
+func (w *world) isolateWriter() {
+	vs := w.volsWhere(func(v *vol) bool { return v.sess != nil && !w.agentStopped[v.sess.node] })
+	if len(vs) == 0 || len(w.stale) > 0 {
+		return // one isolation at a time
+	}
+	v := vs[w.pick(len(vs))]
+	to := slices.DeleteFunc(w.upNodes(), func(n string) bool { return n == v.sess.node || slices.Contains(w.partitioned, n) })
+	if len(to) == 0 {
+		return
+	}
+	w.isolateAndMove(v, to[w.pick(len(to))])
+}
+
+// isolateAndMove isolates the node of v's running session (isolateWriter) and moves
+// v to dest.
+func (w *world) isolateAndMove(v *vol, dest string) {
+	s := v.sess
+	w.c.Partition(s.node)
+	w.partitioned = append(w.partitioned, s.node)
+	if err := w.c.StopAgent(s.node); err != nil {
+		w.step("control-plane cut of %s: %v", s.node, err)
+	}
+	w.agentStopped[s.node] = true
+	w.mu.Lock()
+	s.isolated = time.Now()
+	v.isolatedOnce, v.newerAck = true, time.Time{}
+	w.mu.Unlock()
+	v.sess = nil
+	w.stale = append(w.stale, s)
+	w.stats.count("fault isolate-writer")
+	w.step("isolate %s (peers and control plane; the writer of %s runs on behind the cut)", s.node, v.name)
+	w.stats.count("op move")
+	w.step("move %s from isolated %s to %s: %s", v.name, s.node, dest, w.detachVol(v))
+	w.attachOn(v, dest)
 }
 
 // stopAgent cuts a node from the control plane while its DRBD keeps its peers: the

@@ -57,6 +57,9 @@ const (
 	ReqRetype
 	ReqConfig
 	ReqMaxAttach
+	// ReqMaintenance starts a node maintenance that copies the volume elsewhere
+	// first (Input.ExtraFTT = 1), or ends the one running (ExtraFTT = 0).
+	ReqMaintenance
 )
 
 // Action is one step. For ActRequest, Req/Type/FTT/GMDR say what is asked.
@@ -111,6 +114,11 @@ func (a Action) String(s *Scenario) string {
 		return fmt.Sprintf("request configuration FTT=%d GMDR=%d", a.FTT, a.GMDR)
 	case ReqMaxAttach:
 		return fmt.Sprintf("request maxAttachments=%d", a.Arg)
+	case ReqMaintenance:
+		if a.Arg > 0 {
+			return "node maintenance starts (ExtraFTT=1)"
+		}
+		return "node maintenance ends (ExtraFTT=0)"
 	}
 	return "?"
 }
@@ -179,7 +187,7 @@ func (c *Checker) process(w *World) (nw *World, changed bool, vs []Violation) {
 	c.Stats.Process++
 	nw = w.Clone()
 	nw.setRV(w.RV.DeepCopy())
-	in := &datamesh.Input{RV: nw.RV, Now: epoch, Pool: c.pool(w)}
+	in := &datamesh.Input{RV: nw.RV, Now: epoch, Pool: c.pool(w), ExtraFTT: int(w.ExtraFTT)}
 	for i := 0; i < w.DP.N; i++ {
 		if w.DP.Replicas[i].Exists {
 			in.RVRs = append(in.RVRs, w.RVR(s, i))
@@ -507,6 +515,9 @@ func (c *Checker) requests(w *World, buf []Action) []Action {
 	} else {
 		buf = append(buf, Action{Kind: ActRequest, Req: ReqMaxAttach, Slot: -1, Arg: 1})
 	}
+	// A node maintenance (docs/operating.md, "Node maintenance") starts, or the
+	// running one ends.
+	buf = append(buf, Action{Kind: ActRequest, Req: ReqMaintenance, Slot: -1, Arg: 1 - w.ExtraFTT})
 	return buf
 }
 
@@ -584,6 +595,8 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 			nw.setRV(w.RV.DeepCopy())
 			nw.RV.Generation++
 			nw.RV.Spec.MaxAttachments = int32(a.Arg)
+		case ReqMaintenance:
+			nw.ExtraFTT = a.Arg
 		}
 	}
 	return nw, true, nil

@@ -116,6 +116,7 @@ func (c *Checker) worldHash(w *World) uint64 {
 	}
 	h.i64(int64(w.RVA))
 	h.i64(int64(w.ForceLeave))
+	h.i64(int64(w.ExtraFTT))
 	for _, x := range w.Wanted {
 		h.str(x.Action)
 		h.str(string(x.Type))

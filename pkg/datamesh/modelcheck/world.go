@@ -58,6 +58,9 @@ type World struct {
 	RVA uint32
 	// ForceLeave: slots the node lifecycle declared permanently lost.
 	ForceLeave uint32
+	// ExtraFTT is Input.ExtraFTT: 1 while a node maintenance copies the volume
+	// elsewhere first (ReqMaintenance).
+	ExtraFTT int8
 	// Wanted is what the engine asked placement for at its last Process.
 	Wanted []WantedReplica
 	// Attachments is the engine's verdict on each RVA at its last Process
@@ -298,6 +301,9 @@ func (w *World) String(s *Scenario) string {
 	}
 	if st.Configuration != nil {
 		out += fmt.Sprintf(" cfg=%d/%d", st.Configuration.FailuresToTolerate, st.Configuration.GuaranteedMinimumDataRedundancy)
+	}
+	if w.ExtraFTT > 0 {
+		out += fmt.Sprintf(" maintenance(extraFTT=%d)", w.ExtraFTT)
 	}
 	out += "\n  members:"
 	for _, m := range st.Datamesh.Members {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -584,10 +585,14 @@ func (d *devices) watchdog() {
 				d.mu.Unlock()
 				continue
 			}
+			// Before the abort frees it: the goroutine that holds the
+			// cluster lock, and what it waits for, is among these.
+			stacks := make([]byte, 1<<20)
+			stacks = stacks[:runtime.Stack(stacks, true)]
 			err := d.abort()
 			d.aborted = fmt.Errorf("drbdsim: device watchdog: a FUSE request waited %s for the cluster lock; aborted the FUSE connection of %s (every device now fails IO): %v",
 				now.Sub(oldest).Round(time.Millisecond), d.mnt, err)
-			log.Print(d.aborted)
+			log.Printf("%v; every goroutine before the abort:\n%s", d.aborted, stacks)
 			d.mu.Unlock()
 		}
 	}

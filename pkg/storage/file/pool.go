@@ -480,6 +480,26 @@ func (p *Pool) List(ctx context.Context) ([]storage.Volume, error) {
 	return out, nil
 }
 
+// Names returns the replicas of the pool's volumes, by name, without their loop
+// devices: what a sweep for orphaned volumes needs, without List's check of each
+// volume's device (the agent's collector runs every minute over every volume).
+func (p *Pool) Names(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, p.err("list", "", storage.ErrTimeout, "", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	vols, err := p.files()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(vols))
+	for i, v := range vols {
+		out[i] = v.Replica
+	}
+	return out, nil
+}
+
 // files lists the marked files of the pool, by name, without their devices.
 // Callers hold p.mu.
 func (p *Pool) files() ([]storage.Volume, error) {

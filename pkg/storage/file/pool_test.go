@@ -367,6 +367,9 @@ func TestListAndCapacity(t *testing.T) {
 	if len(vols) != 2 || vols[0].Replica != "rvr-a" || vols[1].Replica != "rvr-b" || vols[0].DevicePath == "" || vols[0].SizeBytes != 3*mib {
 		t.Fatalf("List = %+v", vols)
 	}
+	if names, err := p.Names(ctx); err != nil || strings.Join(names, ",") != "rvr-a,rvr-b" {
+		t.Fatalf("Names = %v, %v; want List's replicas", names, err)
+	}
 	c, err := p.Capacity(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -49,6 +49,9 @@ type Result struct {
 	P50           float64 `json:"p50Seconds"`    // each volume's create → Ready
 	P95           float64 `json:"p95Seconds"`
 	Formation     Writes  `json:"formation"`
+	// FormationCPU is the CPU time each part used during formation, in seconds:
+	// the work formation cost, less dependent on the machine's load than its time.
+	FormationCPU CPU `json:"formationCPUSeconds"`
 
 	IdleSeconds float64 `json:"idleSeconds"`
 	Idle        Writes  `json:"idle"`
@@ -90,7 +93,7 @@ type Writes struct {
 	ByResource map[string]int `json:"byResource,omitempty"`
 }
 
-// CPU is the percentage of one core each part used.
+// CPU is the percentage of one core each part used (or, for FormationCPU, seconds).
 type CPU struct {
 	Controller float64 `json:"controller"`
 	Agents     float64 `json:"agents"` // the benchmark process: agents, drbdsim, the load's watch
@@ -175,8 +178,8 @@ func main() {
 }
 
 func summary(r Result) string {
-	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, %.1f writes/volume (controller %.1f, agents %.1f; counters agree over the run: %v), delete %.1f s %.1f writes/volume, idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
-		r.Label, r.Class, r.N, r.Ready, r.ReadySeconds, r.P95, r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume,
+	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, CPU s controller %.1f agents+sim %.1f apiserver %.1f, %.1f writes/volume (controller %.1f, agents %.1f; counters agree over the run: %v), delete %.1f s %.1f writes/volume, idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
+		r.Label, r.Class, r.N, r.Ready, r.ReadySeconds, r.P95, r.FormationCPU.Controller, r.FormationCPU.Agents, r.FormationCPU.APIServer, r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume,
 		r.Whole.Agree, r.DeleteSeconds, r.Delete.PerVolume, r.IdleCPU.Controller, r.IdleCPU.Agents, r.Memory.ControllerRSS>>20, r.Memory.AgentsRSS>>20)
 	if r.Error != "" {
 		s += "; " + r.Error

@@ -18,13 +18,14 @@ func render(dir string, rs []Result) error {
 	var b strings.Builder
 	b.WriteString("# Scale benchmark results\n\n")
 	b.WriteString("Written by `make bench-scale` (test/bench/scale); what each figure means is in [../scale.md](../scale.md).\n")
-	b.WriteString("Times in seconds; writes per volume from the apiserver's audit log, Lease renewals left out; CPU in % of one core over the idle period; memory resident (peak).\n\n")
-	b.WriteString("| label | commit | date | load start → end | class | N | Ready | all Ready | p50 | p95 | writes/vol (controller + agents) | counters agree | idle CPU controller / agents+sim / apiserver | idle writes besides Leases | RSS controller (peak) | RSS agents+sim (peak) | RSS apiserver | delete all | delete writes/vol | error |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("Times in seconds; writes per volume from the apiserver's audit log, Lease renewals left out; formation CPU in seconds of each process; idle CPU in % of one core over the idle period; memory resident (peak).\n\n")
+	b.WriteString("| label | commit | date | load start → end | class | N | Ready | all Ready | p50 | p95 | formation CPU s controller / agents+sim / apiserver | reconciles/vol | writes/vol (controller + agents) | counters agree | idle CPU controller / agents+sim / apiserver | idle writes besides Leases | RSS controller (peak) | RSS agents+sim (peak) | RSS apiserver | delete all | delete writes/vol | error |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		idleWrites := r.Idle.AuditController + r.Idle.AuditAgents - r.Idle.Leases
-		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %d | %d | %.1f | %.1f | %.1f | %.1f (%.1f + %.1f) | %s | %.1f / %.1f / %.1f | %d | %d (%d) MB | %d (%d) MB | %d MB | %.1f | %.1f | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %d | %d | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f | %.1f (%.1f + %.1f) | %s | %.1f / %.1f / %.1f | %d | %d (%d) MB | %d (%d) MB | %d MB | %.1f | %.1f | %s |\n",
 			r.Label, r.Commit, r.Date, r.LoadStart, r.LoadEnd, r.Class, r.N, r.Ready, r.ReadySeconds, r.P50, r.P95,
+			r.FormationCPU.Controller, r.FormationCPU.Agents, r.FormationCPU.APIServer, float64(r.Formation.VolumeReconciles)/float64(r.N),
 			r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume, agreement(r),
 			r.IdleCPU.Controller, r.IdleCPU.Agents, r.IdleCPU.APIServer, idleWrites,
 			r.Memory.ControllerRSS>>20, r.Memory.ControllerPeak>>20, r.Memory.AgentsRSS>>20, r.Memory.AgentsPeak>>20, r.Memory.APIServerRSS>>20,

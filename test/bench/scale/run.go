@@ -123,6 +123,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	if err != nil {
 		return res, err
 	}
+	formationCPU := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
 	first := before
 	names := make([]string, cfg.N)
 	for i := range names {
@@ -139,6 +140,10 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	res.CreateSeconds = time.Since(start).Seconds()
 	ready := w.waitAll(ctx, names, cfg.Timeout)
 	prof.stop()
+	if cpu := cpuOf(ctrl.pid(), os.Getpid(), apiserver); len(cpu) == 3 {
+		res.FormationCPU = CPU{Controller: (cpu[0] - formationCPU[0]).Seconds(), Agents: (cpu[1] - formationCPU[1]).Seconds(),
+			APIServer: (cpu[2] - formationCPU[2]).Seconds()}
+	}
 	after, err := m.read(ctx)
 	if err != nil {
 		return res, err

@@ -199,7 +199,9 @@ func (r *rig) stage(volume, node string) (unstage func()) {
 		r.t.Fatalf("no device path reported for %s on %s", volume, node)
 	}
 	dir := r.t.TempDir()
-	for _, cmd := range [][]string{{"mkfs.ext4", "-q", "-F", dev}, {"mount", dev, dir}, {"sh", "-c", "echo hello > " + dir + "/f && sync"}} {
+	// sync -f flushes this file system only: a bare sync waits on every file system
+	// of the machine, a hung one of another test's included.
+	for _, cmd := range [][]string{{"mkfs.ext4", "-q", "-F", dev}, {"mount", dev, dir}, {"sh", "-c", "echo hello > " + dir + "/f && sync -f " + dir + "/f"}} {
 		if out, err := exec.CommandContext(r.ctx, cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
 			r.t.Fatalf("%v: %v: %s", cmd, err, out)
 		}

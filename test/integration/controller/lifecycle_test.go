@@ -117,7 +117,7 @@ func TestRestartMidFormation(t *testing.T) {
 // With --taint-lost-nodes the lost node is tainted out-of-service, and untainted once it
 // is back and holds nothing stale.
 func TestNodeLost(t *testing.T) {
-	cl := newClusterWith(t, true, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
+	cl := newClusterWith(t, clusterOptions{taint: true}, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
 	class := cl.class("3d", 1, 1, v1.TopologyIgnored)
 	rv := cl.volume("vol", class, "5Gi")
 	cur := cl.formed(rv.Name, 3)
@@ -210,7 +210,7 @@ func TestNodeLost(t *testing.T) {
 // whose agent stopped renewing is: nothing of meshvol runs on the first, and the
 // out-of-service taint would evict every pod of a node that is up.
 func TestNodeWithoutAgentNeverTainted(t *testing.T) {
-	cl := newClusterWith(t, true, nodeSpec{name: "a", freeGi: 100}, nodeSpec{name: "b", freeGi: 100})
+	cl := newClusterWith(t, clusterOptions{taint: true}, nodeSpec{name: "a", freeGi: 100}, nodeSpec{name: "b", freeGi: 100})
 	bare := cl.node("bare")
 	must(t, cl.c.Create(cl.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: bare, Labels: map[string]string{"test": cl.prefix}}}))
 	t.Cleanup(func() {

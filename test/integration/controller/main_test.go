@@ -126,16 +126,29 @@ type nodeSpec struct {
 
 func newCluster(t *testing.T, nodes ...nodeSpec) *cluster {
 	t.Helper()
-	return newClusterWith(t, false, nodes...)
+	return newClusterWith(t, clusterOptions{}, nodes...)
 }
 
-// newClusterWith runs the controller with --taint-lost-nodes when taint is set.
-func newClusterWith(t *testing.T, taint bool, nodes ...nodeSpec) *cluster {
+// clusterOptions are what a test may change of its cluster.
+type clusterOptions struct {
+	// taint runs the controller with --taint-lost-nodes.
+	taint bool
+	// leaseSeconds is the agent Leases' duration (default 2 s, renewed every 500 ms).
+	// A test that counts writes over a window while every agent stays live takes a
+	// longer one, so that a renewal late under load does not change a node's
+	// liveness, and with it the status, inside the window.
+	leaseSeconds int32
+}
+
+func newClusterWith(t *testing.T, o clusterOptions, nodes ...nodeSpec) *cluster {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	name := testenv.Name(t)
 	cl := &cluster{t: t, ctx: ctx, c: env.Client, ns: name, prefix: "t" + strings.TrimLeft(name[len(name)-10:], "-"), pool: name, writes: &writes{},
-		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2, taint: taint}
+		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2, taint: o.taint}
+	if o.leaseSeconds > 0 {
+		cl.leaseSz = o.leaseSeconds
+	}
 	t.Cleanup(cancel)
 	must(t, cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cl.ns}}))
 	rsp := &v1.ReplicatedStoragePool{ObjectMeta: metav1.ObjectMeta{Name: cl.pool}, Spec: v1.ReplicatedStoragePoolSpec{

@@ -19,7 +19,8 @@ import (
 )
 
 // Every layout forms up to the point where agents must confirm: the right replica types
-// on the right nodes, and the phase says what it waits for.
+// on the right nodes, members with the addresses their nodes' Leases publish, and the
+// phase says what it waits for.
 func TestFormationLayouts(t *testing.T) {
 	cl := newCluster(t, nodeSpec{"a", "z1", 100}, nodeSpec{"b", "z2", 100}, nodeSpec{"c", "z3", 100},
 		nodeSpec{"d", "z1", 100}, nodeSpec{"e", "z2", 100}, nodeSpec{"f", "z3", 100}, nodeSpec{"g", "z1", 100})
@@ -62,7 +63,7 @@ func TestFormationLayouts(t *testing.T) {
 					return false, fmt.Sprintf("TransZonal volume in zones %v", zones)
 				}
 				cur := cl.rv(rv.Name)
-				return cur.Status.Phase == v1.VolumePhaseForming && strings.Contains(cond(cur.Status.Conditions, v1.ConditionReady), "addresses"),
+				return cur.Status.Phase == v1.VolumePhaseForming && strings.Contains(cond(cur.Status.Conditions, v1.ConditionReady), "replicas confirmed revision 1"),
 					phaseOf(cur)
 			})
 		})
@@ -196,7 +197,7 @@ func TestBadInput(t *testing.T) {
 // rewritten only when something placement or a person cares about changes: a capacity
 // drift below min(1 %, 1 GiB) is not written, a larger one and a lost agent are.
 func TestPoolStatus(t *testing.T) {
-	cl := newCluster(t, nodeSpec{"a", "z1", 100}, nodeSpec{"b", "z2", 100})
+	cl := newClusterWith(t, clusterOptions{leaseSeconds: 10}, nodeSpec{"a", "z1", 100}, nodeSpec{"b", "z2", 100})
 	rsp := func() *v1.ReplicatedStoragePool {
 		p := &v1.ReplicatedStoragePool{}
 		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: cl.pool}, p))

@@ -162,7 +162,7 @@ func (cl *cluster) reportAllBut(rv, dead, victim string, reach bool) {
 // however long it lasts; once no live peer reaches it, it is (so the check above is not
 // vacuous: the Lease alone would have condemned it).
 func TestNoForceWhileAPeerReaches(t *testing.T) {
-	cl := newClusterWith(t, true, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
+	cl := newClusterWith(t, clusterOptions{taint: true}, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
 	rv, victim := cl.attachedOn("c")
 	dead := cl.node("c")
 	cl.setRenew("c", false)
@@ -203,7 +203,7 @@ func TestNoForceWhileAPeerReaches(t *testing.T) {
 // when no peer reaches it (a reboot, a blip): no AgentReady=False, ForceLeave,
 // ForceDetach, force removal or taint until the grace period ends; after it, all follow.
 func TestGracePeriodIsNotLost(t *testing.T) {
-	cl := newClusterWith(t, true, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
+	cl := newClusterWith(t, clusterOptions{taint: true}, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 10})
 	cl.stop()
 	cl.grace = 6 * time.Second
 	cl.start()

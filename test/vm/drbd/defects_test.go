@@ -106,18 +106,11 @@ func settled(node string, s drbd.StatusResource) (bool, string) {
 // previous test left, with the production configuration.
 func healthy(t *testing.T) *harness {
 	t.Helper()
-	return healthyTuned(t, nil)
-}
-
-// healthyTuned is healthy with the options changed by tune (nil: the
-// production configuration).
-func healthyTuned(t *testing.T, tune func(*drbd.OptionSet)) *harness {
-	t.Helper()
 	needCluster(t)
 	if err := healAll(); err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{c: cl, tune: tune}
+	h := &harness{c: cl}
 	for _, n := range contract.Nodes {
 		r := cl.nodes[n]
 		if err := r.WriteConfig(bg, h.Resource(n)); err != nil {

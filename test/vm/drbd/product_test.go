@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,6 +67,11 @@ type product struct {
 	remotes map[string]*remote
 	addrs   map[string]string
 	proxy   net.Listener
+	// cutMu guards cut and proxied: the guests Partition cut off from the
+	// apiserver, and every proxied connection by guest address.
+	cutMu   sync.Mutex
+	cut     map[string]bool
+	proxied map[string][]net.Conn
 	ctrl    *exec.Cmd
 	ctrlLog *os.File
 	ctrlCSI csipb.ControllerClient
@@ -175,12 +181,22 @@ func (p *product) startProxy() error {
 	if p.proxy, err = net.Listen("tcp", apiserverProxy); err != nil {
 		return err
 	}
+	p.cut, p.proxied = map[string]bool{}, map[string][]net.Conn{}
 	go func() {
 		for {
 			c, err := p.proxy.Accept()
 			if err != nil {
 				return
 			}
+			from, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+			p.cutMu.Lock()
+			if p.cut[from] {
+				p.cutMu.Unlock()
+				c.Close()
+				continue
+			}
+			p.proxied[from] = append(p.proxied[from], c)
+			p.cutMu.Unlock()
 			go func() {
 				defer c.Close()
 				s, err := net.Dial("tcp", u.Host)
@@ -193,6 +209,37 @@ func (p *product) startProxy() error {
 		}
 	}()
 	return nil
+}
+
+// Partition cuts node off: the bridge drops every frame between its tap and
+// the other guests' (its DRBD connections), and the apiserver forward closes
+// its connections and refuses new ones (its agent's watches and Lease). The
+// host still reaches the guest's test agent and CSI node socket, as one
+// reaches a console.
+func (p *product) Partition(_ context.Context, node string) error {
+	for _, o := range p.names {
+		if o != node {
+			link(true, node, o)
+		}
+	}
+	ip := p.addrs[node]
+	p.cutMu.Lock()
+	p.cut[ip] = true
+	conns := p.proxied[ip]
+	delete(p.proxied, ip)
+	p.cutMu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	return nil
+}
+
+// Heal undoes Partition.
+func (p *product) Heal(context.Context) error {
+	p.cutMu.Lock()
+	clear(p.cut)
+	p.cutMu.Unlock()
+	return healAll()
 }
 
 // createNode is the Node a kubelet would register: Ready, the guest's address
@@ -390,6 +437,15 @@ func TestProduct(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
+	// Scenario 6 (VM_PARTITION=1): off by default while drbdsim fails it
+	// (scenario.Options.Partition).
+	partition := os.Getenv("MESHVOL_VM_PARTITION") != ""
+	// Scenario 10 (VM_RETYPE=1) joins the default list once it has passed
+	// twice in a row on the guests (test/vm/README.md).
+	var skip map[string]bool
+	if os.Getenv("MESHVOL_VM_RETYPE") == "" {
+		skip = map[string]bool{"10-retype": true}
+	}
 	var sim, real *scenario.Record
 	t.Run("drbdsim", func(t *testing.T) {
 		l, err := scenario.StartLocal(ctx, nil, logr.Discard())
@@ -401,10 +457,12 @@ func TestProduct(t *testing.T) {
 				t.Errorf("stopping the drbdsim cluster: %v", err)
 			}
 		}()
-		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute})
+		// Scenario 6 on the guests only: on drbdsim its old Primary may keep a
+		// writer blocked in the shared kernel past the scenario (FINDINGS 8).
+		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Skip: skip})
 	})
 	t.Run("real", func(t *testing.T) {
-		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute})
+		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute, Partition: partition, Skip: skip})
 	})
 	var w io.Writer = os.Stdout
 	if f, err := os.Create(filepath.Join(prod.out, "scenario-compare.txt")); err == nil {

@@ -14,18 +14,32 @@ import (
 	"github.com/meshvol/meshvol/pkg/drbd/contract"
 )
 
-// TestStalePrimaryDoesNotRejoin is drbdsim's TestStalePrimaryDoesNotRejoin
-// ("stale node1") on real DRBD: node1 Primary under on-no-quorum
-// suspend-io is isolated, its write suspends; node2 keeps quorum through
-// the diskless node3, is promoted and writes. After the heal node1 must
-// not rejoin: every connection of node1 ends StandAlone on both ends (its
-// connect to node2 would make a Primary the SyncTarget, the one to node3
-// would put two Primaries in one cluster), node1 goes Outdated (it
-// initiates the connect to node2, lower node-id, and learns of node2's
-// newer data while its IO is suspended), its suspended write fails with
-// EIO, it stays without quorum and node2 keeps it. Demoted and adjusted
-// everywhere, node1 resyncs and holds node2's write.
+// TestStalePrimaryDoesNotRejoin is drbdsim's TestStalePrimaryDoesNotRejoin on
+// real DRBD, in both node-id orders: the stale node Primary under on-no-quorum
+// suspend-io is isolated, its write suspends; the other diskful node keeps quorum
+// through the diskless node3, is promoted and writes. After the heal the stale node
+// must not rejoin: every connection of it ends StandAlone on both ends (its connect
+// to the other diskful node would make a Primary the SyncTarget, the one to node3
+// would put two Primaries in one cluster), it stays without quorum and the other
+// keeps it. node1, the lower node-id, initiates its connects: stale, it learns of
+// node2's newer data while its IO is suspended, goes Outdated and its suspended
+// write fails with EIO. node2 stale does not initiate the connect to node1: it
+// stays UpToDate and its write stays suspended until `secondary --force` fails it.
+// Demoted and adjusted everywhere, the stale node resyncs and holds the other's
+// write.
 func TestStalePrimaryDoesNotRejoin(t *testing.T) {
+	for _, tc := range []struct {
+		stale, other string
+		outdated     bool
+	}{
+		{"node1", "node2", true},
+		{"node2", "node1", false},
+	} {
+		t.Run("stale "+tc.stale, func(t *testing.T) { stalePrimary(t, tc.stale, tc.other, tc.outdated) })
+	}
+}
+
+func stalePrimary(t *testing.T, staleNode, otherNode string, outdated bool) {
 	h := healthy(t)
 	h.tune = func(o *drbd.OptionSet) { o.Resource.OnNoQuorum = drbd.Ptr(drbd.OnNoQuorumSuspendIO) }
 	defer func() {
@@ -42,19 +56,19 @@ func TestStalePrimaryDoesNotRejoin(t *testing.T) {
 			t.Fatalf("%s: adjust: %v", n, err)
 		}
 	}
-	n1, n2 := cl.nodes["node1"], cl.nodes["node2"]
+	n1, n2 := cl.nodes[staleNode], cl.nodes[otherNode]
 	if err := n1.Primary(bg, r0, drbd.NoForce); err != nil {
-		t.Fatalf("node1: primary: %v", err)
+		t.Fatalf("%s: primary: %v", staleNode, err)
 	}
 	if err := n1.Write(bg, r0, 0, bytes.Repeat([]byte{0x11}, 4096)); err != nil {
-		t.Fatalf("node1: write before the partition: %v", err)
+		t.Fatalf("%s: write before the partition: %v", staleNode, err)
 	}
 
-	link(true, "node1", "node2")
-	link(true, "node1", "node3")
-	waitFor(t, 2*time.Minute, "node1 without quorum, node2 without node1", func() (bool, string) {
-		s1, s2 := st(t, "node1"), st(t, "node2")
-		c := conn(s2, "node1")
+	link(true, staleNode, otherNode)
+	link(true, staleNode, "node3")
+	waitFor(t, 2*time.Minute, staleNode+" without quorum, "+otherNode+" without it", func() (bool, string) {
+		s1, s2 := st(t, staleNode), st(t, otherNode)
+		c := conn(s2, staleNode)
 		return !s1.Devices[0].Quorum && c != nil && c.ConnectionState != "Connected", line(s1) + " / " + line(s2)
 	})
 	ctx, cancel := context.WithCancel(bg)
@@ -64,25 +78,25 @@ func TestStalePrimaryDoesNotRejoin(t *testing.T) {
 	go func() { pending <- n1.Write(ctx, r0, 4096, stale) }()
 	select {
 	case err := <-pending:
-		t.Fatalf("node1's write without quorum returned %v, want it suspended (on-no-quorum suspend-io)", err)
+		t.Fatalf("%s's write without quorum returned %v, want it suspended (on-no-quorum suspend-io)", staleNode, err)
 	case <-time.After(3 * time.Second):
 	}
 
-	if s := st(t, "node2"); !s.Devices[0].Quorum {
-		t.Fatalf("node2 lost quorum with node3 still connected: %s", line(s))
+	if s := st(t, otherNode); !s.Devices[0].Quorum {
+		t.Fatalf("%s lost quorum with node3 still connected: %s", otherNode, line(s))
 	}
 	if err := n2.Primary(bg, r0, drbd.NoForce); err != nil {
-		t.Fatalf("node2: primary while node1 is cut off: %v", err)
+		t.Fatalf("%s: primary while %s is cut off: %v", otherNode, staleNode, err)
 	}
 	newer := bytes.Repeat([]byte{0x55}, 4096)
 	if err := n2.Write(bg, r0, 8192, newer); err != nil {
-		t.Fatalf("node2: write: %v", err)
+		t.Fatalf("%s: write: %v", otherNode, err)
 	}
 
 	if err := healAll(); err != nil {
 		t.Fatal(err)
 	}
-	ends := [][2]string{{"node1", "node2"}, {"node2", "node1"}, {"node1", "node3"}, {"node3", "node1"}}
+	ends := [][2]string{{staleNode, otherNode}, {otherNode, staleNode}, {staleNode, "node3"}, {"node3", staleNode}}
 	standalone := func() (bool, string) {
 		ok, why := true, ""
 		for _, e := range ends {
@@ -94,34 +108,60 @@ func TestStalePrimaryDoesNotRejoin(t *testing.T) {
 			why += e[0] + "->" + e[1] + ":" + state + " "
 			ok = ok && state == "StandAlone"
 		}
-		return ok, why + "| node1 " + line(st(t, "node1"))
+		return ok, why + "| " + staleNode + " " + line(st(t, staleNode))
 	}
-	waitFor(t, 2*time.Minute, "every connection of node1 StandAlone on both ends", standalone)
-	select {
-	case err := <-pending:
-		if !errors.Is(err, syscall.EIO) {
-			t.Fatalf("node1's suspended write returned %v, want EIO", err)
+	waitFor(t, 2*time.Minute, "every connection of "+staleNode+" StandAlone on both ends", standalone)
+	if outdated {
+		select {
+		case err := <-pending:
+			if !errors.Is(err, syscall.EIO) {
+				t.Fatalf("%s's suspended write returned %v, want EIO", staleNode, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s's suspended write still pending a minute after the heal: %s", staleNode, line(st(t, staleNode)))
 		}
-	case <-time.After(time.Minute):
-		t.Fatalf("node1's suspended write still pending a minute after the heal: %s", line(st(t, "node1")))
 	}
 	// connect-int is 10 s: a retry would have happened by then.
 	time.Sleep(25 * time.Second)
 	if ok, why := standalone(); !ok {
 		t.Fatalf("25 s later, no longer all StandAlone: %s", why)
 	}
-	s1, s2 := st(t, "node1"), st(t, "node2")
-	t.Logf("after the heal: node1 %s; node2 %s", line(s1), line(s2))
-	if s1.Role != "Primary" || s1.Devices[0].DiskState != "Outdated" || s1.Devices[0].Quorum {
-		t.Errorf("node1 after the heal: %s, want Primary, Outdated, quorum:false", line(s1))
+	s1, s2 := st(t, staleNode), st(t, otherNode)
+	t.Logf("after the heal: %s %s; %s %s", staleNode, line(s1), otherNode, line(s2))
+	wantDisk := "UpToDate"
+	if outdated {
+		wantDisk = "Outdated"
+	}
+	if s1.Role != "Primary" || s1.Devices[0].DiskState != wantDisk || s1.Devices[0].Quorum {
+		t.Errorf("%s after the heal: %s, want Primary, %s, quorum:false", staleNode, line(s1), wantDisk)
 	}
 	if !s2.Devices[0].Quorum || s2.Role != "Primary" {
-		t.Errorf("node2 after the heal: %s, want Primary with quorum", line(s2))
+		t.Errorf("%s after the heal: %s, want Primary with quorum", otherNode, line(s2))
 	}
 
-	// Recovery: node1 demoted, every node adjusted; node1 resyncs.
-	if err := n1.Secondary(bg, r0); err != nil {
-		t.Fatalf("node1: secondary: %v", err)
+	// Recovery: the stale node demoted (with --force while a write is suspended:
+	// it fails that write), every node adjusted; the stale node resyncs.
+	if outdated {
+		if err := n1.Secondary(bg, r0); err != nil {
+			t.Fatalf("%s: secondary: %v", staleNode, err)
+		}
+	} else {
+		select {
+		case err := <-pending:
+			t.Fatalf("%s's suspended write returned %v after the heal, want it still suspended", staleNode, err)
+		default:
+		}
+		if res, err := n1.Exec(bg, "drbdsetup", "secondary", "--force", r0); err != nil || res.ExitCode != 0 {
+			t.Fatalf("%s: drbdsetup secondary --force: %v exit %d: %s", staleNode, err, res.ExitCode, res.Stderr)
+		}
+		select {
+		case err := <-pending:
+			if err == nil {
+				t.Fatalf("%s's suspended write succeeded after its forced demotion", staleNode)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s's suspended write still pending a minute after its forced demotion", staleNode)
+		}
 	}
 	for _, n := range contract.Nodes {
 		if err := cl.nodes[n].Adjust(bg, r0); err != nil {
@@ -132,19 +172,19 @@ func TestStalePrimaryDoesNotRejoin(t *testing.T) {
 		waitFor(t, 3*time.Minute, n+" reconnected and in sync", func() (bool, string) { return settled(n, st(t, n)) })
 	}
 	if err := n2.Secondary(bg, r0); err != nil {
-		t.Fatalf("node2: secondary: %v", err)
+		t.Fatalf("%s: secondary: %v", otherNode, err)
 	}
 	if err := n1.Primary(bg, r0, drbd.NoForce); err != nil {
-		t.Fatalf("node1: primary after the resync: %v", err)
+		t.Fatalf("%s: primary after the resync: %v", staleNode, err)
 	}
 	got, err := n1.Read(bg, r0, 4096, 8192)
 	if err != nil {
-		t.Fatalf("node1: read: %v", err)
+		t.Fatalf("%s: read: %v", staleNode, err)
 	}
 	if bytes.Equal(got[:4096], stale) {
-		t.Error("node1 holds its stale write that failed")
+		t.Errorf("%s holds its stale write that failed", staleNode)
 	}
 	if !bytes.Equal(got[4096:], newer) {
-		t.Error("node1 does not hold node2's write after its resync")
+		t.Errorf("%s does not hold %s's write after its resync", staleNode, otherNode)
 	}
 }
