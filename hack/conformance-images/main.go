@@ -32,7 +32,7 @@ import (
 	"github.com/meshvol/meshvol/internal/ociimage"
 )
 
-// The names e2e.test v1.33 gives these images (test/utils/image/manifest.go).
+// The names e2e.test v1.33 gives these images (k8s.io/kubernetes/test/utils/image/manifest.go).
 const (
 	registry      = "registry.k8s.io/e2e-test-images/"
 	busyboxRef    = registry + "busybox:1.36.1-1"

@@ -165,14 +165,9 @@ func (a *Agent) freeBacking(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 	if freed {
 		return nil
 	}
-	p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
-	if err != nil {
+	if err := a.deleteBacking(ctx, rvr); err != nil {
 		return err
 	}
-	if err := p.Delete(ctx, backingKey(rvr)); err != nil {
-		return err
-	}
-	a.markCapacity()
 	a.mu.Lock()
 	delete(a.volumes, rvr.UID)
 	a.freed[rvr.UID] = true
@@ -784,14 +779,9 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 		return err
 	}
 	if rvr.Spec.Storage != nil {
-		p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
-		if err != nil {
+		if err := a.deleteBacking(ctx, rvr); err != nil {
 			return err
 		}
-		if err := p.Delete(ctx, backingKey(rvr)); err != nil {
-			return err
-		}
-		a.markCapacity()
 	}
 	a.mu.Lock()
 	delete(a.volumes, rvr.UID)
@@ -809,6 +799,20 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 		return client.IgnoreNotFound(err)
 	}
 	a.log.Info("replica torn down; finalizer released", "replica", rvr.Name)
+	return nil
+}
+
+// deleteBacking deletes the replica's own backing volume (backingKey) from its pool
+// and has the node's capacity reported again.
+func (a *Agent) deleteBacking(ctx context.Context, rvr *v1.ReplicatedVolumeReplica) error {
+	p, err := a.provider(ctx, rvr.Spec.Storage.Pool)
+	if err != nil {
+		return err
+	}
+	if err := p.Delete(ctx, backingKey(rvr)); err != nil {
+		return err
+	}
+	a.markCapacity()
 	return nil
 }
 

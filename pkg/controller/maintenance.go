@@ -65,36 +65,7 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	m, node := f.m, f.m.Spec.NodeName
 	st := v1.ReplicatedNodeMaintenanceStatus{ObservedGeneration: m.Generation, AwaySince: m.Status.AwaySince,
 		CopiedVolumes: m.Status.CopiedVolumes}
-	if m.Status.Phase == v1.MaintenanceFailed {
-		st.CopiedVolumes = nil
-		st.Phase, st.Message = v1.MaintenanceFailed, m.Status.Message
-		return st
-	}
-	if away := m.Status.AwaySince; away != nil && m.Spec.MaxDowntime != nil && maintenanceActive(m.Status.Phase) &&
-		f.now.Sub(away.Time) > m.Spec.MaxDowntime.Duration {
-		st.Phase, st.CopiedVolumes = v1.MaintenanceFailed, nil
-		st.Message = fmt.Sprintf("Node %s has been away since %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
-			node, away.UTC().Format(time.RFC3339), m.Spec.MaxDowntime.Duration)
-		if waits := returnWaits(f); len(waits) > 0 {
-			st.Message += "; still missing: " + strings.Join(waits, "; ")
-		}
-		return st
-	}
-	if m.Spec.Return {
-		if !maintenanceActive(m.Status.Phase) {
-			st.Phase, st.Message = v1.MaintenanceCompleted, "Completed: node "+node+" was never taken out of service"
-			st.CopiedVolumes = nil
-			return st
-		}
-		if waits := returnWaits(f); len(waits) > 0 {
-			st.Phase, st.Message = v1.MaintenanceReturning, "Waiting for node "+node+" to be back in sync: "+strings.Join(waits, "; ")
-			return st
-		}
-		st.Phase, st.Message = v1.MaintenanceCompleted, "Node "+node+" is back: its agent is live and every replica on it is in sync"
-		if len(m.Status.CopiedVolumes) > 0 {
-			st.Message += "; the volumes copied for the maintenance go back to their configured layout: " + strings.Join(m.Status.CopiedVolumes, ", ")
-		}
-		st.CopiedVolumes = nil
+	if judgeEnd(f, &st) {
 		return st
 	}
 	if m.Status.Phase == v1.MaintenanceReadyForMaintenance {
@@ -162,6 +133,46 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	st.Message = fmt.Sprintf("Node %s may be taken down: nothing is attached on it, and the %d volume(s) with a replica there keep quorum and their guaranteed redundancy without it",
 		node, len(f.volumes))
 	return st
+}
+
+// judgeEnd judges a maintenance that has failed, has run past spec.maxDowntime, or is
+// asked to end (spec.return): it fills st and says so, or returns false for the
+// judgement of a node going out.
+func judgeEnd(f maintenanceFacts, st *v1.ReplicatedNodeMaintenanceStatus) bool {
+	m, node := f.m, f.m.Spec.NodeName
+	if m.Status.Phase == v1.MaintenanceFailed {
+		st.CopiedVolumes = nil
+		st.Phase, st.Message = v1.MaintenanceFailed, m.Status.Message
+		return true
+	}
+	if away := m.Status.AwaySince; away != nil && m.Spec.MaxDowntime != nil && maintenanceActive(m.Status.Phase) &&
+		f.now.Sub(away.Time) > m.Spec.MaxDowntime.Duration {
+		st.Phase, st.CopiedVolumes = v1.MaintenanceFailed, nil
+		st.Message = fmt.Sprintf("Node %s has been away since %s, longer than spec.maxDowntime %s: it is lost now, and its volumes' members there may be replaced",
+			node, away.UTC().Format(time.RFC3339), m.Spec.MaxDowntime.Duration)
+		if waits := returnWaits(f); len(waits) > 0 {
+			st.Message += "; still missing: " + strings.Join(waits, "; ")
+		}
+		return true
+	}
+	if m.Spec.Return {
+		if !maintenanceActive(m.Status.Phase) {
+			st.Phase, st.Message = v1.MaintenanceCompleted, "Completed: node "+node+" was never taken out of service"
+			st.CopiedVolumes = nil
+			return true
+		}
+		if waits := returnWaits(f); len(waits) > 0 {
+			st.Phase, st.Message = v1.MaintenanceReturning, "Waiting for node "+node+" to be back in sync: "+strings.Join(waits, "; ")
+			return true
+		}
+		st.Phase, st.Message = v1.MaintenanceCompleted, "Node "+node+" is back: its agent is live and every replica on it is in sync"
+		if len(m.Status.CopiedVolumes) > 0 {
+			st.Message += "; the volumes copied for the maintenance go back to their configured layout: " + strings.Join(m.Status.CopiedVolumes, ", ")
+		}
+		st.CopiedVolumes = nil
+		return true
+	}
+	return false
 }
 
 // copyImpossible says why no copy elsewhere can make the volume survive without node

@@ -32,6 +32,10 @@ const (
 
 	fsExt4 = "ext4"
 	fsXFS  = "xfs"
+	// minXFSSize: mkfs.xfs (xfsprogs 5.19 on) refuses a file system under 300 MiB
+	// ("Filesystem must be larger than 300MB"), so NodeStage could never format a
+	// smaller xfs volume.
+	minXFSSize int64 = 300 << 20
 )
 
 // Parameters the external-provisioner adds with --extra-create-metadata; they describe
@@ -114,6 +118,8 @@ type capsSummary struct {
 	// multiNode: a MULTI_NODE_MULTI_WRITER block capability, the live-migration case;
 	// the volume then allows two attachments.
 	multiNode bool
+	// xfs: a mount capability asks for xfs, which needs minXFSSize.
+	xfs bool
 }
 
 // checkCapabilities validates volume_capabilities: each names an access type (block
@@ -133,6 +139,7 @@ func checkCapabilities(field string, caps []*csipb.VolumeCapability) (capsSummar
 			s.block = true
 		} else {
 			s.mount = true
+			s.xfs = s.xfs || c.GetMount().GetFsType() == fsXFS
 		}
 		if c.GetAccessMode().GetMode() == csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER {
 			s.multiNode = true
@@ -321,6 +328,14 @@ func validateCreate(req *csipb.CreateVolumeRequest) (createRequest, error) {
 	}
 	if r.size, err = requiredSize(req.GetCapacityRange()); err != nil {
 		return r, err
+	}
+	if r.caps.xfs && r.size < minXFSSize {
+		// A volume may be larger than required_bytes (CSI: capacity_range is a
+		// minimum and a limit), so a small xfs volume is made big enough to format.
+		if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && lim < minXFSSize {
+			return r, status.Errorf(codes.OutOfRange, "capacity_range.limit_bytes: an xfs file system needs at least %d bytes (300 MiB, mkfs.xfs refuses less), above limit_bytes %d", minXFSSize, lim)
+		}
+		r.size = minXFSSize
 	}
 	if r.rsc, err = checkParameters(req.GetParameters()); err != nil {
 		return r, err

@@ -161,6 +161,39 @@ func TestRequiredSize(t *testing.T) {
 	}
 }
 
+// An xfs volume is made at least 300 MiB, what mkfs.xfs accepts: CSI's capacity_range
+// allows a larger volume than required_bytes, not one above limit_bytes.
+func TestXFSMinimumSize(t *testing.T) {
+	xfs := func(cr *csipb.CapacityRange) *csipb.CreateVolumeRequest {
+		return createReq("v", func(r *csipb.CreateVolumeRequest) {
+			r.VolumeCapabilities[0] = mountCap("xfs", snw)
+			r.CapacityRange = cr
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		req  *csipb.CreateVolumeRequest
+		want int64
+	}{
+		{"xfs 64Mi", xfs(&csipb.CapacityRange{RequiredBytes: 64 << 20}), minXFSSize},
+		{"xfs 1Gi", xfs(&csipb.CapacityRange{RequiredBytes: 1 << 30}), 1 << 30},
+		{"xfs 64Mi within a limit", xfs(&csipb.CapacityRange{RequiredBytes: 64 << 20, LimitBytes: 1 << 30}), minXFSSize},
+		{"ext4 64Mi", createReq("v", func(r *csipb.CreateVolumeRequest) {
+			r.VolumeCapabilities[0] = mountCap("ext4", snw)
+			r.CapacityRange = &csipb.CapacityRange{RequiredBytes: 64 << 20}
+		}), 64 << 20},
+	} {
+		got, err := validateCreate(tc.req)
+		if err != nil || got.size != tc.want {
+			t.Errorf("%s: size %d, %v; want %d", tc.name, got.size, err, tc.want)
+		}
+	}
+	_, err := validateCreate(xfs(&csipb.CapacityRange{RequiredBytes: 64 << 20, LimitBytes: 128 << 20}))
+	if status.Code(err) != codes.OutOfRange || !strings.Contains(err.Error(), "limit_bytes") || !strings.Contains(err.Error(), "xfs") {
+		t.Errorf("xfs under a 128Mi limit: %v, want OutOfRange naming limit_bytes and xfs", err)
+	}
+}
+
 func TestRVNameFor(t *testing.T) {
 	if n, h := rvNameFor("pvc-0d3f"); n != "pvc-0d3f" || h {
 		t.Errorf("a DNS label is used as it is, got %q hashed=%v", n, h)

@@ -854,13 +854,18 @@ func TestHelmUpgradeWhileWriting(t *testing.T) {
 	if live := len(sb.Kube.Nodes); up.MinNodeReady < live-1 {
 		t.Errorf("only %d of %d node pods were Ready at one moment: the DaemonSet rolled more than one node at a time", up.MinNodeReady, live)
 	}
-	// Every pod of the release runs the new build.
+	// Every pod of the release runs the new build. A pod of the old template may still
+	// be terminating (a Deployment's status no longer counts it): it is on its way out,
+	// and its containers may have exited already (phase Failed), so it is not asked.
 	for _, c := range []string{"controller", "node"} {
 		pods, err := sb.ReleasePods(ctx, c)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range pods {
+			if p.DeletionTimestamp != nil {
+				continue
+			}
 			out, err := sb.Kube.Kubectl(ctx, "-n", sandbox.ReleaseNamespace, "exec", p.Name, "-c", "meshvol", "--", "meshvol", "version")
 			if err != nil || !strings.Contains(out, version) {
 				t.Errorf("pod %s after the upgrade: `meshvol version` printed %q (%v), want %s", p.Name, out, err, version)
