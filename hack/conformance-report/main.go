@@ -4,7 +4,11 @@
 // the skip reasons grouped, the suite's own words (which capability or
 // volume type ruled a spec out).
 //
-//	conformance-report [-took SECONDS] NAME=REPORT.json ...
+//	conformance-report [-took SECONDS] [-not-run 'REGEXP|WHY' ...] NAME=REPORT.json ...
+//
+// -not-run names specs the run left out by name because this machine cannot
+// run them (hack/conformance.sh's NOT_HERE): the summary lists each with its
+// reason and how many specs of each pass it left out.
 //
 // It exits 1 when a spec failed.
 package main
@@ -51,12 +55,25 @@ func (s spec) name() string {
 type pass struct {
 	name                                 string
 	passed, failed, skipped, interrupted []spec
-	unselected                           int
+	unselected                           []spec
 	took                                 time.Duration
 }
 
 func main() {
 	took := flag.Int("took", 0, "the whole run's seconds, sandbox included")
+	var notRun []notHere
+	flag.Func("not-run", "REGEXP|WHY: specs left out by name, and why (repeatable)", func(v string) error {
+		re, why, ok := strings.Cut(v, "|")
+		if !ok || why == "" {
+			return fmt.Errorf("%q is not REGEXP|WHY", v)
+		}
+		r, err := regexp.Compile(re)
+		if err != nil {
+			return err
+		}
+		notRun = append(notRun, notHere{re: r, why: why})
+		return nil
+	})
 	flag.Parse()
 	var passes []pass
 	for _, a := range flag.Args() {
@@ -72,7 +89,7 @@ func main() {
 		}
 		passes = append(passes, p)
 	}
-	if write(os.Stdout, passes, time.Duration(*took)*time.Second) {
+	if write(os.Stdout, passes, notRun, time.Duration(*took)*time.Second) {
 		os.Exit(1)
 	}
 }
@@ -103,7 +120,7 @@ func read(name, path string) (pass, error) {
 				p.passed = append(p.passed, s)
 			case s.State == "skipped" && s.Failure.Message == "":
 				// Left out by the pass's focus or labels: not run.
-				p.unselected++
+				p.unselected = append(p.unselected, s)
 			case s.State == "skipped" || s.State == "pending":
 				p.skipped = append(p.skipped, s)
 			case s.State == "interrupted":
@@ -120,8 +137,14 @@ func read(name, path string) (pass, error) {
 // numbers in a skip message (sizes, counts) vary between specs of one rule.
 var numbers = regexp.MustCompile(`[0-9]+`)
 
+// notHere is a selection of specs left out by name, and why.
+type notHere struct {
+	re  *regexp.Regexp
+	why string
+}
+
 // write prints the summary and reports whether a spec failed.
-func write(w io.Writer, passes []pass, took time.Duration) bool {
+func write(w io.Writer, passes []pass, notRun []notHere, took time.Duration) bool {
 	failed := false
 	fmt.Fprintf(w, "# External Storage suite on the sandbox\n\n")
 	fmt.Fprintf(w, "| pass | passed | failed | skipped | interrupted | specs' run time |\n|---|---|---|---|---|---|\n")
@@ -152,6 +175,22 @@ func write(w io.Writer, passes []pass, took time.Duration) bool {
 		fmt.Fprintf(w, "\n## Interrupted in pass %s (the run was cut short)\n\n", p.name)
 		for _, s := range p.interrupted {
 			fmt.Fprintf(w, "- %s\n", s.name())
+		}
+	}
+	if len(notRun) > 0 {
+		fmt.Fprintf(w, "\n## Not run here, by name\n\n| specs per pass | selection | why |\n|---|---|---|\n")
+		for _, n := range notRun {
+			var per []string
+			for _, p := range passes {
+				c := 0
+				for _, s := range p.unselected {
+					if n.re.MatchString(s.name()) {
+						c++
+					}
+				}
+				per = append(per, fmt.Sprintf("%s %d", p.name, c))
+			}
+			fmt.Fprintf(w, "| %s | `%s` | %s |\n", strings.Join(per, ", "), n.re, strings.ReplaceAll(n.why, "|", `\|`))
 		}
 	}
 	for _, p := range passes {

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -29,17 +30,19 @@ func TestReportCountsAndGroupsSkips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.passed) != 1 || len(got.failed) != 1 || len(got.skipped) != 2 || got.unselected != 1 {
-		t.Fatalf("passed %d failed %d skipped %d unselected %d, want 1 1 2 1", len(got.passed), len(got.failed), len(got.skipped), got.unselected)
+	if len(got.passed) != 1 || len(got.failed) != 1 || len(got.skipped) != 2 || len(got.unselected) != 1 {
+		t.Fatalf("passed %d failed %d skipped %d unselected %d, want 1 1 2 1", len(got.passed), len(got.failed), len(got.skipped), len(got.unselected))
 	}
 	var out strings.Builder
-	if failed := write(&out, []pass{got}, 0); !failed {
+	notRun := []notHere{{re: regexp.MustCompile("^c$"), why: "needs what this machine lacks"}}
+	if failed := write(&out, []pass{got}, notRun, 0); !failed {
 		t.Error("write reported no failure")
 	}
 	for _, want := range []string{
 		"| parallel | 1 | 1 | 2 | 0 | 5s |",
 		"- External Storage [Driver: csi.meshvol.io] [Testpattern: Dynamic PV (block volmode)] multiVolume should access to two volumes (failed)\n  - multivolume.go:42: timed out waiting …",
 		"| 2 | Driver csi.meshvol.io doesn't support NGi -- skipping |",
+		"| parallel 1 | `^c$` | needs what this machine lacks |",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the summary lacks %q:\n%s", want, out.String())

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -578,4 +579,46 @@ func TestFilesystemSurvivesPrimaryCrash(t *testing.T) {
 	if lost := r.c.Sim.LostAckedWrites(r.rv); len(lost) > 0 {
 		t.Fatalf("acknowledged writes lost: %v", lost)
 	}
+}
+
+// A Lease write that fails must not cost the node its pools: the controller counts a
+// node ready in a pool only while its Lease carries the pool's capacity annotation
+// (docs/contract.md "Node facts and liveness"), and an agent that remembered the
+// capacity as written although the write failed (an apiserver restart, a write timed
+// out on a loaded machine) never wrote it again, so an Access replica on that node
+// waited for good ("Node … is not ready in storage pool"). Here the write fails because
+// the Lease is gone (deleted under the agent): the Lease the agent creates again must
+// carry the capacity.
+func TestLeaseCarriesCapacityAfterAFailedWrite(t *testing.T) {
+	r := newRigWith(t, 1, localcluster.Options{Agent: func(c *agent.Config) { c.RenewInterval = 200 * time.Millisecond }})
+	key := client.ObjectKey{Namespace: r.c.Namespace, Name: agent.LeaseName(r.node(0).Name)}
+	capacity := func(l *coordinationv1.Lease) string {
+		return l.Annotations[v1.AnnotationPoolCapacityPrefix+r.pool()]
+	}
+	r.eventually("the pool's capacity on the Lease", time.Minute, func() string {
+		l := &coordinationv1.Lease{}
+		if err := r.cl.Get(r.ctx, key, l); err != nil {
+			return err.Error()
+		}
+		if capacity(l) == "" {
+			return fmt.Sprintf("no capacity annotation: %v", l.Annotations)
+		}
+		return ""
+	})
+	old := &coordinationv1.Lease{}
+	r.must(r.cl.Get(r.ctx, key, old))
+	r.must(r.cl.Delete(r.ctx, old))
+	r.eventually("the Lease created again, with the pool's capacity", time.Minute, func() string {
+		l := &coordinationv1.Lease{}
+		if err := r.cl.Get(r.ctx, key, l); err != nil {
+			return err.Error()
+		}
+		if l.UID == old.UID {
+			return "not deleted yet"
+		}
+		if capacity(l) == "" {
+			return fmt.Sprintf("created again without the capacity of pool %s: %v", r.pool(), l.Annotations)
+		}
+		return ""
+	})
 }

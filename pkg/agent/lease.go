@@ -19,12 +19,11 @@ import (
 // "Node facts and liveness"). It is the one periodic write the agent makes.
 func (a *Agent) runLease(ctx context.Context) error {
 	var lease *coordinationv1.Lease
-	caps := map[string]capacity{}
 	t := time.NewTicker(a.cfg.RenewInterval)
 	defer t.Stop()
 	for {
 		var err error
-		if lease, err = a.renewLease(ctx, lease, caps); err != nil && ctx.Err() == nil {
+		if lease, err = a.renewLease(ctx, lease); err != nil && ctx.Err() == nil {
 			a.log.Error(err, "renewing the node Lease")
 			lease = nil // read it again next time
 		}
@@ -41,7 +40,13 @@ type capacity struct{ total, free int64 }
 // LeaseName is the name of a node's agent Lease.
 func LeaseName(node string) string { return v1.AgentLeasePrefix + node }
 
-func (a *Agent) renewLease(ctx context.Context, lease *coordinationv1.Lease, caps map[string]capacity) (*coordinationv1.Lease, error) {
+// renewLease writes the Lease once. A write that fails leaves nothing behind in the
+// agent's memory: the next renewal reads the Lease again and compares the facts with
+// what it holds, so a capacity annotation that never reached the apiserver is written
+// then (an apiserver restart or a slow write under load must not leave a node out of
+// its pools for good: the controller counts a node ready in a pool only with its
+// capacity annotation, docs/contract.md "Node facts and liveness").
+func (a *Agent) renewLease(ctx context.Context, lease *coordinationv1.Lease) (*coordinationv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.RenewInterval*2)
 	defer cancel()
 	if lease == nil {
@@ -50,8 +55,9 @@ func (a *Agent) renewLease(ctx context.Context, lease *coordinationv1.Lease, cap
 		switch {
 		case apierrors.IsNotFound(err):
 			lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: a.cfg.Namespace, Name: LeaseName(a.cfg.NodeName)}}
-			a.fillLease(ctx, lease, caps)
+			dirty := a.fillLease(ctx, lease)
 			if err := a.client.Create(ctx, lease); err != nil {
+				a.keepCapacityDirty(dirty)
 				return nil, err
 			}
 			return lease, nil
@@ -60,17 +66,29 @@ func (a *Agent) renewLease(ctx context.Context, lease *coordinationv1.Lease, cap
 		}
 	}
 	next := lease.DeepCopy()
-	a.fillLease(ctx, next, caps)
+	dirty := a.fillLease(ctx, next)
 	if err := a.client.Update(ctx, next); err != nil {
+		a.keepCapacityDirty(dirty)
 		return nil, err
 	}
 	return next, nil
 }
 
-// fillLease sets holder, times and the facts. Capacity annotations change only
-// when free space moved by at least min(1 % of total, 1 GiB) or a backing
-// volume was created or deleted; otherwise the previous value stays.
-func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map[string]capacity) {
+// keepCapacityDirty marks the capacity as changed again after a write of the Lease
+// that carried a change failed.
+func (a *Agent) keepCapacityDirty(dirty bool) {
+	if dirty {
+		a.markCapacity()
+	}
+}
+
+// fillLease sets holder, times and the facts. A capacity annotation is written when
+// the Lease l lacks it (or holds one that does not parse), when free space moved by at
+// least min(1 % of total, 1 GiB) from the value l holds, or when a backing volume was
+// created or deleted; otherwise the previous value stays. It compares with l, not with
+// what the agent last tried to write, so a failed write is made again. It returns
+// whether it consumed the agent's "backing volume created or deleted" mark.
+func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 	now := metav1.NewMicroTime(time.Now())
 	holder := a.cfg.NodeName
 	secs := int32(a.cfg.LeaseDuration / time.Second)
@@ -117,29 +135,28 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease, caps map
 			served[rsp.Name] = true
 			a.poolMetrics.set(rsp.Name, c.TotalBytes, c.FreeBytes)
 			key := v1.AnnotationPoolCapacityPrefix + rsp.Name
-			last, ok := caps[rsp.Name]
-			if !ok || dirty || moved(last, c.TotalBytes, c.FreeBytes) {
-				caps[rsp.Name] = capacity{total: c.TotalBytes, free: c.FreeBytes}
+			// A missing annotation does not parse either.
+			if last, err := v1.ParsePoolCapacity(ann[key]); err != nil || dirty || moved(last, c.TotalBytes, c.FreeBytes) {
 				ann[key] = v1.PoolCapacity{Total: c.TotalBytes, Free: c.FreeBytes}.String()
 			}
 		}
 		for k := range ann {
 			if pool, ok := strings.CutPrefix(k, v1.AnnotationPoolCapacityPrefix); ok && !served[pool] {
 				delete(ann, k)
-				delete(caps, pool)
 				a.poolMetrics.forget(pool)
 			}
 		}
 	}
 	l.Annotations = ann
+	return dirty
 }
 
-func moved(last capacity, total, free int64) bool {
-	if total != last.total {
+func moved(last v1.PoolCapacity, total, free int64) bool {
+	if total != last.Total {
 		return true
 	}
 	threshold := min(total/100, int64(1)<<30)
-	d := free - last.free
+	d := free - last.Free
 	if d < 0 {
 		d = -d
 	}

@@ -185,14 +185,14 @@ func TestConfigDiffReadsBackTheKernel(t *testing.T) {
 }
 
 func TestCapacityThreshold(t *testing.T) {
-	last := capacity{total: 100 << 30, free: 50 << 30}
+	last := v1.PoolCapacity{Total: 100 << 30, Free: 50 << 30}
 	if moved(last, 100<<30, 50<<30+(512<<20)) {
 		t.Error("0.5 GiB of 100 GiB is below both thresholds")
 	}
 	if !moved(last, 100<<30, 49<<30) {
 		t.Error("1 GiB moved: must be written")
 	}
-	small := capacity{total: 10 << 30, free: 5 << 30}
+	small := v1.PoolCapacity{Total: 10 << 30, Free: 5 << 30}
 	if !moved(small, 10<<30, 5<<30-(110<<20)) {
 		t.Error("110 MiB of 10 GiB is over 1 %")
 	}

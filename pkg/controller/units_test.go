@@ -159,8 +159,10 @@ func TestChooseAlgorithm(t *testing.T) {
 	}
 }
 
-// A Lease renewal that changes only a pool's capacity wakes only the volumes that wait
-// for room; any other fact, or the liveness verdict, wakes the node's volumes.
+// A Lease renewal that changes only a pool's capacity figures wakes only the volumes
+// that wait for room; any other fact, the liveness verdict, or a pool reported for the
+// first time or no longer (the node becomes ready or unready in it) wakes the node's
+// volumes.
 func TestOnlyCapacityChanged(t *testing.T) {
 	now := time.Now()
 	c := &Controller{opts: Options{Now: func() time.Time { return now }, AgentGracePeriod: 10 * time.Second}}
@@ -185,7 +187,8 @@ func TestOnlyCapacityChanged(t *testing.T) {
 		want bool
 	}{
 		{"capacity", lease(now, base), lease(now, with(v1.AnnotationPoolCapacityPrefix+"p", "total=10,free=5")), true},
-		{"new pool", lease(now, base), lease(now, with(v1.AnnotationPoolCapacityPrefix+"q", "total=1,free=1")), true},
+		{"new pool", lease(now, base), lease(now, with(v1.AnnotationPoolCapacityPrefix+"q", "total=1,free=1")), false},
+		{"pool withdrawn", lease(now, with(v1.AnnotationPoolCapacityPrefix+"q", "total=1,free=1")), lease(now, base), false},
 		{"addresses", lease(now, base), lease(now, with(v1.AnnotationAddresses, "10.0.0.2")), false},
 		{"back from expiry", lease(now.Add(-time.Minute), base), lease(now, with(v1.AnnotationPoolCapacityPrefix+"p", "total=10,free=5")), false},
 	} {

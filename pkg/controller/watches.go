@@ -131,7 +131,8 @@ func waitsForNodes(rv *v1.ReplicatedVolume) bool {
 // node while volumes form — concerns only the volumes placement refused for want of
 // room: waking every volume of the node on it made each formation cost a reconcile of
 // every other volume. Any other change (liveness, addresses, zone, algorithms,
-// prerequisites) concerns the node's volumes and those waiting for nodes.
+// prerequisites, a pool reported for the first time) concerns the node's volumes and
+// those waiting for nodes.
 func (c *Controller) leaseHandler() handler.EventHandler {
 	enqueue := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], rs []reconcile.Request) {
 		for _, r := range rs {
@@ -171,24 +172,29 @@ func (c *Controller) leaseHandler() handler.EventHandler {
 	}
 }
 
-// onlyCapacityChanged: between o and n, only pool capacity annotations changed, and
-// the liveness verdict did not.
+// onlyCapacityChanged: between o and n, only the figures of pool capacity annotations
+// changed, and the liveness verdict did not. A pool's capacity annotation that appears
+// or goes is more than a figure: a node is ready in a pool only once its agent reports
+// the pool (EligibleNodes), so the first report is what a replica waiting to join on
+// that node, or an attachment there, waits for.
 func (c *Controller) onlyCapacityChanged(o, n *coordinationv1.Lease) bool {
 	now := c.opts.Now()
 	lo, ln := agentlease.Judge(o, now, c.opts.AgentGracePeriod), agentlease.Judge(n, now, c.opts.AgentGracePeriod)
 	if lo.Live != ln.Live || lo.Lost != ln.Lost {
 		return false
 	}
-	return maps.Equal(withoutCapacity(o.Annotations), withoutCapacity(n.Annotations))
+	return maps.Equal(withoutCapacityFigures(o.Annotations), withoutCapacityFigures(n.Annotations))
 }
 
-// withoutCapacity is a Lease's annotations but the pools' capacity.
-func withoutCapacity(ann map[string]string) map[string]string {
-	out := map[string]string{}
+// withoutCapacityFigures is a Lease's annotations with the figures of the pools'
+// capacity blanked: which pools it reports stays.
+func withoutCapacityFigures(ann map[string]string) map[string]string {
+	out := make(map[string]string, len(ann))
 	for k, v := range ann {
-		if !strings.HasPrefix(k, v1.AnnotationPoolCapacityPrefix) {
-			out[k] = v
+		if strings.HasPrefix(k, v1.AnnotationPoolCapacityPrefix) {
+			v = ""
 		}
+		out[k] = v
 	}
 	return out
 }

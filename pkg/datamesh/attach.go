@@ -278,7 +278,7 @@ func (rc *reconcile) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, 
 		if local {
 			return v1.AttachmentPending, "volumeAccess=Local: node " + node + " has no Diskful replica"
 		}
-		return v1.AttachmentPending, "Waiting for a replica on node " + node + " to join the datamesh"
+		return v1.AttachmentPending, rc.awaitingJoin(node)
 	}
 	if msg := rc.attachBlocked(mi, local, attached); msg != "" {
 		return v1.AttachmentPending, msg
@@ -290,6 +290,26 @@ func (rc *reconcile) attachOne(i int, a *v1.ReplicatedVolumeAttachment, mi int, 
 	ti := rc.start(p, rc.st.Datamesh.Members[mi].Name)
 	rc.confirm(ti, p, 0)
 	return v1.AttachmentAttaching, "Attaching: " + rc.st.DatameshTransitions[ti].Steps[0].Message
+}
+
+// awaitingJoin says why no member serves node yet. When placement has created the
+// replica there and a join guard holds it back, the guard's message comes along (the
+// same text as its replica request), so the attachment alone tells a user what the
+// volume waits for.
+func (rc *reconcile) awaitingJoin(node string) string {
+	msg := "Waiting for a replica on node " + node + " to join the datamesh"
+	for _, j := range rc.rvrOrd {
+		r := rc.in.RVRs[j]
+		if r.Spec.NodeName != node || r.DeletionTimestamp != nil {
+			continue
+		}
+		if i := rc.findRequest(r.Name); i >= 0 {
+			if req := &rc.st.DatameshReplicaRequests[i]; req.Operation == v1.ReplicaOperationJoin && req.Message != "" {
+				return msg + ": replica " + r.Name + ": " + req.Message
+			}
+		}
+	}
+	return msg
 }
 
 // attachBlocked returns why member mi may not be attached now, or "" (docs/datamesh.md

@@ -32,6 +32,9 @@ var valueSets = []struct {
 			wantArg(t, d.Spec.Template.Spec.Containers, "meshvol", "--leader-elect=true")
 			wantArg(t, d.Spec.Template.Spec.Containers, "csi-provisioner", "--feature-gates=Topology=true")
 			wantArg(t, d.Spec.Template.Spec.Containers, "csi-provisioner", "--enable-capacity=true")
+			// Upstream's 1m made a fresh install's capacity about a minute late: the
+			// first GetCapacity answers come before the agents report free space.
+			wantArg(t, d.Spec.Template.Spec.Containers, "csi-provisioner", "--capacity-poll-interval=10s")
 			for _, c := range []string{"csi-attacher", "csi-resizer", "liveness-probe"} {
 				container(t, d.Spec.Template.Spec.Containers, c)
 			}

@@ -89,6 +89,9 @@ type Cluster struct {
 	// wakes holds, per resource name, when the clock next changes
 	// something of it (recordWakes); names at rest have no entry.
 	wakes map[string]time.Time
+	// detach lists the loop devices of devices torn down under the lock,
+	// which unlock detaches once it has released it (device.go).
+	detach []string
 }
 
 type link struct{ a, b string }

@@ -30,15 +30,25 @@ import (
 //
 // The one rule that keeps this from deadlocking: nothing in drbdsim touches
 // a loop device's data or a filesystem mounted on it while it holds the
-// cluster lock, because the kernel completes such IO only once a handler —
-// which needs that lock — has run. Commands that must run under the lock
-// (losetup on setup and teardown) are ones the kernel completes without IO
-// on the device: losetup -d of a device still open (mounted) only marks it
-// for auto-clear. Cluster.Close unmounts without the lock. A watchdog
-// aborts the FUSE connection when a handler waits for the lock longer than
-// Options.DeviceWatchdog, so that a mistake here fails IO with EIO instead
-// of hanging the test, the writer and the kernel's journal thread in D
-// state.
+// cluster lock, nor waits in the kernel for anything that may itself wait
+// for such IO, because the kernel completes that IO only once a handler —
+// which needs that lock — has run. The commands run under the lock
+// (losetup on setup, losetup -c on a resize) take only their own loop
+// device's lock and do no IO on another device. losetup -d is different:
+// LOOP_CLR_FD takes the kernel's one lock for all loop devices (the
+// loop_validate_mutex), which a LOOP_CONFIGURE whose backing file is itself
+// a loop device holds while it sets that device up, and that setup can wait
+// for IO on it: the kubelet maps a block volume with `losetup -f
+// /dev/drbdN`, /dev/drbdN is another Primary's loop device, and its IO (a
+// FUSE FSYNC) waits for the cluster lock. A demotion's losetup -d under the
+// lock once waited so for an FSYNC that waited for the lock, until the
+// watchdog failed every device (docs/conformance-results.md). So a teardown
+// only notes its loop device under the lock, and Cluster.unlock detaches it
+// once the lock is released; Cluster.Close unmounts without the lock. A
+// watchdog aborts the FUSE connection when a handler waits for the lock
+// longer than Options.DeviceWatchdog, so that a mistake here fails IO with
+// EIO instead of hanging the test, the writer and the kernel's journal
+// thread in D state.
 
 // device is one Primary's block device: the FUSE file and the loop device
 // over it. Its fields are fixed at setup; the resource it belongs to points
@@ -331,10 +341,10 @@ func (r *resource) growDevice(size int64) error {
 }
 
 // teardownDevice ends the resource's device: from now on its handlers fail
-// with EIO, the DevicePath link goes, and the loop device is detached — at
+// with EIO, the DevicePath link goes, and the loop device is detached by
+// Cluster.unlock once the lock is released (see the top of this file) — at
 // once when nothing holds it, else (a filesystem still mounted, as after a
-// crash) by the kernel when the last holder lets go. Called with c.mu held;
-// losetup -d does no IO on the device (see the top of this file).
+// crash) by the kernel when the last holder lets go. Called with c.mu held.
 func (r *resource) teardownDevice() {
 	dev := r.dev
 	if dev == nil {
@@ -352,8 +362,22 @@ func (r *resource) teardownDevice() {
 		_ = os.Remove(dev.link)
 	}
 	if dev.loop != "" {
-		if out, err := exec.Command("losetup", "-d", dev.loop).CombinedOutput(); err != nil {
-			log.Printf("drbdsim: %s %s: losetup -d %s: %v: %s", r.n.name, r.name, dev.loop, err, strings.TrimSpace(string(out)))
+		r.n.c.detach = append(r.n.c.detach, dev.loop)
+	}
+}
+
+// unlock releases the cluster lock, then detaches the loop devices that
+// teardownDevice left to it (see the top of this file for why not under
+// the lock). Every command that can tear a device down (Primary, Secondary,
+// Down, Crash, Close) releases the lock through it, so the device is
+// detached, or marked for auto-clear, when the command returns.
+func (c *Cluster) unlock() {
+	loops := c.detach
+	c.detach = nil
+	c.mu.Unlock()
+	for _, loop := range loops {
+		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
+			log.Printf("drbdsim: losetup -d %s: %v: %s", loop, err, strings.TrimSpace(string(out)))
 		}
 	}
 }
@@ -458,7 +482,7 @@ func (c *Cluster) Close() error {
 			r.releaseHeld(false)
 		}
 	}
-	c.mu.Unlock()
+	c.unlock()
 	// Loop devices of crashed Primaries were detached with auto-clear;
 	// they are gone once their filesystems were unmounted above. Any loop
 	// device still over the FUSE mount keeps it busy: detach it too.

@@ -458,7 +458,7 @@ func (n *Node) Down(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "down", name); err != nil {
 		return err
 	}
-	defer n.c.mu.Unlock()
+	defer n.c.unlock()
 	r := n.res[name]
 	if r == nil {
 		return nil // drbdadm down of a resource that is not up succeeds
@@ -536,7 +536,7 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	if err := n.begin(ctx, "primary", name); err != nil {
 		return err
 	}
-	defer n.c.mu.Unlock()
+	defer n.c.unlock()
 	r := n.res[name]
 	if r == nil {
 		return unknownRes("primary", name)
@@ -610,7 +610,7 @@ func (n *Node) Secondary(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "secondary", name); err != nil {
 		return err
 	}
-	defer n.c.mu.Unlock()
+	defer n.c.unlock()
 	r := n.res[name]
 	if r == nil {
 		return unknownRes("secondary", name)
@@ -1089,7 +1089,7 @@ func (n *Node) DevicePath(name string) string {
 // Close) and its loop device goes with the last holder.
 func (n *Node) Crash() {
 	n.c.mu.Lock()
-	defer n.c.mu.Unlock()
+	defer n.c.unlock()
 	if n.crashed {
 		return
 	}

@@ -131,3 +131,71 @@ func TestDeviceTeardownWithSuspendedFilesystem(t *testing.T) {
 		t.Fatal("Close still runs 30 s after it began on a filesystem whose IO is suspended")
 	}
 }
+
+// A demotion detaches its loop device without holding the cluster lock.
+// losetup -d takes the kernel's lock for every loop device, which a losetup
+// over another loop device holds while it waits for that device's flush (the
+// kubelet maps a block volume so, over /dev/drbdN): if that flush needs the
+// cluster lock, as every device request does, a losetup -d under the lock
+// waits for itself until the watchdog fails every device. Here the other
+// device is another cluster's whose IO is suspended, so the kernel's lock stays
+// taken until the test resumes it: meanwhile the demoting cluster still
+// answers, and the demotion completes, its device detached, once the kernel's
+// lock is free.
+func TestDeviceDemotionDetachesOutsideTheClusterLock(t *testing.T) {
+	held := deviceRig(t, nil, nil)
+	hn := held.formedPrimary("node1")
+	rg := deviceRig(t, nil, nil)
+	n1 := rg.formedPrimary("node1")
+	backing := rg.backingFile(n1.DevicePath("r0"))
+
+	held.must(hn.SuspendIO(held.ctx, "r0"))
+	// The kubelet's block-volume mapping: a loop device over the device.
+	losetup := exec.Command("losetup", "-f", "--show", hn.DevicePath("r0"))
+	var out strings.Builder
+	losetup.Stdout = &out
+	held.must(losetup.Start())
+	mapped := make(chan error, 1)
+	go func() { mapped <- losetup.Wait() }()
+	t.Cleanup(func() {
+		_ = held.c.Node("node1").ResumeIO(held.ctx, "r0")
+		<-mapped
+		if loop := strings.TrimSpace(out.String()); loop != "" {
+			_ = exec.Command("losetup", "-d", loop).Run()
+		}
+	})
+	select {
+	case err := <-mapped:
+		t.Fatalf("losetup over a device whose IO is suspended returned (%v, %q) instead of waiting for its flush", err, out.String())
+	case <-time.After(500 * time.Millisecond):
+	}
+
+	demoted := make(chan error, 1)
+	go func() { demoted <- n1.Secondary(rg.ctx, "r0") }()
+	select {
+	case err := <-demoted:
+		// The kernel let the detach through at once: nothing to wait for.
+		rg.must(err)
+	case <-time.After(time.Second):
+		answered := make(chan struct{})
+		go func() {
+			_, _ = rg.c.Node("node2").StatusJSON(rg.ctx, "r0")
+			close(answered)
+		}()
+		select {
+		case <-answered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the cluster does not answer while a demotion waits for the kernel's loop lock: the detach holds the cluster lock")
+		}
+		held.must(hn.ResumeIO(held.ctx, "r0"))
+		select {
+		case err := <-demoted:
+			rg.must(err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("the demotion did not return 20 s after the kernel's loop lock was free")
+		}
+	}
+	if loops := loopsOver(backing); len(loops) > 0 {
+		t.Fatalf("%s still attached to %s after demotion", strings.Join(loops, ", "), backing)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/internal/testenv"
@@ -185,7 +186,7 @@ func (cl *cluster) addNode(n nodeSpec) {
 		Annotations: map[string]string{
 			v1.AnnotationAddresses:                    "10.0.0.1",
 			v1.AnnotationHMACAlgorithms:               "sha256,sha1,md5",
-			v1.AnnotationPoolCapacityPrefix + cl.pool: v1.PoolCapacity{Total: 1000 << 30, Free: n.freeGi << 30}.String(),
+			v1.AnnotationPoolCapacityPrefix + cl.pool: capacityAnnotation(n.freeGi),
 		}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &cl.leaseSz, RenewTime: &now, AcquireTime: &now}}
 	must(cl.t, cl.c.Create(cl.ctx, l))
@@ -195,6 +196,11 @@ func (cl *cluster) addNode(n nodeSpec) {
 	cl.t.Cleanup(func() {
 		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	})
+}
+
+// capacityAnnotation is the pool capacity annotation's value for a node with freeGi GiB free.
+func capacityAnnotation(freeGi int64) string {
+	return v1.PoolCapacity{Total: 1000 << 30, Free: freeGi << 30}.String()
 }
 
 // renewLoop renews the Leases of the live nodes every 500 ms, as agents do (their
@@ -224,6 +230,20 @@ func (cl *cluster) renewLoop() {
 			_ = cl.c.Update(cl.ctx, l)
 		}
 	}
+}
+
+// editLease changes the annotations of node's agent Lease, as its agent does. The
+// cluster's renewer updates the same Leases every few hundred milliseconds, so an update
+// may meet a newer resourceVersion: it reads again and retries, as an agent does.
+func (cl *cluster) editLease(node string, edit func(annotations map[string]string)) {
+	must(cl.t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l := &coordinationv1.Lease{}
+		if err := cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}, l); err != nil {
+			return err
+		}
+		edit(l.Annotations)
+		return cl.c.Update(cl.ctx, l)
+	}))
 }
 
 func (cl *cluster) setRenew(node string, on bool) {

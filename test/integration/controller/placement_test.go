@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
@@ -211,17 +209,10 @@ func TestPoolStatus(t *testing.T) {
 		}
 		return ok && strings.HasPrefix(cond(p.Status.Conditions, v1.ConditionReady), "True"), fmt.Sprintf("%+v", p.Status)
 	})
-	// The cluster's renewer updates the same Leases every few hundred milliseconds, so an
-	// update here may meet a newer resourceVersion: read again and retry, as an agent does.
 	setFree := func(node string, free int64) {
-		must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			l := &coordinationv1.Lease{}
-			if err := cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}, l); err != nil {
-				return err
-			}
-			l.Annotations[v1.AnnotationPoolCapacityPrefix+cl.pool] = v1.PoolCapacity{Total: 1000 << 30, Free: free}.String()
-			return cl.c.Update(cl.ctx, l)
-		}))
+		cl.editLease(node, func(ann map[string]string) {
+			ann[v1.AnnotationPoolCapacityPrefix+cl.pool] = v1.PoolCapacity{Total: 1000 << 30, Free: free}.String()
+		})
 	}
 	mark := cl.writes.mark()
 	setFree("a", 100<<30-512<<20) // 512Mi less: below 1 GiB (1 % of 1000Gi is 10Gi)
@@ -238,5 +229,63 @@ func TestPoolStatus(t *testing.T) {
 	cl.eventually(t, "b not ready once its agent is gone", func() (bool, string) {
 		p := rsp()
 		return !p.Status.EligibleNodes[1].Ready, fmt.Sprintf("%+v", p.Status.EligibleNodes[1])
+	})
+}
+
+// A node whose agent has not reported the pool's capacity yet is eligible but not
+// ready: an attachment there waits, and says so, until the report arrives — and the
+// report alone must wake the volume. (It once did not: a Lease update that changed
+// only capacity annotations woke only the volumes waiting for room, and the first
+// report, which makes the node ready, is such an update; the attachment waited for
+// an unrelated event.)
+func TestAttachWaitsForTheNodesFirstPoolReport(t *testing.T) {
+	cl := newClusterWith(t, clusterOptions{leaseSeconds: 10}, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100}, nodeSpec{"d", "", 100})
+	// Node d's agent has just started: no pool report yet.
+	capacityKey := v1.AnnotationPoolCapacityPrefix + cl.pool
+	cl.editLease("d", func(ann map[string]string) { delete(ann, capacityKey) })
+	cl.eventually(t, "node d not ready in the pool", func() (bool, string) {
+		p := &v1.ReplicatedStoragePool{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: cl.pool}, p))
+		for _, e := range p.Status.EligibleNodes {
+			if e.NodeName == cl.node("d") {
+				return !e.Ready, fmt.Sprintf("%+v", e)
+			}
+		}
+		return false, fmt.Sprintf("%+v", p.Status.EligibleNodes)
+	})
+	rv := cl.volume("vol", cl.class("2d1tb", 1, 0, v1.TopologyIgnored), "1Gi")
+	cl.formed(rv.Name, 3) // 2D+1TB on a, b and c
+
+	rva := &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(rv.Name, cl.node("d"))},
+		Spec: v1.ReplicatedVolumeAttachmentSpec{ReplicatedVolumeName: rv.Name, NodeName: cl.node("d")}}
+	must(t, cl.c.Create(cl.ctx, rva))
+	attachment := func() string {
+		a := &v1.ReplicatedVolumeAttachment{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, a))
+		return string(a.Status.Phase) + ": " + cond(a.Status.Conditions, v1.ConditionAttached)
+	}
+	notReady := "Node " + cl.node("d") + " is not ready in storage pool"
+	cl.eventually(t, "the attachment waits for node d", func() (bool, string) {
+		got := attachment()
+		return strings.Contains(got, notReady), got
+	})
+	// The volume's status says it too. Past the 5 s for which the controller holds back
+	// a status that moves only messages (docs/controller.md, "Write budget") nothing is
+	// left for it to come back for, so only the report below can wake the volume.
+	cl.eventually(t, "the volume's status says why d's replica waits", func() (bool, string) {
+		cur := cl.rv(rv.Name)
+		for _, r := range cur.Status.DatameshReplicaRequests {
+			if strings.HasSuffix(r.Name, cl.node("d")) {
+				return strings.Contains(r.Message, notReady), r.Message
+			}
+		}
+		return false, fmt.Sprintf("%+v", cur.Status.DatameshReplicaRequests)
+	})
+	time.Sleep(6 * time.Second)
+	cl.editLease("d", func(ann map[string]string) { ann[capacityKey] = capacityAnnotation(100) })
+	cl.eventually(t, "the replica on node d joins once its agent reports the pool", func() (bool, string) {
+		cur := cl.rv(rv.Name)
+		return slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.NodeName == cl.node("d") }),
+			attachment()
 	})
 }
