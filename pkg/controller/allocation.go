@@ -28,15 +28,22 @@ type Allocator struct {
 // Allocation is one volume's values.
 type Allocation struct{ Port, Minor int32 }
 
-// ExhaustedError says a range has no free value left.
+// ExhaustedError says a range has no free value left. Its message is what a user
+// sees (the Allocated condition, the volume's Event, CreateVolume's answer): the
+// field, the rule that caps the volumes and what lifts the cap.
 type ExhaustedError struct {
-	What     string
+	What     string // "port" or "minor"
 	Min, Max int32
 }
 
 func (e *ExhaustedError) Error() string {
-	return fmt.Sprintf("no free DRBD %s in %d-%d: every value is held by another volume (widen --%s-range or delete volumes)",
-		e.What, e.Min, e.Max, e.What)
+	open := ""
+	if e.What == "port" {
+		open = ", and open the added ports between the nodes"
+	}
+	return fmt.Sprintf("status.datamesh.%s: no free DRBD %s in %d-%d: each volume holds one %s of the range, unique across the cluster, "+
+		"so it holds at most %d volumes and every one is taken (widen the controller's --%s-range%s, or delete volumes)",
+		e.What, e.What, e.Min, e.Max, e.What, int64(e.Max)-int64(e.Min)+1, e.What, open)
 }
 
 // NewAllocator returns an empty allocator for the inclusive ranges.

@@ -22,9 +22,7 @@ import (
 // agent ever configures DRBD without them.
 
 const (
-	reasonPortsExhausted  = "PortsExhausted"
-	reasonMinorsExhausted = "MinorsExhausted"
-	reasonNoAlgorithm     = "NoSharedSecretAlgorithm"
+	reasonNoAlgorithm = "NoSharedSecretAlgorithm"
 )
 
 // allocate fills status.datamesh's port, minor, size and sharedSecret in work where they
@@ -36,9 +34,9 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 		if err != nil {
 			var ex *ExhaustedError
 			if errors.As(err, &ex) {
-				r := reasonPortsExhausted
+				r := v1.ReasonPortsExhausted
 				if ex.What == "minor" {
-					r = reasonMinorsExhausted
+					r = v1.ReasonMinorsExhausted
 				}
 				return err.Error(), r, nil
 			}

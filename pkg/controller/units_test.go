@@ -36,8 +36,10 @@ func TestAllocatorUniqueAndRebuilt(t *testing.T) {
 	if !errors.As(err, &ex) || ex.What != "minor" {
 		t.Fatalf("third volume: got %v, want minor exhaustion", err)
 	}
-	if !strings.Contains(err.Error(), "no free DRBD minor in 5-6") {
-		t.Errorf("message %q does not say what ran out", err)
+	for _, want := range []string{"status.datamesh.minor", "no free DRBD minor in 5-6", "unique across the cluster", "at most 2 volumes", "--minor-range"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("message %q does not say %q (the field, what ran out, the rule, the cap and what lifts it)", err, want)
+		}
 	}
 	// Release, then reuse only after the rest of the range went round.
 	a.Release("x")
@@ -216,6 +218,27 @@ func TestWaitingFor(t *testing.T) {
 	} {
 		if got := strings.Join(waitingFor(&v1.ReplicatedVolume{Status: tc.st}), ","); got != tc.want {
 			t.Errorf("%s: waitingFor = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A full port range: the error names the field, the rule that caps the volumes and
+// what lifts the cap, the ports a firewall must let through included.
+func TestAllocatorPortsRunOut(t *testing.T) {
+	a := NewAllocator(7000, 7001, 5, 100)
+	for _, n := range []string{"x", "y"} {
+		if _, err := a.Get(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := a.Get("z")
+	var ex *ExhaustedError
+	if !errors.As(err, &ex) || ex.What != "port" {
+		t.Fatalf("third volume: got %v, want port exhaustion", err)
+	}
+	for _, want := range []string{"status.datamesh.port", "no free DRBD port in 7000-7001", "unique across the cluster", "at most 2 volumes", "--port-range", "open the added ports"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("message %q does not say %q", err, want)
 		}
 	}
 }

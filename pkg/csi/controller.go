@@ -242,6 +242,9 @@ func (c *Controller) waitFormed(ctx context.Context, name string, created bool) 
 			return false, status.Errorf(codes.Aborted, "volume %q was deleted while it was being created; retry", name)
 		}
 		rv = cur
+		if err := allocationExhausted(cur); err != nil {
+			return false, err
+		}
 		var ok bool
 		ok, why = formed(cur)
 		return ok, nil
@@ -249,6 +252,20 @@ func (c *Controller) waitFormed(ctx context.Context, name string, created bool) 
 		return fmt.Sprintf("volume %q is still forming (%s); a retry waits for it", name, why)
 	})
 	return rv, err
+}
+
+// allocationExhausted is RESOURCE_EXHAUSTED when the controller cannot allocate the
+// volume's DRBD port or minor because every value of its range is held by another
+// volume: waiting would not help until volumes are deleted or the range widened, so the
+// answer says so at once, with the controller's message naming the field, the rule and
+// the cap. The volume stays: a retry finds it and is answered again, until a value frees
+// up and it forms.
+func allocationExhausted(rv *v1.ReplicatedVolume) error {
+	c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionAllocated)
+	if c == nil || c.Status != metav1.ConditionFalse || (c.Reason != v1.ReasonPortsExhausted && c.Reason != v1.ReasonMinorsExhausted) {
+		return nil
+	}
+	return status.Errorf(codes.ResourceExhausted, "volume %q cannot be allocated: %s", rv.Name, c.Message)
 }
 
 // reportedSize is the volume's CapacityBytes unless that exceeds the request's limit (a device

@@ -51,12 +51,13 @@ func TestControllerService(t *testing.T) {
 	n1, n2, n3 := pfx+"-n1", pfx+"-n2", pfx+"-n3"
 	pool := pfx + "-pool"
 	setupPool(t, ctx, pool, map[string]int64{n1: 10 * gib, n2: 5 * gib, n3: 1 * gib})
-	r1, r2, r3, local, slow := pfx+"-r1", pfx+"-r2", pfx+"-r3", pfx+"-local", "slow-"+pfx
+	r1, r2, r3, local, slow, full := pfx+"-r1", pfx+"-r2", pfx+"-r3", pfx+"-local", "slow-"+pfx, "full-"+pfx
 	makeRSC(t, ctx, r1, pool, v1.ReplicationNone, v1.VolumeAccessPreferablyLocal)
 	makeRSC(t, ctx, r2, pool, v1.ReplicationAvailability, v1.VolumeAccessAny)
 	makeRSC(t, ctx, r3, pool, v1.ReplicationConsistencyAndAvailability, v1.VolumeAccessAny)
 	makeRSC(t, ctx, local, pool, v1.ReplicationNone, v1.VolumeAccessLocal)
 	makeRSC(t, ctx, slow, pool, v1.ReplicationNone, v1.VolumeAccessAny)
+	makeRSC(t, ctx, full, pool, v1.ReplicationNone, v1.VolumeAccessAny)
 	play := startPlayController(t, []string{n1, n2, n3})
 
 	cctx, cancel := context.WithCancel(ctx)
@@ -105,6 +106,10 @@ func TestControllerService(t *testing.T) {
 			_, err := cs.CreateVolume(ctx, createVol(va, pfx+"-nope", 64*mib))
 			return err
 		}, codes.InvalidArgument, `parameters["replicatedStorageClassName"]`},
+		{"Create: the port range is full", func(ctx context.Context) error {
+			_, err := cs.CreateVolume(ctx, createVol(pfx+"-full", full, 64*mib))
+			return err
+		}, codes.ResourceExhausted, "status.datamesh.port: no free DRBD port"},
 		{"Create: formed, real size and topology", func(ctx context.Context) error {
 			req := createVol(va, r1, 64*mib)
 			req.AccessibilityRequirements = &csipb.TopologyRequirement{Preferred: []*csipb.Topology{{Segments: map[string]string{v1.TopologyKeyNode: n2}}}}

@@ -25,7 +25,9 @@ import (
 // controller does for the CSI service: form a volume (members on the first D nodes of
 // the pool, RVRs with backing volumes, revision 1), grow it, attach and detach RVAs and
 // remove its finalizers. Volumes of a class named "slow-*" are left alone until
-// release(rv) is called, to test deadlines and the in-flight guard.
+// release(rv) is called, to test deadlines and the in-flight guard; those of a class
+// named "full-*" are refused their DRBD port, as when the controller's port range is
+// full.
 type playController struct {
 	cl       client.Client
 	nodes    []string
@@ -126,6 +128,14 @@ func (p *playController) volume(ctx context.Context, rv *v1.ReplicatedVolume, at
 	}
 	if p.held(rv) {
 		return nil
+	}
+	if strings.HasPrefix(rv.Spec.ReplicatedStorageClassName, "full-") {
+		if meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionAllocated) != nil {
+			return nil
+		}
+		meta.SetStatusCondition(&rv.Status.Conditions, metav1.Condition{Type: v1.ConditionAllocated, Status: metav1.ConditionFalse,
+			Reason: v1.ReasonPortsExhausted, Message: "status.datamesh.port: no free DRBD port in 7000-7001: each volume holds one port of the range, unique across the cluster, so it holds at most 2 volumes and every one is taken"})
+		return p.cl.Status().Update(ctx, rv)
 	}
 	var rsc v1.ReplicatedStorageClass
 	if err := p.cl.Get(ctx, client.ObjectKey{Name: rv.Spec.ReplicatedStorageClassName}, &rsc); err != nil {

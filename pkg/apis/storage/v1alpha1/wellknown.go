@@ -205,6 +205,13 @@ const (
 	// controller service answers CreateVolume once it is True.
 	ConditionFormed = "Formed"
 	ReasonFormed    = "Formed"
+	// ReasonPortsExhausted, ReasonMinorsExhausted: Allocated=False because every DRBD
+	// port (minor) of the controller's range is held by another volume — each volume
+	// holds one of each, unique across the cluster, so a range of K values holds at most
+	// K volumes (docs/controller.md, "Allocation and the shared secret"). The CSI
+	// controller service answers CreateVolume with RESOURCE_EXHAUSTED then.
+	ReasonPortsExhausted  = "PortsExhausted"
+	ReasonMinorsExhausted = "MinorsExhausted"
 )
 
 // ConditionAttached is the controller's condition on an RVA: True once the volume is
