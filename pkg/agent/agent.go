@@ -217,7 +217,10 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 // newManager is the agent's controller-runtime manager: a cache of this node's
 // replicas only, Secrets and Leases read directly.
 func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log logr.Logger) (manager.Manager, error) {
-	grace := 5 * time.Second
+	// On shutdown the agent lets a reconcile in flight finish its DRBD command and its
+	// status write, which take seconds on a loaded node, rather than abandon them and exit
+	// with an error: 20 s, inside the 30 s a pod is given to terminate by default.
+	grace := 20 * time.Second
 	mgr, err := ctrl.NewManager(restCfg, manager.Options{
 		Scheme: scheme,
 		Logger: log,

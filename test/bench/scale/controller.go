@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,12 +25,23 @@ type controllerProc struct {
 	cmd         *exec.Cmd
 	metricsAddr string
 	pprofAddr   string
+	probeAddr   string
 	done        chan error
+	started     time.Time
+	// bin, kubeconfig and extra start it again (restart).
+	bin, kubeconfig string
+	extra           []string
+	// base is what the processes before this one counted (restart): the
+	// counters of a run continue across a restart.
+	base controllerCounters
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // startController runs bin as `meshvol controller` against env, as the user
-// controllerUser, without leader election (one replica), its metrics on a free
-// local port, its log in logPath.
+// controllerUser, without leader election (one replica), its metrics, health
+// probes and profiles on free local ports, its log in logPath.
 func startController(env *testenv.Env, bin, dir, logPath string, extra []string) (*controllerProc, error) {
 	kc, err := env.KubeConfig(controllerUser, "system:masters")
 	if err != nil {
@@ -39,44 +51,108 @@ func startController(env *testenv.Env, bin, dir, logPath string, extra []string)
 	if err := os.WriteFile(kcPath, kc, 0o600); err != nil {
 		return nil, err
 	}
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	pprofAddr, err := freeAddr()
-	if err != nil {
-		return nil, err
+	return launch(bin, kcPath, logPath, extra, controllerCounters{})
+}
+
+func launch(bin, kubeconfig, logPath string, extra []string, base controllerCounters) (*controllerProc, error) {
+	var addrs [3]string
+	for i := range addrs {
+		a, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		addrs[i] = a
 	}
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"controller", "--kubeconfig", kcPath, "--leader-elect=false",
-		"--metrics-bind-address", addr, "--health-probe-bind-address", "",
-		"--pprof-bind-address", pprofAddr}, extra...)
+	args := append([]string{"controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
+		"--metrics-bind-address", addrs[0], "--health-probe-bind-address", addrs[1],
+		"--pprof-bind-address", addrs[2]}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err
 	}
-	p := &controllerProc{cmd: cmd, metricsAddr: addr, pprofAddr: pprofAddr, done: make(chan error, 1)}
+	p := &controllerProc{cmd: cmd, metricsAddr: addrs[0], probeAddr: addrs[1], pprofAddr: addrs[2], done: make(chan error, 1),
+		started: time.Now(), bin: bin, kubeconfig: kubeconfig, extra: extra, base: base}
 	go func() { p.done <- cmd.Wait(); logf.Close() }()
 	return p, nil
+}
+
+// restart stops the controller (SIGTERM) and starts it again with the same
+// flags, its log in logPath. The new process's counters continue this one's,
+// read just before it stops (nothing writes in between: the run is idle).
+func (p *controllerProc) restart(ctx context.Context, logPath string) (*controllerProc, error) {
+	last, err := p.counters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.stop(); err != nil {
+		return nil, err
+	}
+	return launch(p.bin, p.kubeconfig, logPath, p.extra, last)
+}
+
+// waitReady polls /readyz until it answers 200 (the controller's caches are
+// synced) and returns when it did.
+func (p *controllerProc) waitReady(ctx context.Context, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.probeAddr+"/readyz", nil)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return time.Now(), nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return time.Time{}, fmt.Errorf("meshvol controller not ready (/readyz) within %s of its start", timeout)
+}
+
+// waitReconciled polls the volume reconciler's count until it reconciled n
+// volumes since this process started (its first pass over every volume, which
+// the informers' initial list queues) and returns when it had.
+func (p *controllerProc) waitReconciled(ctx context.Context, n int, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if c, err := p.counters(ctx); err == nil && c.VolumeReconciles-p.base.VolumeReconciles >= n {
+			return time.Now(), nil
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return time.Time{}, fmt.Errorf("meshvol controller did not reconcile %d volumes within %s of its start", n, timeout)
 }
 
 func (p *controllerProc) pid() int { return p.cmd.Process.Pid }
 
 // stop ends the controller with SIGTERM (its graceful shutdown), SIGKILL after 30 s.
+// A second call returns the first's answer.
 func (p *controllerProc) stop() error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		return err
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		return fmt.Errorf("meshvol controller did not stop within 30 s of SIGTERM: killed")
-	}
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case p.stopErr = <-p.done:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			p.stopErr = fmt.Errorf("meshvol controller did not stop within 30 s of SIGTERM: killed")
+		}
+	})
+	return p.stopErr
 }
 
 // controllerCounters are the controller's own counts of its writes, from its
@@ -102,7 +178,13 @@ func (p *controllerProc) counters(ctx context.Context) (controllerCounters, erro
 		return c, err
 	}
 	defer resp.Body.Close()
-	return parseCounters(resp.Body)
+	if c, err = parseCounters(resp.Body); err != nil {
+		return c, err
+	}
+	c.HTTPWrites += p.base.HTTPWrites
+	c.ReconcilerWrites += p.base.ReconcilerWrites
+	c.VolumeReconciles += p.base.VolumeReconciles
+	return c, nil
 }
 
 // parseCounters reads the two counters from Prometheus' text format.

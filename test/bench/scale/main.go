@@ -58,13 +58,35 @@ type Result struct {
 	IdleCPU     CPU     `json:"idleCPU"`
 	Memory      Memory  `json:"memory"`
 
+	// Restart is the controller stopped and started again with every volume
+	// formed and idle.
+	Restart Restart `json:"restart"`
+
 	DeleteSeconds float64 `json:"deleteSeconds"`
 	Delete        Writes  `json:"delete"`
 	// Whole is the run from the first create to the last volume gone: the
 	// audit log and the processes' counters must agree on it.
 	Whole Writes `json:"whole"`
 
+	// ControllerArgs are the flags the run gave `meshvol controller` besides
+	// the benchmark's own (kubeconfig, addresses, no leader election).
+	ControllerArgs string `json:"controllerArgs,omitempty"`
+
 	Error string `json:"error,omitempty"`
+}
+
+// Restart is a controller restart with every volume formed: from the new
+// process's start to its caches synced (/readyz) and to every volume
+// reconciled once, and what happened from the stop until restartSettle after
+// that pass.
+type Restart struct {
+	SyncedSeconds float64 `json:"syncedSeconds"`
+	PassSeconds   float64 `json:"passSeconds"`
+	Writes        Writes  `json:"writes"`
+	// RVUpdates are the RV updates the benchmark's watch saw, LeftReady the
+	// times a Ready volume was seen otherwise (status flapping).
+	RVUpdates int `json:"rvUpdates"`
+	LeftReady int `json:"leftReady"`
 }
 
 // Writes are the apiserver writes of a period.
@@ -181,6 +203,9 @@ func summary(r Result) string {
 	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, CPU s controller %.1f agents+sim %.1f apiserver %.1f, %.1f writes/volume (controller %.1f, agents %.1f; counters agree over the run: %v), delete %.1f s %.1f writes/volume, idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
 		r.Label, r.Class, r.N, r.Ready, r.ReadySeconds, r.P95, r.FormationCPU.Controller, r.FormationCPU.Agents, r.FormationCPU.APIServer, r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume,
 		r.Whole.Agree, r.DeleteSeconds, r.Delete.PerVolume, r.IdleCPU.Controller, r.IdleCPU.Agents, r.Memory.ControllerRSS>>20, r.Memory.AgentsRSS>>20)
+	rs := r.Restart
+	s += fmt.Sprintf(", controller restart: caches synced in %.1f s, every volume reconciled in %.1f s, %d writes besides Leases, %d RV updates, %d left Ready",
+		rs.SyncedSeconds, rs.PassSeconds, rs.Writes.AuditController+rs.Writes.AuditAgents-rs.Writes.Leases, rs.RVUpdates, rs.LeftReady)
 	if r.Error != "" {
 		s += "; " + r.Error
 	}

@@ -31,6 +31,18 @@ func render(dir string, rs []Result) error {
 			r.Memory.ControllerRSS>>20, r.Memory.ControllerPeak>>20, r.Memory.AgentsRSS>>20, r.Memory.AgentsPeak>>20, r.Memory.APIServerRSS>>20,
 			r.DeleteSeconds, r.Delete.PerVolume, strings.ReplaceAll(r.Error, "|", "/"))
 	}
+	b.WriteString("\n## Controller restart with every volume formed\n\n")
+	b.WriteString("The controller stopped (SIGTERM) and started again on the formed, idle cluster: from the new process's start to its caches synced (`/readyz`) and to every volume reconciled once; then the writes and the RV updates from the stop until 10 s after that pass (nothing changed, so the budget is 0 and any RV update is a status flapping), and how often a Ready volume was seen otherwise.\n\n")
+	b.WriteString("| label | class | N | caches synced | every volume reconciled | writes besides Leases (controller + agents) | RV updates | left Ready | controller flags |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		rs := r.Restart
+		if rs.PassSeconds == 0 && rs.SyncedSeconds == 0 {
+			continue // a run from before the restart was measured
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %.1f s | %.1f s | %d (%d + %d) | %d | %d | %s |\n", r.Label, r.Class, r.N, rs.SyncedSeconds, rs.PassSeconds,
+			rs.Writes.AuditController+rs.Writes.AuditAgents-rs.Writes.Leases, rs.Writes.AuditController, rs.Writes.AuditAgents-rs.Writes.Leases,
+			rs.RVUpdates, rs.LeftReady, orDash(r.ControllerArgs))
+	}
 	b.WriteString("\n## Writes of each formation, by component, verb and resource (audit log)\n\n")
 	for _, r := range rs {
 		fmt.Fprintf(&b, "### %s %s N=%d\n\n", r.Label, r.Class, r.N)
@@ -116,4 +128,11 @@ func lines(rs []Result, figures []seriesOf) []line {
 		out = append(out, l)
 	}
 	return out
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return "`" + s + "`"
 }

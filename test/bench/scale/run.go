@@ -80,7 +80,15 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	}
 	defer func() { err = joinErr(err, lc.Stop()) }()
 	tag := fmt.Sprintf("%s-%d", cfg.Class, cfg.N)
-	ctrl, err := startController(env, cfg.Meshvol, dir, filepath.Join(cfg.LogDir, "controller-"+tag+".log"), cfg.ExtraArgs)
+	args := cfg.ExtraArgs
+	if cfg.N > defaultPorts && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(strings.TrimLeft(a, "-"), "port-range") }) {
+		// A volume's DRBD port is unique across the cluster, so the default
+		// range holds 1,000 volumes (docs/controller.md, "Allocation and the
+		// shared secret"): a larger run needs a wider one, as a cluster would.
+		args = append(slices.Clone(args), "--port-range", fmt.Sprintf("7000-%d", 7000+cfg.N-1))
+	}
+	res.ControllerArgs = strings.Join(args, " ")
+	ctrl, err := startController(env, cfg.Meshvol, dir, filepath.Join(cfg.LogDir, "controller-"+tag+".log"), args)
 	if err != nil {
 		return res, err
 	}
@@ -196,6 +204,11 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		res.Memory.APIServerRSS, _, _ = procMem(apiserver)
 	}
 
+	// A controller restart with every volume formed (restartController).
+	if ctrl, err = restartController(ctx, &res, ctrl, &m, w, cfg, tag); err != nil {
+		return res, err
+	}
+
 	// Deletion: every volume at once, until nothing of them is left.
 	before, err = m.read(ctx)
 	if err != nil {
@@ -223,6 +236,55 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	res.LoadEnd = loadAvg()
 	return res, nil
 }
+
+// defaultPorts is how many volumes `meshvol controller`'s default --port-range
+// (7000-7999) holds.
+const defaultPorts = 1000
+
+// restartController stops the controller of a formed, idle cluster and starts
+// it again, as an upgrade or a rescheduled pod does, and records in res how
+// long the new process took to sync its caches (/readyz) and to reconcile every
+// volume once, and what it wrote meanwhile (nothing should change: every
+// volume is formed and idle, so any write is beyond the budget, and any RV
+// update a status flapping). It returns the new process.
+func restartController(ctx context.Context, res *Result, ctrl *controllerProc, m *meter, w *readyWatch, cfg runConfig, tag string) (*controllerProc, error) {
+	before, err := m.read(ctx)
+	if err != nil {
+		return ctrl, err
+	}
+	seen := w.counts()
+	next, err := ctrl.restart(ctx, filepath.Join(cfg.LogDir, "controller-"+tag+"-restarted.log"))
+	if err != nil {
+		return ctrl, err
+	}
+	m.ctrl = next
+	synced, err := next.waitReady(ctx, cfg.Timeout)
+	if err != nil {
+		res.Error = joinMsg(res.Error, "restart: "+err.Error())
+		return next, nil
+	}
+	res.Restart.SyncedSeconds = synced.Sub(next.started).Seconds()
+	passed, err := next.waitReconciled(ctx, cfg.N, cfg.Timeout)
+	if err != nil {
+		res.Error = joinMsg(res.Error, "restart: "+err.Error())
+		return next, nil
+	}
+	res.Restart.PassSeconds = passed.Sub(next.started).Seconds()
+	// A write the first pass queued for later (a requeue, a paced status) would
+	// come within seconds: the window stays open a while after the pass.
+	time.Sleep(restartSettle)
+	after, err := m.read(ctx)
+	if err != nil {
+		return next, err
+	}
+	res.Restart.Writes = after.since(before, cfg.N)
+	now := w.counts()
+	res.Restart.RVUpdates, res.Restart.LeftReady = now.updates-seen.updates, now.leftReady-seen.leftReady
+	return next, nil
+}
+
+// restartSettle is how long the restart's window stays open after the first pass.
+const restartSettle = 10 * time.Second
 
 // cpuOf reads the CPU time of the controller, this process (the agents and
 // the simulator) and the apiserver.
@@ -287,10 +349,21 @@ type readyWatch struct {
 	mu    sync.Mutex
 	at    map[string]time.Time
 	moved chan struct{}
+	// seen counts the RV updates the watch delivered and the times a volume
+	// that had been Ready was seen otherwise.
+	seen watchCounts
 }
+
+type watchCounts struct{ updates, leftReady int }
 
 func newReadyWatch() *readyWatch {
 	return &readyWatch{at: map[string]time.Time{}, moved: make(chan struct{}, 1)}
+}
+
+func (w *readyWatch) counts() watchCounts {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen
 }
 
 func (w *readyWatch) run(ctx context.Context, cl client.WithWatch) {
@@ -301,7 +374,7 @@ func (w *readyWatch) run(ctx context.Context, cl client.WithWatch) {
 			continue
 		}
 		for i := range list.Items {
-			w.see(&list.Items[i])
+			w.see(&list.Items[i], false)
 		}
 		wi, err := cl.Watch(ctx, &v1.ReplicatedVolumeList{}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
 		if err != nil {
@@ -310,20 +383,27 @@ func (w *readyWatch) run(ctx context.Context, cl client.WithWatch) {
 		}
 		for ev := range wi.ResultChan() {
 			if rv, ok := ev.Object.(*v1.ReplicatedVolume); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
-				w.see(rv)
+				w.see(rv, ev.Type == watch.Modified)
 			}
 		}
 		wi.Stop()
 	}
 }
 
-func (w *readyWatch) see(rv *v1.ReplicatedVolume) {
-	if rv.Status.Phase != v1.VolumePhaseReady || len(rv.Status.DatameshTransitions) > 0 {
-		return
-	}
+func (w *readyWatch) see(rv *v1.ReplicatedVolume, update bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, seen := w.at[rv.Name]; !seen {
+	if update {
+		w.seen.updates++
+	}
+	_, wasReady := w.at[rv.Name]
+	if rv.Status.Phase != v1.VolumePhaseReady || len(rv.Status.DatameshTransitions) > 0 {
+		if wasReady && rv.DeletionTimestamp == nil {
+			w.seen.leftReady++
+		}
+		return
+	}
+	if !wasReady {
 		w.at[rv.Name] = time.Now()
 		select {
 		case w.moved <- struct{}{}:
