@@ -289,6 +289,15 @@ func forceRemovePlan(from, to State, p PathParams) (Plan, error) {
 	}
 	st := memberStep(from, StateGone, q)
 	st.Force = true
+	// Every survivor confirms a force removal, a star member's too (docs/datamesh.md,
+	// "Departures from the specification"): a survivor may still run the member as the
+	// type it had before a step nobody confirmed (a leaving D's D∅ → A, published and
+	// then cancelled by this removal), under which it still connects to the member.
+	// The q↓ that follows the removal and lowers the effective FTT waits for the
+	// removal, so it waits until no survivor is left with a link to the lost member
+	// (model checker, M3: a TieBreaker still running the lost member as a D when q fell
+	// to 1).
+	st.Confirm = ConfirmAll
 	pl := Plan{Type: v1.TransitionForceRemoveReplica, Group: v1.GroupEmergency, From: from, To: to, Steps: []Step{st}}
 	pl.ID = planID(pl)
 	return pl, nil

@@ -88,6 +88,11 @@ func TestSeedTables(t *testing.T) {
 					t.Errorf("%s: step %s has no row in the seed's confirmation tables", tr, s.Name)
 					continue
 				}
+				if force && want == ConfirmFullMeshAffected {
+					// Departure: every survivor confirms a force removal, a star
+					// member's too (docs/datamesh.md, "Departures from the specification").
+					want = ConfirmAll
+				}
 				if s.Confirm != want {
 					t.Errorf("%s: step %s confirms %s, seed says %s", tr, s.Name, s.Confirm, want)
 				}

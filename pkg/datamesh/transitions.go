@@ -394,6 +394,15 @@ func (rc *reconcile) notReady(t *v1.DatameshTransition, step *Step) string {
 func (rc *reconcile) complete(ti int, p *Plan) {
 	st := rc.st
 	t := st.DatameshTransitions[ti]
+	if t.Type != v1.TransitionForceRemoveReplica && t.Type != v1.TransitionRemoveReplica && isMembership(t.Type) &&
+		rc.forceLeaving(t.ReplicaName) && rc.memberIndex(t.ReplicaName) >= 0 {
+		// The last step went without the member, whose node is lost (waitSet): the
+		// request stays ForceLeave, with its own message on what the removal waits for.
+		rc.event(EventWarning, "TransitionEndedWithoutLostMember", "The "+string(t.Type)+" of replica "+t.ReplicaName+
+			" completed without its confirmation: its node is lost and every other member confirmed the last step; its force removal follows")
+		st.DatameshTransitions = slices.Delete(st.DatameshTransitions, ti, ti+1)
+		return
+	}
 	switch t.Type {
 	case v1.TransitionAddReplica:
 		rc.setRequestMessage(t.ReplicaName, "Joined datamesh successfully")
@@ -463,6 +472,15 @@ func (rc *reconcile) waitSet(t *v1.DatameshTransition, step *Step, rev int64) Wa
 	}
 	affectedMember := am >= 0
 	late := rc.joinedAfterSet(rev)
+	// The last step of a lost member's own transition does not wait for the member
+	// (docs/datamesh.md "A voter lost under a transition in flight"): every other member
+	// confirmed it, the member's node never will, and nothing is published after it.
+	// Without this a join lost at its last step (the hold's q↓) waited for ever when its
+	// force removal waited for a replacement that no free node could host (model
+	// checker, M1). An earlier step still waits: the next one would be published for a
+	// member that is gone, and the force removal cancels the transition instead.
+	lostAtLastStep := am >= 0 && isMembership(t.Type) && t.Type != v1.TransitionForceRemoveReplica &&
+		activeStep(t) == len(t.Steps)-1 && rc.forceLeaving(affected)
 	for i := range ms {
 		m := &ms[i]
 		s := rc.mstate(i)
@@ -483,7 +501,7 @@ func (rc *reconcile) waitSet(t *v1.DatameshTransition, step *Step, rev int64) Wa
 		if (step.Q != NoChange || step.HoldQ) && s.IsVoter() {
 			in = true
 		}
-		if step.Force && isAffected {
+		if (step.Force || lostAtLastStep) && isAffected {
 			in = false
 		}
 		if !in || (!isAffected && i < 64 && late&(1<<uint(i)) != 0) {

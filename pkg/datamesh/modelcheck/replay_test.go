@@ -41,6 +41,22 @@ func TestFoundTracesKeepTheirInvariants(t *testing.T) {
 			request(Action{Req: ReqRemove, Slot: 2}), process(), place("Create", -1), process(),
 			act(ActApply, 0), act(ActForceLeave, 1), process(), request(Action{Req: ReqAdd, Slot: 3, Type: v1alpha1.ReplicaTypeAccess}),
 		}},
+		// M1 (I5): a join lost at its last step (the hold's q↓), whose force removal
+		// waits for a replacement no free node can host: the join ends without it.
+		{"M1", StartLayouts[0], v1alpha1.TopologyZonal, false, []replayStep{
+			request(Action{Req: ReqMaintenance, Slot: -1, Arg: 1}), process(), placeWanted(1), process(),
+			act(ActApply, 0), act(ActApply, 1), process(), placeWanted(0), process(),
+			act(ActApply, 0), act(ActApply, 2), process(), act(ActApply, 0), act(ActApply, 1), act(ActApply, 2),
+			process(), act(ActApply, 2), act(ActLose, 2),
+		}},
+		// M3 (R-ratchet): a leaving D lost after its D∅ → A was published is
+		// force-removed as an Access member; the q↓ after the removal must wait for the
+		// TieBreaker, which still runs the lost member as a D.
+		{"M3", StartLayouts[2], v1alpha1.TopologyZonal, false, []replayStep{
+			act(ActRestart, 0), request(Action{Req: ReqConfig, Slot: -1, FTT: 0, GMDR: 0}), process(), act(ActRecover, 0),
+			place("Delete", 1), process(), act(ActApply, 0), act(ActApply, 1), act(ActLose, 1), act(ActForceLeave, 1),
+			request(Action{Req: ReqConfig, Slot: -1, FTT: 1, GMDR: 0}), process(), act(ActApply, 0),
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewScenario(tc.layout, tc.shadow, tc.topo, Bounds{Depth: 64, Requests: 4, Losses: 1, Returns: 1, Restarts: 1, Spare: 2})
@@ -103,6 +119,16 @@ func place(action string, slot int) replayStep {
 			}
 		}
 		return Action{}, false
+	}
+}
+
+// placeWanted does the engine's k-th wish, as the search's "placement wanted[k]".
+func placeWanted(k int) replayStep {
+	return func(c *Checker, w *World) (Action, bool) {
+		if k >= len(w.Wanted) || c.placeSlot(w, w.Wanted[k]) < 0 {
+			return Action{}, false
+		}
+		return Action{Kind: ActPlace, Slot: -1, Arg: int8(k)}, true
 	}
 }
 
