@@ -31,7 +31,8 @@
 #                    above; product: the whole of meshvol on the guests
 #                    (test/vm/README.md, "The product on real DRBD"): the
 #                    guests are node-1..3, each with a 1 GiB disk for its
-#                    File pool and the real `meshvol node`; the host runs
+#                    File pool, a second for its LVM thin pool, and the
+#                    real `meshvol node`; the host runs
 #                    kube-apiserver, etcd (bin/k8s) and `meshvol controller`
 set -euo pipefail
 
@@ -90,8 +91,11 @@ cat "$OUT/rootfs.cpio" "$RUN/payload.cpio" >"$RUN/initrd.cpio"
 mem=1024
 if [[ $suite == product ]]; then
 	mem=2048
-	# Each guest's File pool: a fresh sparse disk the guest formats.
+	# Each guest's File pool: a fresh sparse disk the guest formats; and
+	# a second one (/dev/vdb) for its LVM thin pool, which the test makes
+	# as an administrator would (test/vm/drbd/product_lvmthin_test.go).
 	truncate -s 1G "$RUN/node-1.img" "$RUN/node-2.img" "$RUN/node-3.img"
+	truncate -s 1G "$RUN/node-1.thin.img" "$RUN/node-2.thin.img" "$RUN/node-3.thin.img"
 else
 	# Fresh sparse backing disks of contract.BackingSize (the captures' size).
 	truncate -s 128M "$RUN/node1.img" "$RUN/node2.img"
@@ -133,6 +137,9 @@ for i in 1 2 3; do
 	if [[ -f $RUN/$n.img ]]; then
 		disk=(-drive "file=$RUN/$n.img,if=virtio,format=raw,cache=unsafe")
 		diskful=yes
+	fi
+	if [[ -f $RUN/$n.thin.img ]]; then
+		disk+=(-drive "file=$RUN/$n.thin.img,if=virtio,format=raw,cache=unsafe")
 	fi
 	# ip netns exec execs timeout, so $! is timeout itself: killing it (on
 	# any exit) passes the signal on to qemu. Through the nsx function, $!

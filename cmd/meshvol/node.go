@@ -160,7 +160,17 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 // (pkg/nodecheck): it runs at most once a minute, logs each finding that fails,
 // and returns the failed ones for the Lease, where the controller reads them. A
 // missing prerequisite never stops the agent: a module loaded later is picked up.
+// A check that ran out of its time proves nothing missing: on a starved node
+// `drbdadm --version` was killed after 10 s and reported as "drbd-utils
+// failed", which kept the node from taking replicas for a minute. Its
+// findings are dropped, the previous ones kept, and the next call checks again.
 func prerequisites(log logr.Logger) func() []string {
+	return prerequisitesOf(log, func(ctx context.Context) []nodecheck.Finding {
+		return nodecheck.Check(ctx, nodecheck.Options{})
+	}, 10*time.Second)
+}
+
+func prerequisitesOf(log logr.Logger, check func(context.Context) []nodecheck.Finding, timeout time.Duration) func() []string {
 	var (
 		mu      sync.Mutex
 		last    time.Time
@@ -172,10 +182,14 @@ func prerequisites(log logr.Logger) func() []string {
 		if !last.IsZero() && time.Since(last) < time.Minute {
 			return missing
 		}
-		last = time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		missing = nodecheck.Missing(nodecheck.Check(ctx, nodecheck.Options{}))
+		found := nodecheck.Missing(check(ctx))
+		if ctx.Err() != nil {
+			log.Info("node prerequisite check did not finish in time; keeping the previous findings", "timeout", timeout, "unfinished", found)
+			return missing
+		}
+		last, missing = time.Now(), found
 		for _, m := range missing {
 			log.Info("node prerequisite missing", "finding", m)
 		}

@@ -2,11 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/meshvol/meshvol/pkg/nodecheck"
 )
 
 func TestNodeNeedsNodeName(t *testing.T) {
@@ -50,5 +56,36 @@ func TestNodeLeaseFlags(t *testing.T) {
 		if code != 2 || !strings.Contains(errb.String(), "--lease-duration") {
 			t.Errorf("%v: exit %d, stderr %q; want 2 naming --lease-duration", args, code, errb.String())
 		}
+	}
+}
+
+// A prerequisite check that runs out of its time reports nothing new: its
+// unfinished findings (a killed `drbdadm --version`) are not missing
+// prerequisites; the previous findings stay and the next call checks again.
+// A check that finishes is kept for a minute.
+func TestPrerequisitesIgnoreAnUnfinishedCheck(t *testing.T) {
+	missing := nodecheck.Finding{Name: "drbd kernel module", Detail: "not loaded"}
+	killed := nodecheck.Finding{Name: "drbd-utils", Detail: "`drbdadm --version` failed: signal: killed"}
+	var calls int
+	slow := true
+	check := prerequisitesOf(logr.Discard(), func(ctx context.Context) []nodecheck.Finding {
+		calls++
+		if slow {
+			<-ctx.Done()
+			return []nodecheck.Finding{missing, killed}
+		}
+		return []nodecheck.Finding{missing, {Name: "drbd-utils", OK: true, Detail: "drbdadm 9.22.0"}}
+	}, 10*time.Millisecond)
+	if got := check(); len(got) != 0 {
+		t.Fatalf("an unfinished first check reported %q, want nothing", got)
+	}
+	slow = false
+	want := []string{missing.String()}
+	if got := check(); !slices.Equal(got, want) || calls != 2 {
+		t.Fatalf("after an unfinished check: %q in %d calls, want %q checked again", got, calls, want)
+	}
+	slow = true
+	if got := check(); !slices.Equal(got, want) || calls != 2 {
+		t.Fatalf("within the minute: %q in %d calls, want the finished check's %q without a new one", got, calls, want)
 	}
 }

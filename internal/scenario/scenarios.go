@@ -57,6 +57,18 @@ type Options struct {
 	// Skip names scenarios to leave out ("10-retype"): the VM tier runs a
 	// scenario by default only once it has passed twice in a row there.
 	Skip map[string]bool
+	// Only, when set, names the only scenarios to run, in the list's order
+	// (a pass on a second pool runs those that form, attach, write, move,
+	// grow and delete volumes).
+	Only []string
+	// Prefix goes before the name of every class the run creates, and so
+	// of every volume: a second pass in the same cluster (on another pool)
+	// meets none of the first pass's objects.
+	Prefix string
+	// Inspect, when set, runs before scenario 9 with the ids of the
+	// volumes the run made: the backend's own look at what lies under
+	// them (the VM tier's LVM thin volumes).
+	Inspect func(t *testing.T, volumes []string)
 }
 
 // run is one pass of the scenario list.
@@ -107,7 +119,7 @@ func Run(ctx context.Context, t *testing.T, b Backend, o Options) *Record {
 		{"5-crash", r.crash},
 		{"9-delete", r.delete},
 	}) {
-		if o.Skip[s.name] {
+		if o.Skip[s.name] || (len(o.Only) > 0 && !slices.Contains(o.Only, s.name)) {
 			continue
 		}
 		began := time.Now()
@@ -213,10 +225,13 @@ func (r *run) create(t *testing.T) {
 	r.step(t, "1 created")
 }
 
-// createClass creates the class of layout l, named as l.
+// class is the name the run gives the class name (Options.Prefix).
+func (r *run) class(name string) string { return r.o.Prefix + name }
+
+// createClass creates the class of layout l, named as l (Options.Prefix).
 func (r *run) createClass(t *testing.T, l Layout) {
 	t.Helper()
-	rsc := &v1.ReplicatedStorageClass{ObjectMeta: metav1.ObjectMeta{Name: l.Name}}
+	rsc := &v1.ReplicatedStorageClass{ObjectMeta: metav1.ObjectMeta{Name: r.class(l.Name)}}
 	rsc.Spec.StoragePool = r.b.Pool()
 	ftt, gmdr := l.FTT, l.GMDR
 	rsc.Spec.FailuresToTolerate, rsc.Spec.GuaranteedMinimumDataRedundancy = &ftt, &gmdr
@@ -226,12 +241,13 @@ func (r *run) createClass(t *testing.T, l Layout) {
 	}
 }
 
-// createVolume is external-provisioner's CreateVolume of a volume of class
-// with capability c; it returns the volume's id.
+// createVolume is external-provisioner's CreateVolume of a volume of the
+// run's class (Options.Prefix) with capability c; it returns the volume's id.
 func (r *run) createVolume(t *testing.T, class string, c *csipb.VolumeCapability) string {
 	t.Helper()
 	var resp *csipb.CreateVolumeResponse
 	classSeen := time.Now().Add(time.Minute)
+	class = r.class(class)
 	r.call(t, "CreateVolume "+class, func(ctx context.Context) (err error) {
 		resp, err = r.b.Controller().CreateVolume(ctx, &csipb.CreateVolumeRequest{
 			Name:               "pvc-scenario-" + class,
@@ -243,6 +259,13 @@ func (r *run) createVolume(t *testing.T, class string, c *csipb.VolumeCapability
 		// may not have seen the class created a moment ago; on a
 		// cluster the class exists long before its first volume.
 		if status.Code(err) == codes.InvalidArgument && strings.Contains(err.Error(), "does not exist") && time.Now().Before(classSeen) {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		// No room now (a node whose agent missed its Lease renewals
+		// under load counts as not live) is a reason to try again
+		// later, as external-provisioner does with every failed
+		// CreateVolume; call gives up after Options.Wait.
+		if status.Code(err) == codes.ResourceExhausted {
 			return status.Error(codes.Unavailable, err.Error())
 		}
 		return err
@@ -485,6 +508,9 @@ func (r *run) move(t *testing.T) {
 // any node (no DRBD resource, no configuration, no backing volume) nor in
 // the apiserver (no RV, RVR, RVA or Secret).
 func (r *run) delete(t *testing.T) {
+	if r.o.Inspect != nil {
+		r.o.Inspect(t, r.volumes())
+	}
 	for _, id := range r.volumes() {
 		r.unpublish(t, id)
 	}
@@ -772,9 +798,10 @@ func (r *run) layoutAs(t *testing.T, id string, l Layout) {
 	})
 }
 
-// setClass changes the protection of class name.
+// setClass changes the protection of the run's class name (Options.Prefix).
 func (r *run) setClass(t *testing.T, name string, l Layout) {
 	t.Helper()
+	name = r.class(name)
 	for {
 		rsc := &v1.ReplicatedStorageClass{}
 		if err := r.b.Client().Get(r.ctx, client.ObjectKey{Name: name}, rsc); err != nil {

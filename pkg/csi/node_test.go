@@ -453,3 +453,23 @@ func hasCapSysResource(t *testing.T) bool {
 	t.Fatal("no CapEff in /proc/self/status")
 	return false
 }
+
+// deviceSize reads a block device's size from sysfs, without opening it (DRBD
+// refuses a read-only open of a device without quorum), and a regular file's
+// by seeking: a loop device and its backing file agree, to the sector.
+func TestDeviceSize(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the test attaches a loop device: run it as root")
+	}
+	const size = 96<<20 + 3*512
+	l := newLoop(t, t.TempDir(), "size", size, nil)
+	for _, p := range []string{l.dev, l.file} {
+		got, err := deviceSize(p)
+		if err != nil || got != size {
+			t.Errorf("deviceSize(%s) = %d, %v; want %d", p, got, err, size)
+		}
+	}
+	if _, err := deviceSize(filepath.Join(t.TempDir(), "missing")); !os.IsNotExist(err) {
+		t.Errorf("deviceSize of a missing path: %v, want not-exist", err)
+	}
+}
