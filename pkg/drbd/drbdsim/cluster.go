@@ -155,21 +155,31 @@ func (c *Cluster) Now() time.Time {
 // Advance moves the virtual clock by d, running time-based processes
 // (bitmap exchange, resync progress) in steps of at most 100 ms so that a
 // resync's progress is observable at the granularity tests care about.
+// It takes the cluster lock for one step at a time: a step's resync copies
+// blocks between backing files, and a long d (RunClock catching up after
+// its goroutine waited for a CPU on a loaded machine) held the lock through
+// every step's copying, so long that a device request waiting for it
+// tripped the watchdog (docs/conformance-results.md).
 func (c *Cluster) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for d > 0 {
 		step := min(d, 100*time.Millisecond)
 		d -= step
-		c.now = c.now.Add(step)
-		due := c.dueScope()
-		if due == nil {
-			continue // nothing depends on the clock now: at rest
-		}
-		c.scope = due
-		c.progressResyncs(step)
-		c.settleScope(due)
+		c.advanceStep(step)
 	}
+}
+
+// advanceStep is one step of Advance, under the cluster lock.
+func (c *Cluster) advanceStep(step time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(step)
+	due := c.dueScope()
+	if due == nil {
+		return // nothing depends on the clock now: at rest
+	}
+	c.scope = due
+	c.progressResyncs(step)
+	c.settleScope(due)
 }
 
 // RunClock advances the virtual clock with the wall clock every tick until
