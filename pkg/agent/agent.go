@@ -158,6 +158,12 @@ type Agent struct {
 	freed    map[types.UID]bool
 	capDirty bool // a backing volume was created or deleted since the last Lease
 
+	// downs spaces out the take-downs refused while a device is held open.
+	downs *takeDownGate
+	// collectNow asks the collector for a pass now: a replica of this node
+	// is gone, and what it ran may be left to take down.
+	collectNow chan struct{}
+
 	poolMetrics poolStats // the pools' last measured capacity, for metrics.go
 }
 
@@ -187,6 +193,11 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		pools:   map[string]poolEntry{},
 		volumes: map[types.UID]storage.Volume{},
 		freed:   map[types.UID]bool{},
+		// From a quarter of the retry interval, doubling, up to four times it:
+		// the first retries catch a mount that goes soon, the later ones cost
+		// a few commands a minute.
+		downs:      newTakeDownGate(cfg.RetryInterval/4, 4*cfg.RetryInterval),
+		collectNow: make(chan struct{}, 1),
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {

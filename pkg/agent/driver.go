@@ -84,6 +84,10 @@ func (t deadlineDriver) ResumeIO(ctx context.Context, name string) error {
 	return t.run(ctx, func(ctx context.Context) error { return t.d.ResumeIO(ctx, name) })
 }
 
+func (t deadlineDriver) FailIOWithoutQuorum(ctx context.Context, name string) error {
+	return t.run(ctx, func(ctx context.Context) error { return t.d.FailIOWithoutQuorum(ctx, name) })
+}
+
 func (t deadlineDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return t.run(ctx, func(ctx context.Context) error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }

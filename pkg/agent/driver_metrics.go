@@ -81,6 +81,10 @@ func (t timedDriver) ResumeIO(ctx context.Context, name string) error {
 	return t.run("resume-io", func() error { return t.d.ResumeIO(ctx, name) })
 }
 
+func (t timedDriver) FailIOWithoutQuorum(ctx context.Context, name string) error {
+	return t.run("resource-options", func() error { return t.d.FailIOWithoutQuorum(ctx, name) })
+}
+
 func (t timedDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return t.run("forget-peer", func() error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }

@@ -19,29 +19,64 @@ import (
 //
 // It runs only with a synced cache and a synced Observer: an empty cache
 // must never read as "nothing is ours" (kubelet's reconstruct.go: unknown
-// never means delete).
+// never means delete). A pass runs every GCInterval, as soon as a replica
+// of this node is gone from the cache (what it ran is then no replica's:
+// a node back from a partition learns so only now), and again when the
+// take-down of a resource was refused, once it may be tried again (the
+// device of a stale Primary stays held until its pod is gone).
 func (a *Agent) runGC(ctx context.Context) error {
 	if !a.cache.WaitForCacheSync(ctx) {
 		return nil
 	}
-	t := time.NewTicker(a.cfg.GCInterval)
+	due := time.Now()
+	t := time.NewTimer(0)
 	defer t.Stop()
+	var last time.Time
 	for {
-		if a.obs.Synced() {
-			a.collect(ctx)
-		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-a.collectNow:
+			// Replicas deleted by the thousand ask for a pass each: one a
+			// second is enough.
+			if soon := last.Add(collectSpacing); soon.Before(due) {
+				due = soon
+				t.Reset(time.Until(due))
+			}
+			continue
 		case <-t.C:
 		}
+		last = time.Now()
+		next := a.cfg.GCInterval
+		if !a.obs.Synced() {
+			next = min(next, collectSpacing)
+		} else if retry := a.collect(ctx); retry > 0 {
+			next = min(next, retry)
+		}
+		due = last.Add(next)
+		t.Reset(next)
+	}
+}
+
+// collectSpacing is the least time between two collector passes asked for
+// by events (requestCollect) rather than by the clock.
+const collectSpacing = time.Second
+
+// requestCollect asks for a collector pass soon; one already asked for is
+// enough.
+func (a *Agent) requestCollect() {
+	select {
+	case a.collectNow <- struct{}{}:
+	default:
 	}
 }
 
 // collect is one pass. The kernel and the pools are listed before the
 // replicas: whatever the agent created was for a replica already in the
 // cache, so a replica created meanwhile is never mistaken for a missing one.
-func (a *Agent) collect(ctx context.Context) {
+// It returns when to look again for a take-down that was refused, 0 if
+// none was.
+func (a *Agent) collect(ctx context.Context) (retry time.Duration) {
 	// The event stream's view of the kernel, not `drbdsetup status all`: the
 	// collector runs only while the Observer is synced, and a resource the
 	// stream has not shown yet was created for a replica already in the cache.
@@ -53,7 +88,7 @@ func (a *Agent) collect(ctx context.Context) {
 	var pools []poolVols
 	var rsps v1.ReplicatedStoragePoolList
 	if err := a.cache.List(ctx, &rsps); err != nil {
-		return
+		return 0
 	}
 	for i := range rsps.Items {
 		p, err := a.providerFor(&rsps.Items[i])
@@ -70,7 +105,7 @@ func (a *Agent) collect(ctx context.Context) {
 	var rvrs v1.ReplicatedVolumeReplicaList
 	// Read only, without copies: the sweep reads every replica of the node.
 	if err := a.cache.List(ctx, &rvrs, client.MatchingLabels{v1.LabelNode: a.cfg.NodeName}, client.UnsafeDisableDeepCopy); err != nil {
-		return
+		return 0
 	}
 	volumes, replicas := map[string]bool{}, map[string]bool{}
 	for i := range rvrs.Items {
@@ -81,9 +116,14 @@ func (a *Agent) collect(ctx context.Context) {
 		if volumes[r] {
 			continue
 		}
+		if err := a.downs.wait(r); err != nil {
+			retry = minRetry(retry, retryAfter(err, 0))
+			continue
+		}
 		a.log.Info("gc: no replica of this node owns DRBD resource; taking it down", "resource", r)
 		if err := a.takeDown(ctx, r); err != nil {
 			a.log.Error(err, "gc: taking down", "resource", r)
+			retry = minRetry(retry, retryAfter(err, 0))
 		}
 	}
 	for _, pv := range pools {
@@ -103,6 +143,15 @@ func (a *Agent) collect(ctx context.Context) {
 			a.markCapacity()
 		}
 	}
+	return retry
+}
+
+// minRetry is the sooner of two retries, 0 meaning none.
+func minRetry(a, b time.Duration) time.Duration {
+	if a == 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // namesLister is a provider that lists its volumes' names more cheaply than List,

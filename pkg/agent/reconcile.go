@@ -41,6 +41,10 @@ type step struct {
 func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	rvr := &v1.ReplicatedVolumeReplica{}
 	if err := a.cache.Get(ctx, req.NamespacedName, rvr); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Gone: whatever it ran here is no replica's now (runGC).
+			a.requestCollect()
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if rvr.Spec.NodeName != a.cfg.NodeName {
@@ -106,7 +110,9 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		return r.failed(ctx, "read back (drbdsetup show)", err)
 	}
 	if got, err = a.evictEarlierIncarnation(ctx, r, member, got); err != nil {
-		return r.failed(ctx, "taking down an earlier replica's resource", err)
+		s := r.failed(ctx, "taking down an earlier replica's resource", err)
+		s.retry = retryAfter(err, s.retry)
+		return s
 	}
 	vol, err := a.backing(ctx, r, member)
 	if err != nil {
@@ -234,7 +240,9 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 				r.cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonDemoteRefused,
 					"Left the datamesh but the device is held open (mounted?); will retry, never forced: "+drbd.RedactSecrets(err.Error()))
 			}
-			return r.failed(ctx, "taking down the resource of a replica that is not a datamesh member", err)
+			s := r.failed(ctx, "taking down the resource of a replica that is not a datamesh member", err)
+			s.retry = retryAfter(err, s.retry)
+			return s
 		}
 	}
 	if r.rvr.DeletionTimestamp != nil {
@@ -753,22 +761,6 @@ func drbdSecret(b []byte) string {
 		v = v[:drbd.MaxSharedSecretLen]
 	}
 	return v
-}
-
-// takeDown demotes (never forced) and takes a resource down with
-// drbd.SafeDown — which refuses while anything holds the device (never
-// while mounted) and repairs a half-done down — then removes its
-// configuration.
-func (a *Agent) takeDown(ctx context.Context, name string) error {
-	if st, err := a.drv.Status(ctx, name); err == nil && len(st) == 1 && st[0].Role == "Primary" {
-		if err := a.drv.Secondary(ctx, name); err != nil {
-			return err
-		}
-	}
-	if err := drbd.SafeDown(ctx, a.drv, name, nil); err != nil {
-		return err
-	}
-	return a.drv.RemoveConfig(ctx, name)
 }
 
 // releaseReplica finishes a deleted replica that is no longer a member: its

@@ -51,6 +51,14 @@ type Driver interface {
 	SuspendIO(ctx context.Context, name string) error
 	// ResumeIO is `drbdadm resume-io`; a success when nothing is suspended.
 	ResumeIO(ctx context.Context, name string) error
+	// FailIOWithoutQuorum is `drbdsetup resource-options <name>
+	// --on-no-quorum=io-error`: from now on the resource fails writes with
+	// EIO while it has no quorum instead of suspending them, and the writes
+	// it holds suspended for lack of quorum fail with EIO too (DRBD 9.2
+	// recomputes its state when on-no-quorum changes and completes a
+	// request with an error while it has no quorum under io-error). Only
+	// that option changes; the configuration file is left as it is.
+	FailIOWithoutQuorum(ctx context.Context, name string) error
 	ForgetPeer(ctx context.Context, name string, peerNodeID int) error
 	Verify(ctx context.Context, name string, peerNodeID int) error
 	// Status is `drbdsetup status --json --verbose --statistics <name>`;

@@ -366,6 +366,17 @@ func (d *ExecDriver) ResumeIO(ctx context.Context, name string) error {
 	return d.adm(ctx, d.cfg.Timeout, name, "resume-io", name)
 }
 
+// FailIOWithoutQuorum switches the running resource to on-no-quorum
+// io-error with drbdsetup, not drbdadm: drbdadm would apply the options of
+// the configuration file, which say suspend-io.
+func (d *ExecDriver) FailIOWithoutQuorum(ctx context.Context, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	_, err := d.setup(ctx, "resource-options", name, "--on-no-quorum="+string(OnNoQuorumIOError))
+	return err
+}
+
 func (d *ExecDriver) setup(ctx context.Context, args ...string) (Result, error) {
 	return d.run(ctx, d.cfg.Timeout, append([]string{d.cfg.Drbdsetup}, args...)...)
 }

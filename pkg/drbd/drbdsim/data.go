@@ -72,7 +72,7 @@ func (n *Node) ioLocked(ctx context.Context, op, name string, off int64, dev *de
 			if r.cfg.Options.Resource.Quorum == drbd.QuorumOff || r.quorate {
 				return c.delayedAck(ctx, r, do(r))
 			}
-			if r.cfg.Options.Resource.OnNoQuorum != drbd.OnNoQuorumSuspendIO {
+			if r.failsWithoutQuorum() {
 				return ioErr(op, name, off, "no quorum (on-no-quorum io-error)")
 			}
 			if !r.suspendedQuorum {
@@ -328,9 +328,13 @@ func (n *Node) Read(ctx context.Context, name string, off int64, size int) ([]by
 }
 
 // readLocked reads into buf at off from the local replica if UpToDate, else
-// from a connected UpToDate peer (a diskless Primary, a SyncTarget). Reads
-// are not refused without quorum: on-no-quorum is about writes.
+// from a connected UpToDate peer (a diskless Primary, a SyncTarget). Without
+// quorum a read fails under on-no-quorum io-error, as every request does
+// (failsWithoutQuorum); under suspend-io reads go on.
 func (r *resource) readLocked(off int64, buf []byte) (int, error) {
+	if r.failsWithoutQuorum() {
+		return 0, ioErr("read", r.name, off, "no quorum (on-no-quorum io-error)")
+	}
 	var src *resource
 	for _, h := range r.n.c.holders(r) {
 		if h.disk == DiskUpToDate {

@@ -298,8 +298,9 @@ func directIO(size int) []byte {
 
 // Without quorum (on-no-quorum io-error), writes and flushes through the
 // device fail with EIO — at write(2) with O_DIRECT, at fsync through a
-// filesystem — reads are still served, and writes succeed again once quorum
-// is back. (The raw checks come before ext4's failures: those leave a
+// filesystem — and so do reads (DRBD 9.2.18 fails every request of a device
+// without quorum under io-error: drbd_submit_bio, cached_err_io); writes
+// succeed again once quorum is back. (The raw checks come before ext4's failures: those leave a
 // writeback error on the block device that the next O_DIRECT request
 // reports once, on real DRBD too.)
 func TestDeviceNoQuorumEIO(t *testing.T) {
@@ -322,8 +323,8 @@ func TestDeviceNoQuorumEIO(t *testing.T) {
 	if _, err := f.WriteAt(buf, last); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("O_DIRECT write without quorum: %v, want EIO", err)
 	}
-	if _, err := f.ReadAt(buf, last); err != nil {
-		t.Fatalf("O_DIRECT read without quorum: %v", err)
+	if _, err := f.ReadAt(buf, last); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("O_DIRECT read without quorum: %v, want EIO", err)
 	}
 	rg.healed()
 	rg.wantQuorum("node1", true)
@@ -371,6 +372,30 @@ func TestDeviceSuspendIOBlocksUntilQuorum(t *testing.T) {
 	if got := rg.backing("node2", 8192, 9); string(got) != "suspended" {
 		t.Fatalf("node2 holds %q at 8192 after the suspended write completed", got)
 	}
+	rg.noLostWrites()
+}
+
+// A write through the device suspended without quorum fails with EIO once
+// the running resource is switched to on-no-quorum io-error (what the agent
+// does to a stale Primary whose member was removed, docs/controller.md
+// "--delete-lost-pods"); the write never reached a peer, the device is no
+// longer held by it and demotes.
+func TestDeviceSuspendedWriteFailsOnIOError(t *testing.T) {
+	rg, done := suspendedWrite(t)
+	n1 := rg.c.Node("node1")
+	rg.must(n1.FailIOWithoutQuorum(rg.ctx, "r0"))
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "Input/output error") {
+			t.Fatalf("the suspended write returned %v after on-no-quorum io-error, want EIO", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the suspended write still blocked 10 s after on-no-quorum io-error")
+	}
+	if got := rg.backing("node2", 8192, 9); string(got) == "suspended" {
+		t.Fatal("node2 holds the write that failed")
+	}
+	rg.must(n1.Secondary(rg.ctx, "r0"))
 	rg.noLostWrites()
 }
 

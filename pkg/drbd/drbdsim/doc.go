@@ -77,7 +77,11 @@
 //     node; diskful nodes that are reachable only indirectly are outdated
 //     (docs/drbd-quorum.md row 1).
 //   - Writes through Node.Write: refused (EIO) or suspended without quorum
-//     per on-no-quorum, EIO on a diskless Primary without reachable data;
+//     per on-no-quorum (under io-error reads fail too, as every request of
+//     a device without quorum does in DRBD 9.2.18), EIO on a diskless
+//     Primary without reachable data; resource-options
+//     --on-no-quorum=io-error on a running resource (FailIOWithoutQuorum)
+//     fails the writes it held;
 //     acknowledged once every connected diskful peer has them (protocol C).
 //     A writer outdates reachable diskful replicas its write cannot reach
 //     (DRBD's weak nodes). The cluster remembers acknowledged writes;

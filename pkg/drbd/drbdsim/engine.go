@@ -393,6 +393,15 @@ func (r *resource) suspended() bool {
 		r.cfg.Options.Resource.OnNoQuorum == drbd.OnNoQuorumSuspendIO)
 }
 
+// failsWithoutQuorum: on-no-quorum io-error on a device without quorum:
+// DRBD fails every request of the device with EIO, reads included, and
+// completes those it held suspended with EIO (drbd_state.c: cached_err_io;
+// drbd_req.c: drbd_submit_bio, and a request's completion without quorum).
+func (r *resource) failsWithoutQuorum() bool {
+	return r.cfg.Options.Resource.Quorum != drbd.QuorumOff && !r.quorate &&
+		r.cfg.Options.Resource.OnNoQuorum != drbd.OnNoQuorumSuspendIO
+}
+
 // failsWithoutData: on-no-data-accessible io-error (DRBD's default): a
 // Primary without UpToDate data in reach fails every request with EIO,
 // suspended or not (drbd_state.c, cached_err_io).

@@ -789,6 +789,33 @@ func (n *Node) ResumeIO(ctx context.Context, name string) error {
 	return nil
 }
 
+// FailIOWithoutQuorum is `drbdsetup resource-options <name>
+// --on-no-quorum=io-error` on the running resource (its configuration is
+// left as it is; an adjust applies the configuration's policy again). As in
+// DRBD 9.2.18 (drbd_main.c set_resource_options forces a state recalc when
+// on-no-quorum changes; sanitize_state then lifts the suspension for lack of
+// quorum, and drbd_req.c completes every request with EIO while the device
+// has no quorum under io-error): a Primary without quorum stops holding
+// its writes, those it held and every later one fail with EIO, and its
+// reads fail too (cached_err_io). With quorum nothing changes until it is
+// lost.
+func (n *Node) FailIOWithoutQuorum(ctx context.Context, name string) error {
+	if err := n.begin(ctx, "resource-options", name, "--on-no-quorum=io-error"); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("resource-options", name)
+	}
+	if r.cfg.Options.Resource.OnNoQuorum == drbd.OnNoQuorumIOError {
+		return nil
+	}
+	r.cfg.Options.Resource.OnNoQuorum = drbd.OnNoQuorumIOError
+	n.c.settleResource(name)
+	return nil
+}
+
 func (n *Node) NewCurrentUUIDClearBitmap(ctx context.Context, name string) error {
 	if err := n.begin(ctx, "new-current-uuid", name, "--clear-bitmap"); err != nil {
 		return err

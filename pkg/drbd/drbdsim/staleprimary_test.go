@@ -22,7 +22,9 @@ import (
 // runs the refused connect to the new Primary itself (the lower node-id
 // initiates, drbd_receiver.c), it learns that the peer has newer data, its
 // disk goes Outdated and the suspended write fails with EIO
-// (on-no-data-accessible io-error); otherwise the write stays suspended.
+// (on-no-data-accessible io-error); otherwise the write stays suspended
+// until on-no-quorum io-error is set on the running resource (drbdsetup
+// resource-options), which fails it and every later request with EIO.
 // Demoted and connected again (adjust on every node), it resyncs as a
 // Secondary and holds the other side's data.
 func TestStalePrimaryDoesNotRejoin(t *testing.T) {
@@ -89,9 +91,31 @@ func TestStalePrimaryDoesNotRejoin(t *testing.T) {
 					t.Fatalf("the stale Primary's suspended write returned (%v) after the heal", o.err)
 				case <-time.After(50 * time.Millisecond):
 				}
-				cancel()
-				if o := <-pending; o.err == nil {
-					t.Fatal("the cancelled suspended write succeeded")
+				// What the agent does to a stale Primary whose member was
+				// removed (docs/controller.md, "--delete-lost-pods"): its
+				// held write fails, as does any later request.
+				rg.must(stale.FailIOWithoutQuorum(rg.ctx, "r0"))
+				select {
+				case o := <-pending:
+					if !errors.Is(o.err, syscall.EIO) {
+						t.Fatalf("the suspended write after on-no-quorum io-error returned %v, want EIO", o.err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the suspended write is still pending after on-no-quorum io-error")
+				}
+				if err := stale.Write(rg.ctx, "r0", blockSize, staleData); !errors.Is(err, syscall.EIO) {
+					t.Fatalf("a write after on-no-quorum io-error returned %v, want EIO", err)
+				}
+				if _, err := stale.Read(rg.ctx, "r0", 0, blockSize); !errors.Is(err, syscall.EIO) {
+					t.Fatalf("a read after on-no-quorum io-error returned %v, want EIO", err)
+				}
+				if st := rg.state(tc.stale); st.Suspended || st.SuspendedQuorum || st.Role != "Primary" {
+					t.Fatalf("%s after on-no-quorum io-error: role %s, suspended %v (quorum %v), want a Primary not suspended", tc.stale, st.Role, st.Suspended, st.SuspendedQuorum)
+				}
+				shown, err := stale.Show(rg.ctx, "r0")
+				rg.must(err)
+				if got := shown[0].Options["on-no-quorum"]; got != string(drbd.OnNoQuorumIOError) {
+					t.Fatalf("drbdsetup show after resource-options: on-no-quorum %v, want io-error", got)
 				}
 			}
 			for _, n := range []string{"node1", "node2"} {

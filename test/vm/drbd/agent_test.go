@@ -114,6 +114,8 @@ func (a *agent) call(w http.ResponseWriter, r *http.Request) {
 		err = a.d.SuspendIO(ctx, req.Name)
 	case "ResumeIO":
 		err = a.d.ResumeIO(ctx, req.Name)
+	case "FailIOWithoutQuorum":
+		err = a.d.FailIOWithoutQuorum(ctx, req.Name)
 	case "ForgetPeer":
 		err = a.d.ForgetPeer(ctx, req.Name, req.PeerNodeID)
 	case "Verify":

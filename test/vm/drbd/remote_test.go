@@ -124,6 +124,10 @@ func (r *remote) ResumeIO(ctx context.Context, name string) error {
 	return r.simple(ctx, callReq{Method: "ResumeIO", Name: name})
 }
 
+func (r *remote) FailIOWithoutQuorum(ctx context.Context, name string) error {
+	return r.simple(ctx, callReq{Method: "FailIOWithoutQuorum", Name: name})
+}
+
 func (r *remote) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return r.simple(ctx, callReq{Method: "ForgetPeer", Name: name, PeerNodeID: peerNodeID})
 }

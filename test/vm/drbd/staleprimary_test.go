@@ -24,7 +24,8 @@ import (
 // keeps it. node1, the lower node-id, initiates its connects: stale, it learns of
 // node2's newer data while its IO is suspended, goes Outdated and its suspended
 // write fails with EIO. node2 stale does not initiate the connect to node1: it
-// stays UpToDate and its write stays suspended until `secondary --force` fails it.
+// stays UpToDate and its write stays suspended until on-no-quorum io-error, set on
+// the running resource, fails it with EIO (what meshvol's agent does).
 // Demoted and adjusted everywhere, the stale node resyncs and holds the other's
 // write.
 func TestStalePrimaryDoesNotRejoin(t *testing.T) {
@@ -151,16 +152,29 @@ func stalePrimary(t *testing.T, staleNode, otherNode string, outdated bool) {
 			t.Fatalf("%s's suspended write returned %v after the heal, want it still suspended", staleNode, err)
 		default:
 		}
-		if res, err := n1.Exec(bg, "drbdsetup", "secondary", "--force", r0); err != nil || res.ExitCode != 0 {
-			t.Fatalf("%s: drbdsetup secondary --force: %v exit %d: %s", staleNode, err, res.ExitCode, res.Stderr)
+		// What the agent does to a stale Primary whose member was removed
+		// (docs/controller.md, "--delete-lost-pods"): on-no-quorum io-error
+		// on the running resource fails the suspended write with EIO, and
+		// every later request; then it demotes without force.
+		if err := n1.FailIOWithoutQuorum(bg, r0); err != nil {
+			t.Fatalf("%s: drbdsetup resource-options --on-no-quorum=io-error: %v", staleNode, err)
 		}
 		select {
 		case err := <-pending:
-			if err == nil {
-				t.Fatalf("%s's suspended write succeeded after its forced demotion", staleNode)
+			if !errors.Is(err, syscall.EIO) {
+				t.Fatalf("%s's suspended write returned %v after on-no-quorum io-error, want EIO", staleNode, err)
 			}
 		case <-time.After(time.Minute):
-			t.Fatalf("%s's suspended write still pending a minute after its forced demotion", staleNode)
+			t.Fatalf("%s's suspended write still pending a minute after on-no-quorum io-error: %s", staleNode, line(st(t, staleNode)))
+		}
+		if err := n1.Write(bg, r0, 4096, stale); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("%s: a write after on-no-quorum io-error returned %v, want EIO", staleNode, err)
+		}
+		if s := st(t, staleNode); s.Suspended || s.Role != "Primary" {
+			t.Fatalf("%s after on-no-quorum io-error: %s, want a Primary not suspended", staleNode, line(s))
+		}
+		if err := n1.Secondary(bg, r0); err != nil {
+			t.Fatalf("%s: secondary after on-no-quorum io-error: %v", staleNode, err)
 		}
 	}
 	for _, n := range contract.Nodes {
