@@ -27,6 +27,7 @@ import (
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd/drbdsim"
+	"github.com/meshvol/meshvol/pkg/storage"
 )
 
 // These tests run real agents (internal/localcluster without a controller) on a
@@ -579,6 +580,72 @@ func TestFilesystemSurvivesPrimaryCrash(t *testing.T) {
 	if lost := r.c.Sim.LostAckedWrites(r.rv); len(lost) > 0 {
 		t.Fatalf("acknowledged writes lost: %v", lost)
 	}
+}
+
+// A pool whose capacity cannot be measured in time (lvs on a starved node: seconds
+// per command) must cost the node neither its liveness nor its pools: the Lease
+// is renewed meanwhile and keeps the capacity it carried. On the VM tier's loaded
+// guests every renewal waited for an lvs that used up the write's budget, the
+// Lease lapsed, and the controller declared the node lost.
+func TestLeaseRenewedWhileCapacityHangs(t *testing.T) {
+	var hang atomic.Bool
+	r := newRigWith(t, 1, localcluster.Options{Agent: func(c *agent.Config) {
+		c.RenewInterval = 200 * time.Millisecond
+		pools := c.Pools
+		c.Pools = func(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
+			p, err := pools(rsp)
+			if p == nil || err != nil {
+				return p, err
+			}
+			return hangingCapacity{Provider: p, hang: &hang}, nil
+		}
+	}})
+	key := client.ObjectKey{Namespace: r.c.Namespace, Name: agent.LeaseName(r.node(0).Name)}
+	annotation := v1.AnnotationPoolCapacityPrefix + r.pool()
+	l := &coordinationv1.Lease{}
+	r.eventually("the pool's capacity on the Lease", time.Minute, func() string {
+		if err := r.cl.Get(r.ctx, key, l); err != nil {
+			return err.Error()
+		}
+		if l.Annotations[annotation] == "" {
+			return fmt.Sprintf("no capacity annotation: %v", l.Annotations)
+		}
+		return ""
+	})
+	hang.Store(true)
+	from, capacity := time.Now(), l.Annotations[annotation]
+	renewals := 0
+	last := l.Spec.RenewTime.Time
+	for time.Since(from) < 3*time.Second {
+		time.Sleep(100 * time.Millisecond)
+		r.must(r.cl.Get(r.ctx, key, l))
+		if got := l.Annotations[annotation]; got != capacity {
+			t.Fatalf("while the capacity hangs the Lease's %s is %q, want the %q it carried", annotation, got, capacity)
+		}
+		if l.Spec.RenewTime.After(last) {
+			renewals++
+			last = l.Spec.RenewTime.Time
+		}
+	}
+	// Each renewal waits one renew interval for the capacity, then writes.
+	if renewals < 3 {
+		t.Fatalf("the Lease was renewed %d times in 3 s while the capacity hung, want at least 3", renewals)
+	}
+}
+
+// hangingCapacity is a provider whose capacity, while hang is set, answers only
+// when its context ends, as an lvs killed at its deadline does.
+type hangingCapacity struct {
+	storage.Provider
+	hang *atomic.Bool
+}
+
+func (h hangingCapacity) Capacity(ctx context.Context) (storage.Capacity, error) {
+	if !h.hang.Load() {
+		return h.Provider.Capacity(ctx)
+	}
+	<-ctx.Done()
+	return storage.Capacity{}, &storage.Error{Op: "capacity", Kind: storage.ErrTimeout, Err: ctx.Err()}
 }
 
 // A Lease write that fails must not cost the node its pools: the controller counts a
