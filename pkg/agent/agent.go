@@ -99,6 +99,10 @@ type Config struct {
 	// RetryInterval is how soon a failed step (a refused demote, a failed
 	// command) is tried again. Default 2 s.
 	RetryInterval time.Duration
+	// StandAloneRetryInterval is how often a connection DRBD left StandAlone
+	// (a refused connect, a failed authentication, a split brain) is tried
+	// again with adjust. Default 30 s.
+	StandAloneRetryInterval time.Duration
 	// GCInterval is how often orphaned resources and volumes are looked for.
 	// Default 1 min.
 	GCInterval time.Duration
@@ -132,6 +136,7 @@ func (c *Config) defaults() error {
 	def(&c.ProgressInterval, 5*time.Second)
 	def(&c.RetryInterval, 2*time.Second)
 	def(&c.GCInterval, time.Minute)
+	def(&c.StandAloneRetryInterval, 30*time.Second)
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = "0"
 	}
@@ -157,6 +162,9 @@ type Agent struct {
 	// has deleted (freeBacking), so that it is not asked for again.
 	freed    map[types.UID]bool
 	capDirty bool // a backing volume was created or deleted since the last Lease
+	// standAloneTried: when each resource's StandAlone connections were last
+	// tried again (reconnectStandAlone).
+	standAloneTried map[string]time.Time
 
 	// downs spaces out the take-downs refused while a device is held open.
 	downs *takeDownGate
@@ -198,6 +206,8 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		// a few commands a minute.
 		downs:      newTakeDownGate(cfg.RetryInterval/4, 4*cfg.RetryInterval),
 		collectNow: make(chan struct{}, 1),
+
+		standAloneTried: map[string]time.Time{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -685,6 +686,65 @@ func TestLeaseCarriesCapacityAfterAFailedWrite(t *testing.T) {
 		}
 		if capacity(l) == "" {
 			return fmt.Sprintf("created again without the capacity of pool %s: %v", r.pool(), l.Annotations)
+		}
+		return ""
+	})
+}
+
+// A connection DRBD left StandAlone is connected again once the cause is gone: DRBD
+// does not retry it by itself, and the kernel runs the configuration the datamesh asks
+// for, so only the agent's own retry (Config.StandAloneRetryInterval) reconnects it.
+// Here the volume's shared secret changes while node 2 is cut off and its agent cannot
+// apply anything: when the network heals, its connections fail authentication and
+// both ends go StandAlone. Once node 2 applies the new secret, its own ends are tried
+// again by its adjust; the ends of nodes 1 and 3, whose configuration has not changed
+// since, must be tried again too.
+func TestStandAloneConnectionIsConnectedAgain(t *testing.T) {
+	r := newRig(t, 3, func(c *agent.Config) { c.StandAloneRetryInterval = time.Second })
+	names := r.form3D()
+	secret := func(name, value string) *v1.SharedSecretReference {
+		r.must(r.cl.Create(r.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.c.Namespace, Name: name},
+			Data: map[string][]byte{v1.SecretKeySharedSecret: []byte(value)}}))
+		return &v1.SharedSecretReference{SecretName: name, Algorithm: "sha256"}
+	}
+	first, second := secret(r.rv+"-a", "first-secret-value"), secret(r.rv+"-b", "second-secret-value")
+	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.SharedSecret = first })
+	r.confirmed(rev, v1.DiskStateUpToDate, names...)
+
+	cut := r.node(1)
+	r.c.Partition(cut.Name)
+	cut.Sim.InjectFault("adjust", drbdsim.Fault{Err: errors.New("held back by the test")})
+	rev = r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.SharedSecret = second })
+	r.confirmed(rev, "", names[0], names[2])
+	r.c.Heal()
+	// The cut node cannot adjust: its end of the connection to node 1 stays
+	// StandAlone once an attempt has failed authentication.
+	r.eventually("the cut node's connection to node 1 StandAlone after the heal (authentication fails)", time.Minute, func() string {
+		st, err := cut.Sim.Status(r.ctx, r.rv)
+		if err != nil || len(st) != 1 {
+			return fmt.Sprintf("status of %s: %v %v", cut.Name, st, err)
+		}
+		for _, c := range st[0].Connections {
+			if c.Name == r.node(0).Name && c.ConnectionState == "StandAlone" {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%s: %+v", cut.Name, st[0].Connections)
+	})
+
+	cut.Sim.ClearFault("adjust")
+	r.confirmed(rev, "", names...)
+	r.eventually("every connection Connected again", time.Minute, func() string {
+		for i := range 3 {
+			st, err := r.node(i).Sim.Status(r.ctx, r.rv)
+			if err != nil || len(st) != 1 {
+				return fmt.Sprintf("status of %s: %v %v", r.node(i).Name, st, err)
+			}
+			for _, c := range st[0].Connections {
+				if c.ConnectionState != "Connected" {
+					return fmt.Sprintf("%s → %s: %s", r.node(i).Name, c.Name, c.ConnectionState)
+				}
+			}
 		}
 		return ""
 	})

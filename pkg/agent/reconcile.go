@@ -128,7 +128,64 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	if err := a.freeBacking(ctx, r.rvr, member); err != nil {
 		return r.failed(ctx, "freeing the backing volume of a replica retyped to "+string(r.rvr.Spec.Type), err)
 	}
-	return a.confirm(ctx, r, member, vol)
+	s := a.confirm(ctx, r, member, vol)
+	if wait := a.reconnectStandAlone(ctx, want); wait > 0 && (s.retry <= 0 || wait < s.retry) {
+		s.retry = wait
+	}
+	return s
+}
+
+// reconnectStandAlone tries again, with adjust, the connections to configured peers
+// that DRBD left StandAlone, at most once per StandAloneRetryInterval; it returns
+// when to look again (0: none is StandAlone). DRBD does not retry such a connection
+// by itself (a connect refused, an authentication that failed, a split brain:
+// docs/drbd-quorum.md), and the kernel runs the configuration the datamesh asks for,
+// so nothing else would ever run adjust: a connection refused while a stale Primary
+// held its IO stayed down after that node was demoted, and one whose peer changed its
+// secret before this node did stayed down after both had. Trying again is safe:
+// DRBD's handshake decides again — a stale Primary is refused again, a split brain
+// (no after-sb policy is configured, so "disconnect") is detected again and stays
+// StandAlone, never resolved by discarding data.
+func (a *Agent) reconnectStandAlone(ctx context.Context, want *drbd.Resource) time.Duration {
+	snap, ok := a.obs.Snapshot(want.Name)
+	if !ok {
+		return 0
+	}
+	var peers []string
+	for _, c := range snap.Connections {
+		if c.State != "StandAlone" {
+			continue
+		}
+		for _, p := range want.Peers {
+			if p.NodeID == c.PeerNodeID {
+				peers = append(peers, c.Name)
+			}
+		}
+	}
+	if len(peers) == 0 {
+		a.mu.Lock()
+		delete(a.standAloneTried, want.Name)
+		a.mu.Unlock()
+		return 0
+	}
+	every := a.cfg.StandAloneRetryInterval
+	now := time.Now()
+	a.mu.Lock()
+	last, tried := a.standAloneTried[want.Name]
+	due := !tried || now.Sub(last) >= every
+	if due {
+		a.standAloneTried[want.Name] = now
+	}
+	a.mu.Unlock()
+	if !due {
+		return every - now.Sub(last)
+	}
+	slices.Sort(peers)
+	a.log.Info("connecting StandAlone peers again (adjust)", "resource", want.Name, "peers", peers)
+	if err := a.drv.Adjust(ctx, want.Name); err != nil {
+		a.log.Info("adjust for StandAlone peers failed; will retry", "resource", want.Name, "err", drbd.RedactSecrets(err.Error()))
+	}
+	return every
 }
 
 // evictEarlierIncarnation takes the volume's resource down when the kernel runs
@@ -142,9 +199,15 @@ func (a *Agent) evictEarlierIncarnation(ctx context.Context, r *replicaStep, mem
 	if err != nil || why == "" {
 		return got, err
 	}
-	a.log.Info("the kernel runs an earlier replica of this name; taking its resource down", "replica", r.rvr.Name, "why", why)
-	r.acted = true
-	if err := a.takeDown(ctx, r.rv.Name); err != nil {
+	// A take-down refused a moment ago is not tried (nor said) again at every
+	// wake-up meanwhile (takeDownGate); its refusal is reported as it was.
+	err = a.downs.wait(r.rv.Name)
+	if err == nil {
+		a.log.Info("the kernel runs an earlier replica of this name; taking its resource down", "replica", r.rvr.Name, "why", why)
+		r.acted = true
+		err = a.takeDown(ctx, r.rv.Name)
+	}
+	if err != nil {
 		if errors.Is(err, drbd.ErrDeviceInUse) {
 			r.cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonDemoteRefused,
 				"An earlier replica of this name still runs here ("+why+") and its device is held open; will retry, never forced: "+drbd.RedactSecrets(err.Error()))

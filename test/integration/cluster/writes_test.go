@@ -1,9 +1,12 @@
 package cluster_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/meshvol/meshvol/internal/localcluster"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -16,7 +19,8 @@ const formationBudget = 16
 
 // Scenario 8: apiserver writes per operation, counted at the HTTP layer for
 // the controller and all agents: a 3D formation (at most formationBudget), an
-// attach, and a steady minute (0 besides the agents' Lease renewals).
+// attach, a steady minute and a controller restart (0 besides the agents' Lease
+// renewals).
 func TestWritesPerOperation(t *testing.T) {
 	r := newRig(t)
 	class := r.class(1, 1, v1.TopologyIgnored)
@@ -46,8 +50,59 @@ func TestWritesPerOperation(t *testing.T) {
 	if nonLease > 0 {
 		t.Errorf("a steady volume caused %d writes in a minute, want 0", nonLease)
 	}
+
+	// A controller restart (an upgrade, a rescheduled pod) with the volume formed and
+	// attached: the new controller reconciles it and finds every status as it would
+	// compute it, so it writes nothing and the volume's status does not move.
+	rvBefore := r.rv("writes-3d").ResourceVersion
+	reconciled := volumeReconciles(t)
+	before = r.c.Writes.Snapshot()
+	r.must(r.c.StopController())
+	r.c.StartController()
+	r.eventually("the restarted controller reconciles the volume", time.Minute, func() string {
+		if n := volumeReconciles(t); n <= reconciled {
+			return fmt.Sprintf("%d volume reconciles, as before the restart", n)
+		}
+		return ""
+	})
+	// What the first pass leaves for later (a requeue, a status paced by
+	// progressInterval) comes within seconds.
+	time.Sleep(6 * time.Second)
+	restart, _ := r.c.Writes.Since(before)
+	t.Logf("controller restart: %d writes besides Lease renewals\n%s", withoutLeases(restart), localcluster.Format(restart))
+	if n := withoutLeases(restart); n > 0 {
+		t.Errorf("a controller restart with a formed, attached volume caused %d writes, want 0", n)
+	}
+	if after := r.rv("writes-3d"); after.ResourceVersion != rvBefore {
+		t.Errorf("the volume's status moved across a controller restart (phase %s): its resourceVersion %s → %s", after.Status.Phase, rvBefore, after.ResourceVersion)
+	}
 	r.detach("writes-3d", node)
 	r.deleteVolume("writes-3d")
+}
+
+// volumeReconciles is how many times the in-process controllers' volume reconciler
+// has run (controller-runtime's controller_runtime_reconcile_total, which a restarted
+// controller goes on counting).
+func volumeReconciles(t *testing.T) int {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		if mf.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == "volume" {
+					n += int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return n
 }
 
 // withoutLeases totals counts but the agents' Lease renewals, which are a function of
