@@ -26,7 +26,6 @@
 #                    row, from wiped metadata each time (default 1)
 #   VM_PARTITION     1: the product suite runs scenario 6 (partition and heal)
 #                    on the guests too
-#   VM_RETYPE        1: the product suite runs scenario 10 (retype) too
 #   VM_SUITE         drbd (default): pkg/drbd's contract suite and checks, as
 #                    above; product: the whole of meshvol on the guests
 #                    (test/vm/README.md, "The product on real DRBD"): the
@@ -160,7 +159,7 @@ done
 test_rc=0
 product_env=()
 [[ $suite == product ]] && product_env=(MESHVOL_VM_PRODUCT="$ROOT/$RUN/payload/meshvol/meshvol")
-nsx env MESHVOL_VM_DRBD="$spec" MESHVOL_VM_DRBD_OUT="$RUN" MESHVOL_VM_CONTRACT_RUNS="${VM_CONTRACT_RUNS:-1}" MESHVOL_VM_PARTITION="${VM_PARTITION:-}" MESHVOL_VM_RETYPE="${VM_RETYPE:-}" "${product_env[@]}" \
+nsx env MESHVOL_VM_DRBD="$spec" MESHVOL_VM_DRBD_OUT="$RUN" MESHVOL_VM_CONTRACT_RUNS="${VM_CONTRACT_RUNS:-1}" MESHVOL_VM_PARTITION="${VM_PARTITION:-}" "${product_env[@]}" \
 	"$RUN/payload/meshvol/drbd.test" -test.v -test.timeout "${VM_TEST_TIMEOUT:-50m}" \
 	${VM_RUN:+-test.run "$VM_RUN"} 2>&1 | tee "$RUN/result.txt" || test_rc=$?
 

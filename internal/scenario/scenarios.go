@@ -54,8 +54,8 @@ type Options struct {
 	// the heal and writes again (test/vm/FINDINGS.md, "The product on real
 	// DRBD", 8), so the scenario fails there until that is fixed.
 	Partition bool
-	// Skip names scenarios to leave out ("10-retype"): the VM tier runs a
-	// scenario by default only once it has passed twice in a row there.
+	// Skip names scenarios to leave out ("10-retype"): a new scenario joins
+	// the VM tier's default list once it has passed twice in a row there.
 	Skip map[string]bool
 	// Only, when set, names the only scenarios to run, in the list's order
 	// (a pass on a second pool runs those that form, attach, write, move,

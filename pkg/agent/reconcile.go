@@ -199,9 +199,15 @@ func (a *Agent) evictEarlierIncarnation(ctx context.Context, r *replicaStep, mem
 	if err != nil || why == "" {
 		return got, err
 	}
-	a.log.Info("the kernel runs an earlier replica of this name; taking its resource down", "replica", r.rvr.Name, "why", why)
-	r.acted = true
-	if err := a.takeDown(ctx, r.rv.Name); err != nil {
+	// A take-down refused a moment ago is not tried (nor said) again at every
+	// wake-up meanwhile (takeDownGate); its refusal is reported as it was.
+	err = a.downs.wait(r.rv.Name)
+	if err == nil {
+		a.log.Info("the kernel runs an earlier replica of this name; taking its resource down", "replica", r.rvr.Name, "why", why)
+		r.acted = true
+		err = a.takeDown(ctx, r.rv.Name)
+	}
+	if err != nil {
 		if errors.Is(err, drbd.ErrDeviceInUse) {
 			r.cond(v1.ConditionDRBDRole, metav1.ConditionFalse, v1.ReasonDemoteRefused,
 				"An earlier replica of this name still runs here ("+why+") and its device is held open; will retry, never forced: "+drbd.RedactSecrets(err.Error()))

@@ -201,8 +201,16 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 			return nil, err
 		}
 	}
-	if err := n.mounter().Mount(dev, path, fs, mnt.GetMountFlags()); err != nil {
-		return nil, status.Errorf(codes.Internal, "mounting %s (%s) at %s with %v: %v", dev, fs, path, mnt.GetMountFlags(), err)
+	opts := mnt.GetMountFlags()
+	// A clone or a restored snapshot of an xfs volume holds its source's file
+	// system, UUID included, and XFS refuses to mount a file system whose UUID
+	// is already mounted on the node ("Filesystem has duplicate UUID"): the
+	// source and its copy could never be used on one node.
+	if fs == fsXFS && !slices.Contains(opts, "nouuid") {
+		opts = append(slices.Clone(opts), "nouuid")
+	}
+	if err := n.mounter().Mount(dev, path, fs, opts); err != nil {
+		return nil, status.Errorf(codes.Internal, "mounting %s (%s) at %s with %v: %v", dev, fs, path, opts, err)
 	}
 	return &csipb.NodeStageVolumeResponse{}, nil
 }

@@ -97,6 +97,7 @@ func TestNodeService(t *testing.T) {
 	// holding data no filesystem tool recognises.
 	fresh := newLoop(t, dir, "fresh", 64*mib, nil)
 	freshXFS := newLoop(t, dir, "xfs", 320*mib, nil)
+	cloneXFS := newLoop(t, dir, "xfsclone", 320*mib, nil)
 	blk := newLoop(t, dir, "block", 16*mib, nil)
 	hasExt4 := newLoop(t, dir, "hasext4", 64*mib, nil)
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", "precious", hasExt4.dev).CombinedOutput(); err != nil {
@@ -116,8 +117,10 @@ func TestNodeService(t *testing.T) {
 		must(t, env.Client.Status().Update(ctx, r))
 	}
 	vFresh, vXFS, vBlk, vExt4, vData, vSec := pfx+"-fresh", pfx+"-xfs", pfx+"-blk", pfx+"-ext4", pfx+"-data", pfx+"-sec"
+	vXFSClone := pfx + "-xfsclone"
 	rvr(vFresh, fresh.dev, v1.RolePrimary)
 	rvr(vXFS, freshXFS.dev, v1.RolePrimary)
+	rvr(vXFSClone, cloneXFS.dev, v1.RolePrimary)
 	rvr(vBlk, blk.dev, v1.RolePrimary)
 	rvr(vExt4, hasExt4.dev, v1.RolePrimary)
 	rvr(vData, hasData.dev, v1.RolePrimary)
@@ -334,6 +337,26 @@ func TestNodeService(t *testing.T) {
 				return errors.New("not xfs")
 			}
 			return nil
+		}, codes.OK, ""},
+		{"Stage: a clone of an xfs volume (its source's file system UUID) stages beside its source", func(ctx context.Context) error {
+			// The clone holds the source's blocks, as a clone or a restored snapshot does.
+			if out, err := exec.Command("cp", "--sparse=always", freshXFS.file, cloneXFS.file).CombinedOutput(); err != nil {
+				return fmt.Errorf("cp: %v: %s", err, out)
+			}
+			if out, err := exec.Command("blockdev", "--flushbufs", cloneXFS.dev).CombinedOutput(); err != nil {
+				return fmt.Errorf("blockdev --flushbufs: %v: %s", err, out)
+			}
+			if err := stage(ctx, vXFS, mountCap("xfs", snw)); err != nil {
+				return err
+			}
+			if err := stage(ctx, vXFSClone, mountCap("xfs", snw)); err != nil {
+				return err
+			}
+			if mountOf(stg(vXFS)) == nil || mountOf(stg(vXFSClone)) == nil {
+				return errors.New("the source and its clone are not both mounted")
+			}
+			_, err := ns.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: vXFSClone, StagingTargetPath: stg(vXFSClone)})
+			return err
 		}, codes.OK, ""},
 		// Online growth is tested on xfs: ext4's needs CAP_SYS_RESOURCE, which this
 		// sandbox does not grant (resize2fs gets EPERM from the kernel).

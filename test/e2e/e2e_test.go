@@ -782,19 +782,39 @@ func backingFiles(volume string) []string {
 	return fs
 }
 
-// TestHelmUpgradeWhileWriting: `helm upgrade` to another build of meshvol
-// (this tree's meshvol stamped with another version: other bytes, another
-// `meshvol version`) while a pod writes to a 2D+1TB and a 3D volume, with
-// controller transitions in flight across the upgrade — the 3D volume
-// growing (its claim raised just before) and a new volume forming for a
-// new pod. The node DaemonSet rolls one node at a time (maxUnavailable 1:
-// the agent adopts the running DRBD resources, so one node at a time keeps
-// every volume's quorum), the controller Deployment rolls, no write fails,
-// the transitions finish under the new build, and every pod of the release
-// runs it.
+// TestHelmUpgradeWhileWriting: `helm upgrade` from the previous commit's
+// chart and build (sandbox.PreviousRevision: where this branch left main, or
+// HEAD's parent on main), installed first, to this tree's (its meshvol
+// stamped with another version: other bytes, another `meshvol version`), as
+// a user upgrades from the release before, while a pod writes to a 2D+1TB
+// and a 3D volume, with controller transitions in flight across the upgrade
+// — the 3D volume growing (its claim raised just before) and a new volume
+// forming for a new pod. The node DaemonSet rolls one node at a time
+// (maxUnavailable 1: the agent adopts the running DRBD resources, so one node
+// at a time keeps every volume's quorum), the controller Deployment rolls, no
+// write fails, the transitions finish under the new build, and every pod of
+// the release runs it.
 func TestHelmUpgradeWhileWriting(t *testing.T) {
-	ctx := ctxT(t, 12*time.Minute)
+	ctx := ctxT(t, 20*time.Minute)
 	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A checkout without history (a shallow clone, an exported tree) has no previous
+	// commit: it upgrades from its own build stamped as another version, which still
+	// rolls every pod of the release onto other bytes.
+	prevRoot, prevLabel := root, "this tree's build as another version"
+	prevVersion := "v0.0.0-previous"
+	if prev, err := sandbox.PreviousRevision(ctx, root); err != nil {
+		t.Logf("%v: upgrading from %s", err, prevLabel)
+	} else {
+		prevRoot = t.TempDir()
+		if err := sandbox.ExportRevision(ctx, root, prev, prevRoot); err != nil {
+			t.Fatal(err)
+		}
+		prevLabel, prevVersion = "the previous commit "+prev[:12], prevVersion+"-"+prev[:12]
+	}
+	prevArchive, prevRef, err := sb.BuildImage(ctx, prevRoot, prevVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -803,6 +823,12 @@ func TestHelmUpgradeWhileWriting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	down, err := sb.HelmUpgradeChart(ctx, filepath.Join(prevRoot, "charts", "meshvol"), prevArchive, prevRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s installed (its chart and build, helm upgrade %s → %s): Ready in %s",
+		prevLabel, down.From, down.To, down.Took.Round(100*time.Millisecond))
 	script := `i=0; while true; do i=$((i+1)); echo $i | dd of=/data/counter conv=fsync 2>/tmp/err || { echo "WRITE FAILED after $i: $(cat /tmp/err)"; exit 1; }; sleep 0.2; done`
 	var writers, claims []string
 	for _, cls := range []string{"meshvol-2d-1tb", "meshvol-3d"} {
@@ -851,6 +877,9 @@ func TestHelmUpgradeWhileWriting(t *testing.T) {
 	}
 	t.Logf("helm upgrade %s → %s: the release Ready on the new build in %s; at least %d node pods Ready throughout",
 		up.From, up.To, up.Took.Round(100*time.Millisecond), up.MinNodeReady)
+	if up.From != prevRef {
+		t.Errorf("the upgrade started from %s, want the previous commit's %s", up.From, prevRef)
+	}
 	if live := len(sb.Kube.Nodes); up.MinNodeReady < live-1 {
 		t.Errorf("only %d of %d node pods were Ready at one moment: the DaemonSet rolled more than one node at a time", up.MinNodeReady, live)
 	}

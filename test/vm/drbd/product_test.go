@@ -440,12 +440,6 @@ func TestProduct(t *testing.T) {
 	// Scenario 6 (VM_PARTITION=1): off by default while drbdsim fails it
 	// (scenario.Options.Partition).
 	partition := os.Getenv("MESHVOL_VM_PARTITION") != ""
-	// Scenario 10 (VM_RETYPE=1) joins the default list once it has passed
-	// twice in a row on the guests (test/vm/README.md).
-	var skip map[string]bool
-	if os.Getenv("MESHVOL_VM_RETYPE") == "" {
-		skip = map[string]bool{"10-retype": true}
-	}
 	var sim, real *scenario.Record
 	t.Run("drbdsim", func(t *testing.T) {
 		l, err := scenario.StartLocal(ctx, nil, logr.Discard())
@@ -459,10 +453,10 @@ func TestProduct(t *testing.T) {
 		}()
 		// Scenario 6 on the guests only: on drbdsim its old Primary may keep a
 		// writer blocked in the shared kernel past the scenario (FINDINGS 8).
-		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Skip: skip})
+		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute})
 	})
 	t.Run("real", func(t *testing.T) {
-		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute, Partition: partition, Skip: skip})
+		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute, Partition: partition})
 	})
 	var w io.Writer = os.Stdout
 	if f, err := os.Create(filepath.Join(prod.out, "scenario-compare.txt")); err == nil {
