@@ -146,6 +146,24 @@ func (r *rig) rvr(name string) *v1.ReplicatedVolumeReplica {
 	return o
 }
 
+// releaseAndDelete does what the controller does with a replica it removed from the
+// datamesh: it releases the agent's finalizer and deletes the replica, then waits until
+// the replica is gone.
+func (r *rig) releaseAndDelete(name string) {
+	r.t.Helper()
+	cur := r.rvr(name)
+	patched := cur.DeepCopy()
+	patched.Finalizers = nil
+	r.must(r.cl.Patch(r.ctx, patched, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{})))
+	r.must(r.cl.Delete(r.ctx, patched))
+	r.eventually("the removed replica gone", 30*time.Second, func() string {
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: name}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("still there (%v)", err)
+		}
+		return ""
+	})
+}
+
 // publish changes the datamesh as the controller would and bumps the revision.
 func (r *rig) publish(change func(st *v1.ReplicatedVolumeStatus)) int64 {
 	r.t.Helper()

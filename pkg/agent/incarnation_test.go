@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
@@ -40,17 +38,7 @@ func TestReplacedReplicaStartsFresh(t *testing.T) {
 	r.confirmed(rev, "", names[:2]...)
 	survivors := bytes.Repeat([]byte{2}, 4096)
 	r.must(r.node(0).Sim.Write(r.ctx, r.rv, 0, survivors))
-	cur := r.rvr(names[2])
-	patched := cur.DeepCopy()
-	patched.Finalizers = nil
-	r.must(r.cl.Patch(r.ctx, patched, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{})))
-	r.must(r.cl.Delete(r.ctx, patched))
-	r.eventually("the removed replica gone", 30*time.Second, func() string {
-		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: names[2]}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
-			return fmt.Sprintf("still there (%v)", err)
-		}
-		return ""
-	})
+	r.releaseAndDelete(names[2])
 
 	// Placed again under the same name and node-id, then the agent comes back,
 	// still cut off from its peers: the kernel runs the earlier replica's

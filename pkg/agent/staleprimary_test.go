@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd"
@@ -71,17 +68,7 @@ func TestStalePrimaryFailsHeldWrites(t *testing.T) {
 			r.confirmed(rev, "", names[:2]...)
 			survivors := bytes.Repeat([]byte{2}, 4096)
 			r.must(r.node(0).Sim.Write(r.ctx, r.rv, 4096, survivors))
-			cur := r.rvr(names[2])
-			patched := cur.DeepCopy()
-			patched.Finalizers = nil
-			r.must(r.cl.Patch(r.ctx, patched, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{})))
-			r.must(r.cl.Delete(r.ctx, patched))
-			r.eventually("the removed replica gone", 30*time.Second, func() string {
-				if err := r.cl.Get(r.ctx, client.ObjectKey{Name: names[2]}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
-					return fmt.Sprintf("still there (%v)", err)
-				}
-				return ""
-			})
+			r.releaseAndDelete(names[2])
 			if tc.away {
 				r.must(r.c.RestartAgent(stale.Name))
 			}
