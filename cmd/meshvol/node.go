@@ -157,39 +157,41 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 }
 
 // prerequisites returns the agent's check of this node's prerequisites
-// (pkg/nodecheck): it runs at most once a minute, logs each finding that fails,
-// and returns the failed ones for the Lease, where the controller reads them. A
-// missing prerequisite never stops the agent: a module loaded later is picked up.
+// (pkg/nodecheck) for the kinds of pool it serves: it runs at most once a minute,
+// and at once when those kinds change, logs each finding that fails, and returns
+// the failed ones for the Lease, where the controller reads them. A missing
+// prerequisite never stops the agent: a module loaded later is picked up.
 // A check that ran out of its time proves nothing missing: on a starved node
 // `drbdadm --version` was killed after 10 s and reported as "drbd-utils
 // failed", which kept the node from taking replicas for a minute. Its
 // findings are dropped, the previous ones kept, and the next call checks again.
-func prerequisites(log logr.Logger) func() []string {
-	return prerequisitesOf(log, func(ctx context.Context) []nodecheck.Finding {
-		return nodecheck.Check(ctx, nodecheck.Options{})
+func prerequisites(log logr.Logger) func(agent.PoolTypes) []string {
+	return prerequisitesOf(log, func(ctx context.Context, served agent.PoolTypes) []nodecheck.Finding {
+		return nodecheck.Check(ctx, nodecheck.Options{LVM: served.LVM, Thin: served.Thin})
 	}, 10*time.Second)
 }
 
-func prerequisitesOf(log logr.Logger, check func(context.Context) []nodecheck.Finding, timeout time.Duration) func() []string {
+func prerequisitesOf(log logr.Logger, check func(context.Context, agent.PoolTypes) []nodecheck.Finding, timeout time.Duration) func(agent.PoolTypes) []string {
 	var (
 		mu      sync.Mutex
 		last    time.Time
+		checked agent.PoolTypes
 		missing []string
 	)
-	return func() []string {
+	return func(served agent.PoolTypes) []string {
 		mu.Lock()
 		defer mu.Unlock()
-		if !last.IsZero() && time.Since(last) < time.Minute {
+		if !last.IsZero() && served == checked && time.Since(last) < time.Minute {
 			return missing
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		found := nodecheck.Missing(check(ctx))
+		found := nodecheck.Missing(check(ctx, served))
 		if ctx.Err() != nil {
 			log.Info("node prerequisite check did not finish in time; keeping the previous findings", "timeout", timeout, "unfinished", found)
 			return missing
 		}
-		last, missing = time.Now(), found
+		last, checked, missing = time.Now(), served, found
 		for _, m := range missing {
 			log.Info("node prerequisite missing", "finding", m)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/meshvol/meshvol/pkg/agent"
 	"github.com/meshvol/meshvol/pkg/nodecheck"
 )
 
@@ -68,7 +69,7 @@ func TestPrerequisitesIgnoreAnUnfinishedCheck(t *testing.T) {
 	killed := nodecheck.Finding{Name: "drbd-utils", Detail: "`drbdadm --version` failed: signal: killed"}
 	var calls int
 	slow := true
-	check := prerequisitesOf(logr.Discard(), func(ctx context.Context) []nodecheck.Finding {
+	check := prerequisitesOf(logr.Discard(), func(ctx context.Context, _ agent.PoolTypes) []nodecheck.Finding {
 		calls++
 		if slow {
 			<-ctx.Done()
@@ -76,16 +77,38 @@ func TestPrerequisitesIgnoreAnUnfinishedCheck(t *testing.T) {
 		}
 		return []nodecheck.Finding{missing, {Name: "drbd-utils", OK: true, Detail: "drbdadm 9.22.0"}}
 	}, 10*time.Millisecond)
-	if got := check(); len(got) != 0 {
+	var none agent.PoolTypes
+	if got := check(none); len(got) != 0 {
 		t.Fatalf("an unfinished first check reported %q, want nothing", got)
 	}
 	slow = false
 	want := []string{missing.String()}
-	if got := check(); !slices.Equal(got, want) || calls != 2 {
+	if got := check(none); !slices.Equal(got, want) || calls != 2 {
 		t.Fatalf("after an unfinished check: %q in %d calls, want %q checked again", got, calls, want)
 	}
 	slow = true
-	if got := check(); !slices.Equal(got, want) || calls != 2 {
+	if got := check(none); !slices.Equal(got, want) || calls != 2 {
 		t.Fatalf("within the minute: %q in %d calls, want the finished check's %q without a new one", got, calls, want)
+	}
+}
+
+// The check covers the kinds of pool the node serves: device-mapper for LVM, its thin
+// target for LVMThin. A node that starts serving another kind is checked again at once,
+// not a minute later.
+func TestPrerequisitesFollowThePoolsServed(t *testing.T) {
+	var asked []agent.PoolTypes
+	check := prerequisitesOf(logr.Discard(), func(ctx context.Context, served agent.PoolTypes) []nodecheck.Finding {
+		asked = append(asked, served)
+		if served.Thin {
+			return []nodecheck.Finding{{Name: "device-mapper thin provisioning", Detail: "not loaded"}}
+		}
+		return nil
+	}, time.Second)
+	if got := check(agent.PoolTypes{}); len(got) != 0 {
+		t.Fatalf("a node serving file pools only: %q missing", got)
+	}
+	thin := agent.PoolTypes{Thin: true}
+	if got := check(thin); len(got) != 1 || len(asked) != 2 || asked[1] != thin {
+		t.Fatalf("a node now serving an LVMThin pool: %q missing after checks for %+v, want the thin target checked at once", got, asked)
 	}
 }

@@ -77,10 +77,10 @@ type Config struct {
 	// Pools maps a ReplicatedStoragePool to its provider on this node.
 	Pools PoolFactory
 	// Prerequisites, when set, returns the node prerequisites that are missing
-	// (pkg/nodecheck), published on the Lease (AnnotationPrerequisites) so the
-	// controller reports the node not ready with the reason. Nil: nothing checked
-	// (drbdsim nodes).
-	Prerequisites func() []string
+	// (pkg/nodecheck) for the kinds of pool the node serves, published on the Lease
+	// (AnnotationPrerequisites) so the controller reports the node not ready with the
+	// reason. Nil: nothing checked (drbdsim nodes).
+	Prerequisites func(served PoolTypes) []string
 	// HMACAlgorithms and VerifyAlgorithms are what the node's kernel offers,
 	// published on the Lease for the controller's choice.
 	HMACAlgorithms   []string

@@ -126,12 +126,6 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 	ann[v1.AnnotationHMACAlgorithms] = strings.Join(a.cfg.HMACAlgorithms, ",")
 	ann[v1.AnnotationVerifyAlgorithms] = strings.Join(a.cfg.VerifyAlgorithms, ",")
 	ann[v1.AnnotationAgentVersion] = a.cfg.Version
-	delete(ann, v1.AnnotationPrerequisites)
-	if a.cfg.Prerequisites != nil {
-		if missing := a.cfg.Prerequisites(); len(missing) > 0 {
-			ann[v1.AnnotationPrerequisites] = strings.Join(missing, "; ")
-		}
-	}
 
 	a.mu.Lock()
 	dirty := a.capDirty
@@ -141,6 +135,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 	// takes seconds, and the renewal waits for it.
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.RenewInterval)
 	defer cancel()
+	var types PoolTypes // of the pools served here, for the prerequisite check
 	var rsps v1.ReplicatedStoragePoolList
 	if err := a.cache.List(ctx, &rsps); err == nil {
 		served := map[string]bool{}
@@ -150,6 +145,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 			if err != nil {
 				continue // not served here
 			}
+			types.add(rsp.Spec.Type)
 			c, err := p.Capacity(cctx)
 			if err != nil {
 				a.log.Error(err, "pool capacity", "pool", rsp.Name)
@@ -177,8 +173,27 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 			}
 		}
 	}
+	delete(ann, v1.AnnotationPrerequisites)
+	if a.cfg.Prerequisites != nil {
+		if missing := a.cfg.Prerequisites(types); len(missing) > 0 {
+			ann[v1.AnnotationPrerequisites] = strings.Join(missing, "; ")
+		}
+	}
 	l.Annotations = ann
 	return dirty
+}
+
+// PoolTypes are the kinds of storage pool a node serves, which decide part of its
+// prerequisites: an LVM pool needs device-mapper, an LVMThin pool its thin target too.
+type PoolTypes struct{ LVM, Thin bool }
+
+func (t *PoolTypes) add(pt v1.PoolType) {
+	switch pt {
+	case v1.PoolTypeLVM:
+		t.LVM = true
+	case v1.PoolTypeLVMThin:
+		t.Thin = true
+	}
 }
 
 func moved(last v1.PoolCapacity, total, free int64) bool {
