@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/internal/localcluster"
@@ -148,13 +149,17 @@ func (r *rig) rvr(name string) *v1.ReplicatedVolumeReplica {
 
 // releaseAndDelete does what the controller does with a replica it removed from the
 // datamesh: it releases the agent's finalizer and deletes the replica, then waits until
-// the replica is gone.
+// the replica is gone. A running agent may write the replica's status meanwhile: the
+// release is read again and retried then, as the controller's would be.
 func (r *rig) releaseAndDelete(name string) {
 	r.t.Helper()
-	cur := r.rvr(name)
-	patched := cur.DeepCopy()
-	patched.Finalizers = nil
-	r.must(r.cl.Patch(r.ctx, patched, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{})))
+	var patched *v1.ReplicatedVolumeReplica
+	r.must(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := r.rvr(name)
+		patched = cur.DeepCopy()
+		patched.Finalizers = nil
+		return r.cl.Patch(r.ctx, patched, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
+	}))
 	r.must(r.cl.Delete(r.ctx, patched))
 	r.eventually("the removed replica gone", 30*time.Second, func() string {
 		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: name}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
