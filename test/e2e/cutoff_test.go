@@ -88,7 +88,7 @@ func partitionFailover(t *testing.T, cls string) {
 	if l.LastAck > r.Resumed {
 		t.Fatalf("two writers: the partitioned pod acknowledged counter %d, beyond the %d the new pod started from", l.LastAck, r.Resumed)
 	}
-	t.Skip("the heal: the partitioned Primary's connects are refused (drbdsim, as DRBD 9.2.18: a stale Primary does not rejoin a side that promoted and wrote), its IO stays suspended without quorum, and meshvol does not yet fail it, so the old pod's fsync never returns and its kubelet cannot end it")
+	t.Skip("the heal is not checked here yet: the agent fails the stale Primary's held writes once its member is gone (docs/controller.md, \"The heal\"), but a pod placed on the returning node after it did not attach in the one 3D run of the heal, not yet explained")
 }
 
 // TestAPIServerCutOffKeepsVolume: a writer's node is cut off from the
