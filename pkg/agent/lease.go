@@ -37,8 +37,6 @@ func (a *Agent) runLease(ctx context.Context) error {
 	}
 }
 
-type capacity struct{ total, free int64 }
-
 // LeaseName is the name of a node's agent Lease.
 func LeaseName(node string) string { return v1.AgentLeasePrefix + node }
 

@@ -48,6 +48,9 @@ func observeCommand(command string, start time.Time, err error) {
 	}
 }
 
+// capacity is a pool's size and free space, in bytes.
+type capacity struct{ total, free int64 }
+
 // poolStats is the last capacity the agent measured of each pool it serves, kept by
 // the Lease renewal (which measures it anyway) for the metrics. The zero value is
 // ready to use.
