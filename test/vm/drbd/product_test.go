@@ -448,7 +448,10 @@ func TestProduct(t *testing.T) {
 				t.Errorf("stopping the drbdsim cluster: %v", err)
 			}
 		}()
-		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute})
+		// Scenario 6 on the guests only: on drbdsim the old Primary's loop
+		// devices may outlive the scenario (test/vm/FINDINGS.md, "The product
+		// on real DRBD", 11).
+		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Skip: map[string]bool{"6-partition": true}})
 	})
 	t.Run("real", func(t *testing.T) {
 		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute})
