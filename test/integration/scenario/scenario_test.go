@@ -40,11 +40,7 @@ func TestScenarios(t *testing.T) {
 			t.Errorf("stopping the cluster: %v", err)
 		}
 	}()
-	// Scenario 6 (partition and heal) runs in the VM tier only: here the
-	// old Primary's loop devices may outlive the scenario and keep the
-	// cluster from stopping (test/vm/FINDINGS.md, "The product on real
-	// DRBD", 11).
-	rec := scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Skip: map[string]bool{"6-partition": true}})
+	rec := scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute})
 	var b strings.Builder
 	rec.Print(&b)
 	t.Log("\n" + b.String())
