@@ -186,6 +186,24 @@ func listDir(d string) []string {
 	return names
 }
 
+// podNetnsPrefix begins the name of every network namespace containerd's CRI
+// plugin makes for a pod ("cni-" and random hex, its pkg/netns).
+const podNetnsPrefix = "cni-"
+
+// podNetns lists the network namespaces in d (/run/netns) that the
+// cluster's pods made: the new ones containerd named. Other programs on the
+// machine make theirs there too while a cluster runs (test/vm's qemu guests,
+// `ip netns add`), and those are not the cluster's to remove.
+func podNetns(d string, before []string) []string {
+	var pods []string
+	for _, n := range newEntries(d, before) {
+		if strings.HasPrefix(n, podNetnsPrefix) {
+			pods = append(pods, n)
+		}
+	}
+	return pods
+}
+
 func newEntries(d string, before []string) []string {
 	old := map[string]bool{}
 	for _, n := range before {
@@ -249,7 +267,7 @@ func cleanHost(st *hostState) error {
 		}
 		errs = appendErr(errs, os.RemoveAll(p))
 	}
-	for _, n := range newEntries("/run/netns", st.Entries["/run/netns"]) {
+	for _, n := range podNetns("/run/netns", st.Entries["/run/netns"]) {
 		p := filepath.Join("/run/netns", n)
 		_ = unix.Unmount(p, unix.MNT_DETACH)
 		errs = appendErr(errs, os.Remove(p))
@@ -330,6 +348,10 @@ func leftovers(st *hostState) []string {
 		for _, n := range newEntries(d, st.Entries[d]) {
 			p := filepath.Join(d, n)
 			switch d {
+			case "/run/netns":
+				if !strings.HasPrefix(n, podNetnsPrefix) {
+					continue // another program's namespace
+				}
 			case "/run/containerd/s":
 				if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
 					c.Close()

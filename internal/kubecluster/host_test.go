@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -53,5 +54,22 @@ func TestKillProcessesWithRoot(t *testing.T) {
 		if !processAlive(c.Process.Pid) {
 			t.Errorf("%s (pid %d) was killed", name, c.Process.Pid)
 		}
+	}
+}
+
+// TestPodNetnsAreContainerdsOnly: of the network namespaces made while a
+// cluster ran, its teardown removes only those containerd named for pods;
+// another program's (a qemu guest's of test/vm, `ip netns add x`) and those
+// that were there before stay.
+func TestPodNetnsAreContainerdsOnly(t *testing.T) {
+	d := t.TempDir()
+	for _, n := range []string{"cni-0c1a7f30-5d1e-2b44-9e3f-1a2b3c4d5e6f", "cni-before", "meshvol-drbdvm-101", "qemu-net"} {
+		if err := os.WriteFile(filepath.Join(d, n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := podNetns(d, []string{"cni-before", "qemu-net"})
+	if want := []string{"cni-0c1a7f30-5d1e-2b44-9e3f-1a2b3c4d5e6f"}; !slices.Equal(got, want) {
+		t.Fatalf("podNetns = %v, want %v: only the pods' new namespaces are the cluster's", got, want)
 	}
 }

@@ -14,7 +14,8 @@ import (
 //	RVR not a member, not deleting        → Join(spec.type)
 //	RVR member, being deleted             → Leave
 //	RVR member, spec.type ≠ member's type → ChangeType(spec.type)
-//	Input.ForceLeave                      → ForceLeave (sticky until it completes)
+//	Input.ForceLeave                      → ForceLeave (sticky until it completes; withdrawn
+//	                                        if the node is back before the removal started)
 //	member without an RVR                 → Leave
 //
 // A request whose replica has nothing more to ask stays, with its completion message
@@ -93,7 +94,7 @@ func (rc *reconcile) syncRequests() (open, anyForce bool) {
 			rc.setRequest(name, v1.ReplicaOperationForceLeave, "")
 		}
 	}
-	rc.withdrawLastCopyForceLeaves()
+	rc.withdrawReturnedForceLeaves()
 	for _, j := range rc.rvrOrd {
 		open = rc.syncReplicaRequest(j) || open
 	}
@@ -118,24 +119,39 @@ func (rc *reconcile) syncRequests() (open, anyForce bool) {
 	return open, anyForce
 }
 
-// withdrawLastCopyForceLeaves drops the ForceLeave requests that wait only because
-// their member holds the last copy (lastCopy) once Input.ForceLeave no longer names
-// them: the node is back. Such a removal never starts, and its request would otherwise
-// stay for ever and force-detach the member in every pass (emergency), so the volume
-// could not attach again. The replica's own request follows from its RVR as usual.
-func (rc *reconcile) withdrawLastCopyForceLeaves() {
+// withdrawReturnedForceLeaves drops the ForceLeave requests whose member's node is back
+// before its force removal started: Input.ForceLeave no longer names the member, and
+// either its agent reports again (AgentReady is not False) or the request waits only
+// because the member holds the last copy (lastCopy). A request is sticky otherwise, but
+// a removal that has not started has published nothing: every other member's steps
+// still wait for the member (waitSet leaves a force-leaving member out only of its own
+// transition's last step, and of a step of the removal itself), so with its agent
+// reporting it is a member like any other, which confirms what it runs. Kept, such a
+// request would stay for ever — its guard blocked on "member is reachable" once the
+// node's peers connect to it again — force-detach the member in every pass (emergency),
+// pause every voter transition (pausedByLostVoter) and hold the volume's attachments
+// behind it (docs/datamesh.md, "A lost node that comes back"). A removal already
+// published (ForceRemoveReplica in flight) is never withdrawn: some survivors may run
+// it, and it finishes.
+func (rc *reconcile) withdrawReturnedForceLeaves() {
 	var back []string // decided before any is dropped: lastCopy reads the requests
 	for _, r := range rc.st.DatameshReplicaRequests {
 		if r.Operation != v1.ReplicaOperationForceLeave || slices.Contains(rc.in.ForceLeave, r.Name) {
 			continue
 		}
-		if rc.heldAsLastCopy(r.Name) {
+		mi := rc.memberIndex(r.Name)
+		if mi < 0 || rc.forceInFlight(r.Name) {
+			continue
+		}
+		if rvr := rc.rvrOfMember(mi); rvr != nil && !agentNotReady(rvr) || rc.heldAsLastCopy(r.Name) {
 			back = append(back, r.Name)
 		}
 	}
 	for _, name := range back {
 		if i := rc.findRequest(name); i >= 0 {
 			rc.st.DatameshReplicaRequests = slices.Delete(rc.st.DatameshReplicaRequests, i, i+1)
+			rc.event(EventNormal, "ForceLeaveWithdrawn", "The node of replica "+name+
+				" is back before its force removal started: the replica stays a member of the datamesh")
 		}
 	}
 }

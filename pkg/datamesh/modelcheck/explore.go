@@ -44,6 +44,12 @@ const (
 	ActRequest
 	// ActReturn: a lost node comes back alive behind a partition (Returned).
 	ActReturn
+	// ActRejoin: the agent of a node that came back (Returned) reports again, so
+	// node lifecycle no longer names its replica (Input.ForceLeave drops it): the
+	// engine withdraws a ForceLeave whose removal has not started
+	// (docs/datamesh.md, "A lost node that comes back"). Until it applies the
+	// latest datamesh its kernel runs the one it ran while lost.
+	ActRejoin
 )
 
 // ReqKind is a request a run may inject.
@@ -96,6 +102,8 @@ func (a Action) String(s *Scenario) string {
 		return "force-leave " + name()
 	case ActReturn:
 		return "lost node of " + name() + " RETURNS behind a partition"
+	case ActRejoin:
+		return "agent of the returned node of " + name() + " reports again"
 	case ActPlace:
 		return fmt.Sprintf("placement wanted[%d]", a.Arg)
 	}
@@ -220,7 +228,7 @@ func (c *Checker) process(w *World) (nw *World, changed bool, vs []Violation) {
 	prev, next := &w.RV.Status, &nw.RV.Status
 	vs = append(vs, CheckStatus(prev, next)...)
 	vs = append(vs, checkGMDR(s, w, prev, next)...)
-	vs = append(vs, checkRules(s, w, w.Floor, prev, next, w.ForceLeave)...)
+	vs = append(vs, checkRules(s, w, w.Floor, prev, next, w.ForceLeave|forceRemovedSlots(s, next))...)
 	for i := range next.Datamesh.Members {
 		if s.slotOf(next.Datamesh.Members[i].Name) < 0 {
 			vs = append(vs, Violation{InvUnknownMember, "member " + next.Datamesh.Members[i].Name + " is no replica of the volume"})
@@ -314,6 +322,7 @@ func (c *Checker) apply(w *World, i int) {
 		r.UpToDate = false
 	}
 	r.Applied = snap
+	r.Rejoined = false
 	w.DP.noteConnections(i)
 }
 
@@ -383,6 +392,9 @@ func (c *Checker) actions(w *World, buf []Action) []Action {
 		}
 		if !r.Alive && r.Applied != nil && w.ReturnsLeft > 0 {
 			buf = append(buf, Action{Kind: ActReturn, Slot: sl})
+		}
+		if r.Returned && r.Exists {
+			buf = append(buf, Action{Kind: ActRejoin, Slot: sl})
 		}
 	}
 	for k := range w.Wanted {
@@ -551,6 +563,9 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 	case ActReturn:
 		r.Alive, r.Returned = true, true
 		nw.ReturnsLeft--
+	case ActRejoin:
+		r.Returned, r.Rejoined, r.AgentReady = false, true, true
+		nw.ForceLeave &^= 1 << i
 	case ActForceLeave:
 		nw.ForceLeave |= 1 << i
 		r.Deleting = true

@@ -258,9 +258,10 @@ func checkDataPlane(s *Scenario, a *Analyzer, dp *DataPlane) []Violation {
 	primaries, multi := 0, true
 	for i := 0; i < dp.N; i++ {
 		r := &dp.Replicas[i]
-		if !dp.configured(i) || r.Returned {
+		if !dp.configured(i) || r.Returned || r.Rejoined {
 			// A returned node may still run as Primary from before it was lost and
-			// force-detached; whether it can write is I1w's question.
+			// force-detached, also once its agent reports again, until it applies
+			// a newer datamesh; whether it can write is I1w's question.
 			continue
 		}
 		if r.Applied.Member(i).Attached {

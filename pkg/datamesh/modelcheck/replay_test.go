@@ -141,3 +141,64 @@ func possible(c *Checker, w *World, a Action) bool {
 	}
 	return false
 }
+
+// A lost node whose agent reports again before its member's force removal started
+// (ActRejoin) keeps its membership: the engine withdraws the ForceLeave
+// (docs/datamesh.md, "A lost node that comes back"), and every invariant holds on the
+// way and on the drained end. 3D, the removal held by another member's silent agent
+// (staleAgent), which lets the lost node come back first.
+func TestRejoinedNodeKeepsItsMembership(t *testing.T) {
+	s := NewScenario(StartLayouts[3], false, v1alpha1.TopologyZonal, Bounds{Depth: 64, Requests: 4, Losses: 1, Returns: 1, Restarts: 1, Spare: 2})
+	c := NewChecker(s, datamesh.NewEngine(nil, datamesh.Features{}))
+	w, err := c.Initial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trace []string
+	check := func(when string, vs []Violation, w *World) {
+		t.Helper()
+		for _, v := range vs {
+			t.Errorf("%s: %s: %s\ntrace:\n  %v\nstate:\n%s", when, v.Invariant, v.Detail, trace, w.String(s))
+		}
+	}
+	forceLeaveRequest := func(w *World) string {
+		for _, r := range w.RV.Status.DatameshReplicaRequests {
+			if r.Name == "r0" && r.Operation == v1alpha1.ReplicaOperationForceLeave {
+				return r.Message
+			}
+		}
+		return ""
+	}
+	steps := []replayStep{act(ActRestart, 1), act(ActLose, 0), act(ActForceLeave, 0), process(), act(ActReturn, 0)}
+	run := func(steps []replayStep) {
+		for _, st := range steps {
+			a, ok := st(c, w)
+			if !ok {
+				t.Fatalf("action not possible after %v\nstate:\n%s", trace, w.String(s))
+			}
+			trace = append(trace, a.String(s))
+			nw, _, vs := c.do(w, a)
+			check("after "+a.String(s), vs, nw)
+			check("after "+a.String(s), checkDataPlane(s, &c.an, &nw.DP), nw)
+			w = nw
+		}
+	}
+	run(steps)
+	if msg := forceLeaveRequest(w); msg == "" || !memberOf(&w.RV.Status, "r0") {
+		t.Fatalf("before the return: want r0 a member with a blocked ForceLeave, got request %q\nstate:\n%s", msg, w.String(s))
+	}
+	run([]replayStep{act(ActRejoin, 0), act(ActRecover, 1), process()})
+	if msg := forceLeaveRequest(w); msg != "" || !memberOf(&w.RV.Status, "r0") {
+		t.Fatalf("after r0's agent reports again: want r0 a member without a ForceLeave, got request %q\nstate:\n%s", msg, w.String(s))
+	}
+	// The checker deletes a force-left replica's RVR at once (ActForceLeave; the
+	// controller does so only once the member is out), so r0 then leaves, by an
+	// ordinary RemoveReplica that waits for it, not by force.
+	end, vs := c.drain(w, false)
+	check("drained", vs, end)
+	for _, r := range end.RV.Status.DatameshReplicaRequests {
+		if r.Name == "r0" && (r.Operation != v1alpha1.ReplicaOperationLeave || r.Message != "Left datamesh successfully") {
+			t.Fatalf("drained: r0's request is %s %q, want an ordinary Leave\n%s", r.Operation, r.Message, end.String(s))
+		}
+	}
+}

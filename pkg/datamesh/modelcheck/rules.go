@@ -303,6 +303,32 @@ func changesDisklessSet(t *v1alpha1.DatameshTransition) bool {
 
 var registry = datamesh.DefaultRegistry()
 
+// forceRemovedSlots are the slots whose force removal the engine records in st (a
+// ForceLeave request, or a ForceRemoveReplica in flight): node lifecycle declared them
+// lost when the removal started, and the rules' allowances for a lost member (a
+// confirmed loss lowers the FTT; a lost member leaves while attached) hold for them
+// after their agent reports again too (ActRejoin), since a started removal is never
+// withdrawn.
+func forceRemovedSlots(s *Scenario, st *v1alpha1.ReplicatedVolumeStatus) uint32 {
+	var out uint32
+	mark := func(name string) {
+		if j := s.slotOf(name); j >= 0 {
+			out |= 1 << uint(j)
+		}
+	}
+	for i := range st.DatameshReplicaRequests {
+		if r := &st.DatameshReplicaRequests[i]; r.Operation == v1alpha1.ReplicaOperationForceLeave {
+			mark(r.Name)
+		}
+	}
+	for i := range st.DatameshTransitions {
+		if t := &st.DatameshTransitions[i]; t.Type == v1alpha1.TransitionForceRemoveReplica {
+			mark(t.ReplicaName)
+		}
+	}
+	return out
+}
+
 // confirmedLoss: a member the node lifecycle declared lost (forceLeave) is out of the
 // published datamesh, and no live replica that runs the volume, the lost node behind
 // a partition aside, still runs a datamesh with a connection to it (star members,

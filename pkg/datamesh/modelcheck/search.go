@@ -84,6 +84,7 @@ func dpHash(dp *DataPlane) uint64 {
 		r := &dp.Replicas[i]
 		h.bool(r.Alive)
 		h.bool(r.Returned)
+		h.bool(r.Rejoined)
 		h.bool(r.UpToDate)
 		if r.Applied != nil {
 			h.i64(int64(r.Applied.hash))

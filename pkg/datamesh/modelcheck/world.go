@@ -33,6 +33,11 @@ type Replica struct {
 	// replica sees it, and it applies nothing new. Any cut may still put it on
 	// either side, next to nodes whose configuration still includes it.
 	Returned bool
+	// Rejoined: a node that came back (Returned) reports again (ActRejoin) and has
+	// not applied a datamesh since: its kernel still runs, maybe as Primary, the
+	// one it ran while lost. Like a returned node's, such a Primary is I1w's
+	// question, not I4p's: it was force-detached while lost.
+	Rejoined bool
 	// AgentReady: the node's agent reports. While not ready, the RVR status
 	// is stale and the kernel keeps running what it had applied.
 	AgentReady bool
@@ -332,6 +337,8 @@ func (w *World) String(s *Scenario) string {
 		}
 		if r.Returned {
 			out += " RETURNED-behind-partition"
+		} else if r.Rejoined {
+			out += " rejoined-not-applied"
 		} else if !r.Alive {
 			out += " DEAD"
 		} else if !r.AgentReady {

@@ -75,6 +75,9 @@ type Cluster struct {
 	// acked remembers, per resource, the content hash of every block whose
 	// write was acknowledged to a writer: the promise DRBD makes.
 	acked map[string]map[int64]uint64
+	// afterLackingBatch, when set (by tests), runs between two batches of
+	// the acknowledged-write check (lackingOn), with mu released.
+	afterLackingBatch func()
 	// pending cluster-wide agreements (connects, role changes), applied
 	// once the cluster has settled.
 	pending []*resource
@@ -339,30 +342,77 @@ func (c *Cluster) StaleUpToDate(res string) []string {
 // block it lacks. The blocks are checked in offset order, not map order,
 // so that the same state always gives the same message (a test failure
 // quotes it, and a rerun must show the same block).
+//
+// The blocks are read in batches of lackingBatch, each under the cluster
+// lock and against the state of that moment (the replica's disk, quorum
+// and the block's last acknowledged content are looked up again for each
+// batch), and the lock is released between them: a device request waits
+// for that lock, and reading every acknowledged block of every replica in
+// one hold took over 30 s on a loaded machine, past the device watchdog,
+// which then failed every device (docs/soak.md, Findings). What a batch
+// reports lacking is lacking at that moment, so nothing is reported that
+// was not so; a block acknowledged after the check began is left to the
+// next check.
 func (c *Cluster) lacking(res string, quorateOnly bool) []string {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	acked := c.acked[res]
-	blocks := slices.Sorted(maps.Keys(acked))
+	blocks := slices.Sorted(maps.Keys(c.acked[res]))
+	names := c.nodeNames()
+	c.mu.Unlock()
 	var out []string
-	for _, name := range c.nodeNames() {
-		r := c.nodes[name].res[res]
-		if r == nil || !r.attached() || r.disk != DiskUpToDate || (quorateOnly && !r.quorate) {
-			continue
-		}
-		for _, blk := range blocks {
-			got, err := r.blockHash(blk)
-			if err != nil {
-				out = append(out, fmt.Sprintf("%s: block %d (offset %d) cannot be read to check an acknowledged write: %v", name, blk, blk*blockSize, err))
-				break
-			}
-			if got != acked[blk] {
-				out = append(out, fmt.Sprintf("%s: block %d (offset %d) lacks an acknowledged write", name, blk, blk*blockSize))
-				break
-			}
+	for _, name := range names {
+		if msg := c.lackingOn(res, name, blocks, quorateOnly); msg != "" {
+			out = append(out, msg)
 		}
 	}
 	return out
+}
+
+// lackingBatch is how many blocks lacking reads in one hold of the lock.
+const lackingBatch = 256
+
+// lackingOn is lacking for one node's replica: the message for the lowest
+// of blocks it lacks, or "".
+func (c *Cluster) lackingOn(res, name string, blocks []int64, quorateOnly bool) string {
+	for start := 0; start < len(blocks); start += lackingBatch {
+		if start > 0 && c.afterLackingBatch != nil {
+			c.afterLackingBatch()
+		}
+		msg, done := c.lackingBatchOn(res, name, blocks[start:min(start+lackingBatch, len(blocks))], quorateOnly)
+		if done {
+			return msg
+		}
+	}
+	return ""
+}
+
+// lackingBatchOn checks one batch under the lock; done says that the check
+// of this replica ended (a block lacks, or the replica does not count now).
+func (c *Cluster) lackingBatchOn(res, name string, blocks []int64, quorateOnly bool) (msg string, done bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[name]
+	if n == nil {
+		return "", true
+	}
+	r := n.res[res]
+	if r == nil || !r.attached() || r.disk != DiskUpToDate || (quorateOnly && !r.quorate) {
+		return "", true
+	}
+	acked := c.acked[res]
+	for _, blk := range blocks {
+		want, ok := acked[blk]
+		if !ok {
+			continue
+		}
+		got, err := r.blockHash(blk)
+		if err != nil {
+			return fmt.Sprintf("%s: block %d (offset %d) cannot be read to check an acknowledged write: %v", name, blk, blk*blockSize, err), true
+		}
+		if got != want {
+			return fmt.Sprintf("%s: block %d (offset %d) lacks an acknowledged write", name, blk, blk*blockSize), true
+		}
+	}
+	return "", false
 }
 
 // Diverged reports whether a connection of res is StandAlone because of a
