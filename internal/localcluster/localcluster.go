@@ -139,6 +139,8 @@ type Node struct {
 	c     *Cluster
 	agent *goproc.Proc
 	pools sync.Map // pool name → *file.Pool
+	// api is the agent's connection to the control plane (CutOff).
+	api *apiGate
 }
 
 // Start brings a cluster up: control plane, namespace, Nodes, agents (and
@@ -192,6 +194,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			Name:    fmt.Sprintf("%s-%d", opts.NamePrefix, i),
 			Address: netip.AddrFrom4([4]byte{10, 99, 0, byte(i)}),
 			c:       c,
+			api:     newAPIGate(),
 		}
 		if opts.Zones > 0 {
 			n.Zone = "zone-" + string(rune('a'+(i-1)%opts.Zones))
@@ -294,7 +297,7 @@ func (n *Node) PoolDir(rsp *v1.ReplicatedStoragePool) string {
 
 func (n *Node) startAgent() {
 	cfg := n.AgentConfig()
-	restCfg := n.c.Writes.counted(n.c.Env.Config, "agent")
+	restCfg := n.api.wrap(n.c.Writes.counted(n.c.Env.Config, "agent"))
 	if restCfg.QPS == 0 {
 		// The client-side rate limit `meshvol node` runs with (cmd/meshvol,
 		// restConfig), not client-go's default of 5 requests per second: with

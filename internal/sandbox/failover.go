@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -618,7 +619,7 @@ func (s *Sandbox) AfterHeal(ctx context.Context, r *FailoverResult) (*HealResult
 	}
 	third, err := s.WaitPodRunning(ctx, labels, "", 2*time.Minute)
 	if err != nil {
-		return h, err
+		return h, fmt.Errorf("%w\n%s", err, s.VolumeReport(ctx, r.volume))
 	}
 	for try := 0; ; try++ {
 		n, _, ok := s.writerStart(third.Name)
@@ -682,3 +683,20 @@ func (s *Sandbox) TaskRunning(node, id string) (bool, error) {
 // StallAPIServer holds every node's connections to the apiserver for d
 // (kubecluster's StallAPIServer).
 func (s *Sandbox) StallAPIServer(d time.Duration) error { return s.Kube.StallAPIServer(d) }
+
+// VolumeReport is what a test that waited for a volume in vain prints: the
+// volume's RV, RVRs and RVAs as the apiserver holds them, and the volume's
+// resource in each node's simulated DRBD (`drbdsetup status --json`).
+func (s *Sandbox) VolumeReport(ctx context.Context, volume string) string {
+	var b strings.Builder
+	out, err := s.Kube.Kubectl(ctx, "get", "rv", volume, "-o", "yaml")
+	fmt.Fprintf(&b, "ReplicatedVolume %s (%v):\n%s\n", volume, err, out)
+	out, err = s.Kube.Kubectl(ctx, "get", "rvr,rva", "-l", v1.LabelVolume+"="+volume, "-o", "yaml")
+	fmt.Fprintf(&b, "its replicas and attachments (%v):\n%s\n", err, out)
+	for _, n := range s.Kube.Nodes {
+		st, err := s.Sim.Node(n.Name).Status(ctx, volume)
+		js, _ := json.MarshalIndent(st, "", "  ")
+		fmt.Fprintf(&b, "DRBD of %s on %s (%v):\n%s\n", volume, n.Name, err, js)
+	}
+	return b.String()
+}

@@ -165,6 +165,9 @@ type Agent struct {
 	// standAloneTried: when each resource's StandAlone connections were last
 	// tried again (reconnectStandAlone).
 	standAloneTried map[string]time.Time
+	// unconfirmed: why each member that holds its volume's revision
+	// unconfirmed does so, as last logged (sayUnconfirmed).
+	unconfirmed map[types.UID]string
 
 	// downs spaces out the take-downs refused while a device is held open.
 	downs *takeDownGate
@@ -208,6 +211,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		collectNow: make(chan struct{}, 1),
 
 		standAloneTried: map[string]time.Time{},
+		unconfirmed:     map[types.UID]string{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {

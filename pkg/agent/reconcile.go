@@ -65,6 +65,7 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		}
 	}
 	s := a.converge(ctx, rvr, rv)
+	a.sayUnconfirmed(rvr, rv, &s)
 	if s.gone || s.waiting && neverReported(rvr) {
 		// A new replica waiting for its first revision has nothing to report
 		// the controller needs: it takes the node's addresses from the Lease
@@ -81,6 +82,36 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		res.RequeueAfter = after
 	}
 	return res, nil
+}
+
+// sayUnconfirmed logs why a member leaves its volume's revision unconfirmed,
+// once per distinct reason: a revision waits on it (an Attach waits for its
+// promotion), the step is retried every RetryInterval with the same reason,
+// and the conditions that hold it vanish with the replica, so the log is
+// where an Attach that never completed is explained.
+func (a *Agent) sayUnconfirmed(rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume, s *step) {
+	why := ""
+	if !s.gone && memberOf(rv, rvr.Name) != nil && s.st.DatameshRevision < rv.Status.DatameshRevision {
+		var parts []string
+		for _, c := range s.st.Conditions {
+			if c.Status != metav1.ConditionTrue && slices.Contains(ownedConditions, c.Type) {
+				parts = append(parts, c.Type+"="+string(c.Status)+" "+c.Reason+": "+c.Message)
+			}
+		}
+		why = strings.Join(parts, "; ")
+	}
+	a.mu.Lock()
+	last := a.unconfirmed[rvr.UID]
+	if why == "" {
+		delete(a.unconfirmed, rvr.UID)
+	} else {
+		a.unconfirmed[rvr.UID] = why
+	}
+	a.mu.Unlock()
+	if why != "" && why != last {
+		a.log.Info("datamesh revision not confirmed yet; will retry", "replica", rvr.Name,
+			"revision", rv.Status.DatameshRevision, "confirmed", s.st.DatameshRevision, "why", why)
+	}
 }
 
 // converge moves this node's DRBD one step toward the datamesh and says what

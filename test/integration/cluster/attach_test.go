@@ -189,6 +189,13 @@ func TestNodeCrashAttachableElsewhere(t *testing.T) {
 // returns the unstage (unmount) that NodeUnstage does.
 func (r *rig) stage(volume, node string) (unstage func()) {
 	r.t.Helper()
+	_, unstage = r.stageAt(volume, node)
+	return unstage
+}
+
+// stageAt is stage, and says where the file system is mounted.
+func (r *rig) stageAt(volume, node string) (dir string, unstage func()) {
+	r.t.Helper()
 	dev := ""
 	for _, x := range r.rvrs(volume) {
 		if x.Spec.NodeName == node {
@@ -198,7 +205,7 @@ func (r *rig) stage(volume, node string) (unstage func()) {
 	if dev == "" {
 		r.t.Fatalf("no device path reported for %s on %s", volume, node)
 	}
-	dir := r.t.TempDir()
+	dir = r.t.TempDir()
 	// sync -f flushes this file system only: a bare sync waits on every file system
 	// of the machine, a hung one of another test's included.
 	for _, cmd := range [][]string{{"mkfs.ext4", "-q", "-F", dev}, {"mount", dev, dir}, {"sh", "-c", "echo hello > " + dir + "/f && sync -f " + dir + "/f"}} {
@@ -217,7 +224,7 @@ func (r *rig) stage(volume, node string) (unstage func()) {
 		}
 	}
 	r.t.Cleanup(unstage)
-	return unstage
+	return dir, unstage
 }
 
 // The kubelet's order: NodeUnstage (unmount), then ControllerUnpublish
