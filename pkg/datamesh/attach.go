@@ -343,7 +343,7 @@ func (rc *reconcile) attachBlocked(mi int, local bool, attached int) string {
 	if attached >= 1 && !rc.st.Datamesh.Multiattach {
 		return "Waiting for multiattach to be enabled"
 	}
-	if step := rc.stepAwaiting(mi); step != "" {
+	if step := rc.stepAwaiting(mi); step != "" && !(attached == 0 && rc.heldPrimary(mi)) {
 		return "Waiting for " + m.Name + " to confirm " + step + " first"
 	}
 	if state == StateA || state == StateTB || state == StateSDL {
@@ -421,6 +421,20 @@ func (rc *reconcile) stepAwaiting(mi int) string {
 		}
 	}
 	return ""
+}
+
+// heldPrimary: member mi's agent (reporting) says its DRBD resource is Primary while
+// the datamesh does not attach it — a member force-detached while its node was thought
+// lost, whose device stayed open (its pod ran on behind the cut, and DRBD refuses to
+// demote a device held open). Such a member confirms no revision until the datamesh
+// gives it back the role it holds, so a step waiting for it (stepAwaiting: a force
+// removal of another member, say) waits for exactly the Attach that stepAwaiting would
+// hold back: with nothing else attached, the Attach goes first and the member confirms
+// both (docs/datamesh.md, "An Attach its member cannot promote"). The Attach takes
+// nothing from anyone: the member is Primary already, and no other member is attached.
+func (rc *reconcile) heldPrimary(mi int) bool {
+	r := rc.rvrOfMember(mi)
+	return r != nil && !agentNotReady(r) && r.Status.Role == v1.RolePrimary && !rc.st.Datamesh.Members[mi].Attached
 }
 
 // promotionRefused says why DRBD refused to promote member mi for want of quorum, or

@@ -573,6 +573,13 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		}
 		w.setConditionOn(t, d, metav1.Condition{Type: v1.ConditionDRBDConfigured, Status: status, Reason: reason, Message: msg})
 		return "ok"
+	case "role":
+		// role r1 role=Primary: r1's agent reports its DRBD role (a force-detached
+		// member whose device stays open stays Primary).
+		for _, n := range w.names(d) {
+			w.rvr(n).Status.Role = v1.ReplicaRole(argStr(t, d, "role", ""))
+		}
+		return "ok"
 	case "promote-refused":
 		// promote-refused r1 (the message as input): r1's agent reports that DRBD
 		// refused its promotion for want of quorum (DRBDRole=False, PromoteNoQuorum).
