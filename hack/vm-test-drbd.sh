@@ -24,8 +24,6 @@
 #   VM_RUN           -test.run pattern (default: all; e.g. TestContract)
 #   VM_CONTRACT_RUNS how many times TestContract runs the contract suite in a
 #                    row, from wiped metadata each time (default 1)
-#   VM_PARTITION     1: the product suite runs scenario 6 (partition and heal)
-#                    on the guests too
 #   VM_SUITE         drbd (default): pkg/drbd's contract suite and checks, as
 #                    above; product: the whole of meshvol on the guests
 #                    (test/vm/README.md, "The product on real DRBD"): the
@@ -159,7 +157,7 @@ done
 test_rc=0
 product_env=()
 [[ $suite == product ]] && product_env=(MESHVOL_VM_PRODUCT="$ROOT/$RUN/payload/meshvol/meshvol")
-nsx env MESHVOL_VM_DRBD="$spec" MESHVOL_VM_DRBD_OUT="$RUN" MESHVOL_VM_CONTRACT_RUNS="${VM_CONTRACT_RUNS:-1}" MESHVOL_VM_PARTITION="${VM_PARTITION:-}" "${product_env[@]}" \
+nsx env MESHVOL_VM_DRBD="$spec" MESHVOL_VM_DRBD_OUT="$RUN" MESHVOL_VM_CONTRACT_RUNS="${VM_CONTRACT_RUNS:-1}" "${product_env[@]}" \
 	"$RUN/payload/meshvol/drbd.test" -test.v -test.timeout "${VM_TEST_TIMEOUT:-50m}" \
 	${VM_RUN:+-test.run "$VM_RUN"} 2>&1 | tee "$RUN/result.txt" || test_rc=$?
 

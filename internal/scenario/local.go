@@ -52,8 +52,10 @@ const localPool = "pool"
 
 // StartLocal brings the drbdsim backend up on env (nil starts a control
 // plane of its own); Stop takes it down.
-func StartLocal(ctx context.Context, env *testenv.Env, log logr.Logger) (l *Local, err error) {
-	l = &Local{nodes: map[string]csipb.NodeClient{}, errs: make(chan error, 8)}
+func StartLocal(ctx context.Context, env *testenv.Env, log logr.Logger) (_ *Local, err error) {
+	// The cleanup holds its own reference: every failing return below
+	// returns nil, which would leave the deferred Stop a nil receiver.
+	l := &Local{nodes: map[string]csipb.NodeClient{}, errs: make(chan error, 8)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, l.Stop())

@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
 // progressWriter writes files of 256 KiB with fsync into the volume where it
@@ -63,10 +66,13 @@ func (w *progressWriter) completed(t *testing.T) (int, string) {
 // node, each attachment is released and the volume published on a survivor,
 // where the fsynced data reads back and a new file is written with fsync.
 // Then the partition heals: the old Primary completes no write after the
-// cut, ever; DRBD on the survivors shows no split brain; the survivors'
-// files read back unchanged; and both volumes become Ready again with their
-// layouts. The figures: time to published elsewhere, writes completed on
-// the old Primary after the cut.
+// cut, ever (its peers refuse it, and its agent, back in touch, fails the
+// held writes with on-no-quorum io-error before it demotes: docs/controller.md,
+// "The heal: failing a stale Primary's held writes"); DRBD on the survivors
+// shows no split brain; the survivors' files read back unchanged; the old
+// pod's mount goes and so does the old resource; and both volumes become
+// Ready again with their layouts. The figures: time to published
+// elsewhere, writes completed on the old Primary after the cut.
 func (r *run) partition(t *testing.T) {
 	two, three := r.vols["2d-1tb"], r.vols["3d"]
 	node := r.published[three]
@@ -182,7 +188,39 @@ func (r *run) partition(t *testing.T) {
 	}
 	r.layoutAs(t, three, Layouts[2])
 	r.layoutAs(t, two, Layouts[1])
+	for _, id := range []string{three, two} {
+		r.noSplitBrain(t, id)
+	}
 	r.step(t, "6 both volumes Ready again")
+}
+
+// noSplitBrain waits until the volume's DRBD resource on every live node
+// that runs it is connected to every peer it has configured. DRBD meets a
+// split brain by dropping the connection (after-sb-0pri disconnect: both
+// ends StandAlone, never retried), so a volume Ready again whose every
+// connection is established had none.
+func (r *run) noSplitBrain(t *testing.T, id string) {
+	t.Helper()
+	r.eventually(t, "every connection of "+id+" established (no split brain)", func() string {
+		for _, n := range r.b.Nodes() {
+			if r.down[n] {
+				continue
+			}
+			st, err := r.b.DRBD(n).Status(r.ctx, id)
+			if errors.Is(err, drbd.ErrUnknownResource) || (err == nil && len(st) == 0) {
+				continue
+			}
+			if err != nil {
+				return fmt.Sprintf("drbdsetup status on %s: %v", n, err)
+			}
+			for _, c := range st[0].Connections {
+				if c.ConnectionState != "Connected" {
+					return n + ": " + kernelSummary(st[0], nil)
+				}
+			}
+		}
+		return ""
+	})
 }
 
 // fileSum is sha256sum's reading of file on node.

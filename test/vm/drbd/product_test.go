@@ -437,9 +437,6 @@ func TestProduct(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
-	// Scenario 6 (VM_PARTITION=1): off by default while drbdsim fails it
-	// (scenario.Options.Partition).
-	partition := os.Getenv("MESHVOL_VM_PARTITION") != ""
 	var sim, real *scenario.Record
 	t.Run("drbdsim", func(t *testing.T) {
 		l, err := scenario.StartLocal(ctx, nil, logr.Discard())
@@ -451,12 +448,15 @@ func TestProduct(t *testing.T) {
 				t.Errorf("stopping the drbdsim cluster: %v", err)
 			}
 		}()
-		// Scenario 6 on the guests only: on drbdsim its old Primary may keep a
-		// writer blocked in the shared kernel past the scenario (FINDINGS 8).
-		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute})
+		// Scenario 6 runs on drbdsim in `make test` (test/integration/scenario);
+		// here it is left out of the drbdsim pass, which would add its minute and
+		// more to a tier that must stay short, and the comparison lists its
+		// steps as real DRBD's only (test/vm/FINDINGS.md, "The product on real
+		// DRBD", 11).
+		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Skip: map[string]bool{"6-partition": true}})
 	})
 	t.Run("real", func(t *testing.T) {
-		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute, Partition: partition})
+		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute})
 	})
 	var w io.Writer = os.Stdout
 	if f, err := os.Create(filepath.Join(prod.out, "scenario-compare.txt")); err == nil {
