@@ -65,8 +65,11 @@ type Cluster struct {
 	mu   sync.Mutex
 	cond *sync.Cond // broadcast after every settle: wakes suspended writers
 	opts Options
-	now  time.Time
-	rng  *rand.Rand
+	// setupHook, set by tests, runs in every promotion's device setup just
+	// before losetup, without the lock: a kernel that makes losetup wait.
+	setupHook func()
+	now       time.Time
+	rng       *rand.Rand
 
 	nodes map[string]*Node
 	cut   map[link]bool

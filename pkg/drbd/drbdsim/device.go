@@ -32,9 +32,10 @@ import (
 // a loop device's data or a filesystem mounted on it while it holds the
 // cluster lock, nor waits in the kernel for anything that may itself wait
 // for such IO, because the kernel completes that IO only once a handler —
-// which needs that lock — has run. The commands run under the lock
-// (losetup on setup, losetup -c on a resize) take only their own loop
-// device's lock and do no IO on another device. losetup -d is different:
+// which needs that lock — has run. The one command run under the lock,
+// losetup -c on a resize, takes only its own loop device's lock and does no
+// IO on another device. A promotion's losetup runs without the lock
+// (setupDevice says why). losetup -d is different:
 // LOOP_CLR_FD takes the kernel's one lock for all loop devices (the
 // loop_validate_mutex), which a LOOP_CONFIGURE whose backing file is itself
 // a loop device holds while it sets that device up, and that setup can wait
@@ -65,12 +66,14 @@ type device struct {
 	// size in bytes: DRBD's usable size (grows with Resize). Read by the
 	// lock-free GETATTR handler.
 	size atomic.Int64
-	// settingUp is set while Primary runs losetup with the cluster lock
-	// held. The kernel flushes the file when it switches the loop device
-	// to direct IO (an FSYNC inside LOOP_CONFIGURE) and losetup waits for
-	// that: the handlers must answer without the lock until setup ends.
-	// Nothing can have been written through the device yet, and nothing
-	// changes the data while the lock is held, so src's file is read as is.
+	// settingUp is set while Primary runs losetup (without the cluster
+	// lock: setupDevice). The kernel flushes the file when it switches the
+	// loop device to direct IO (an FSYNC inside LOOP_CONFIGURE) and reads
+	// it to scan it; the handlers answer those without the lock until setup
+	// ends. Nothing can have been written through the device yet, and
+	// with one Primary nothing else writes src's data, so its file is read
+	// as is (with allow-two-primaries, the other Primary's writes are read
+	// as they land, as on DRBD).
 	settingUp atomic.Bool
 	src       *os.File
 }
@@ -243,7 +246,18 @@ func closeOnExecFuseFDs() error {
 // setupDevice gives a new Primary its block device: a FUSE file of DRBD's
 // usable size and a loop device over it with direct IO, so that reads see
 // what the simulator changes underneath (a resync) and nothing is cached
-// twice. Called with c.mu held.
+// twice. Called with c.mu held; it releases c.mu while losetup runs and
+// holds it again when it returns.
+//
+// losetup runs without the lock because the kernel may make it wait for
+// anything, IO on other devices included, whose handlers need the lock: a
+// promotion's losetup once held the lock for over two minutes on a loaded
+// machine, and the watchdog then failed every device of the cluster
+// (docs/conformance-results.md). Meanwhile the resource is Primary with a
+// device that is setting up (device.settingUp): its handlers answer without
+// the lock, a second promotion waits for the first (Primary), and a
+// demotion, Down or crash tears the device down as usual; the setup then
+// finds it gone and detaches the loop device it made.
 func (r *resource) setupDevice() error {
 	c := r.n.c
 	var src *resource
@@ -267,24 +281,40 @@ func (r *resource) setupDevice() error {
 	d.nextIno++
 	dev.src = src.file
 	dev.settingUp.Store(true)
-	defer dev.settingUp.Store(false)
 	d.byIno[dev.ino], d.byName[dev.name] = dev, dev
 	d.mu.Unlock()
 	r.dev = dev // the handlers serve it from here on
 	file := filepath.Join(d.mnt, dev.name)
-	// No --sizelimit: the file has the device's size, and a resize only
-	// has to make the loop device re-read it (growDevice).
-	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", file).CombinedOutput()
+	size := dev.size.Load()
+
+	hook := c.setupHook
+	c.unlock()
+	if hook != nil {
+		hook()
+	}
+	loop, err := attachLoop(file)
+	c.mu.Lock()
+
+	dev.settingUp.Store(false)
+	c.cond.Broadcast() // a promotion waiting for this one (Primary)
+	if r.dev != dev || r.n.res[r.name] != r {
+		// Demoted, taken down or crashed meanwhile: the teardown did not
+		// know the loop device yet.
+		if loop != "" {
+			c.detach = append(c.detach, loop)
+		}
+		return fmt.Errorf("the device was torn down while losetup set it up")
+	}
 	if err != nil {
 		r.teardownDevice()
-		return fmt.Errorf("losetup %s: %v: %s", file, err, strings.TrimSpace(string(out)))
+		return err
 	}
-	dev.loop = strings.TrimSpace(string(out))
-	// Without direct IO the loop driver reads through the FUSE file's page
-	// cache: a resync's changes would stay invisible to readers.
-	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev.loop), "loop", "dio")); err != nil || strings.TrimSpace(string(b)) != "1" {
-		r.teardownDevice()
-		return fmt.Errorf("losetup --direct-io=on %s: the loop device does not use direct IO (loop/dio %q, %v)", file, strings.TrimSpace(string(b)), err)
+	dev.loop = loop
+	if dev.size.Load() != size { // grown meanwhile (growDevice left it to us)
+		if out, err := exec.Command("losetup", "-c", dev.loop).CombinedOutput(); err != nil {
+			r.teardownDevice()
+			return fmt.Errorf("losetup -c %s: %v: %s", dev.loop, err, strings.TrimSpace(string(out)))
+		}
 	}
 	dev.link = c.devicePath(r.n.name, r.cfg.Minor)
 	if err := os.MkdirAll(filepath.Dir(dev.link), 0o755); err != nil {
@@ -311,6 +341,25 @@ func (r *resource) setupDevice() error {
 	return nil
 }
 
+// attachLoop makes a loop device over file with direct IO and returns its
+// path. Without direct IO the loop driver reads through the FUSE file's
+// page cache: a resync's changes would stay invisible to readers. No
+// --sizelimit: the file has the device's size, and a resize only has to
+// make the loop device re-read it (growDevice). On an error after losetup
+// made the device, it returns the device too, for its caller to detach.
+func attachLoop(file string) (string, error) {
+	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", file).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("losetup %s: %v: %s", file, err, strings.TrimSpace(string(out)))
+	}
+	loop := strings.TrimSpace(string(out))
+	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(loop), "loop", "dio")); err != nil || strings.TrimSpace(string(b)) != "1" {
+		_ = exec.Command("losetup", "-d", loop).Run()
+		return "", fmt.Errorf("losetup --direct-io=on %s: the loop device does not use direct IO (loop/dio %q, %v)", file, strings.TrimSpace(string(b)), err)
+	}
+	return loop, nil
+}
+
 // devicePath is DevicePath: <Options.DeviceDir(node)>/drbd<minor>.
 func (c *Cluster) devicePath(node string, minor int) string {
 	dir := filepath.Join(c.opts.Dir, "dev", node)
@@ -331,6 +380,9 @@ func (r *resource) growDevice(size int64) error {
 		return nil
 	}
 	dev.size.Store(size)
+	if dev.loop == "" {
+		return nil // losetup still runs: setupDevice makes the loop device re-read the size
+	}
 	if _, err := os.Stat(filepath.Join(r.n.c.devs.mnt, dev.name)); err != nil {
 		return err
 	}
@@ -444,11 +496,15 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	var devs []*device
+	var loops []string // read under the lock: a setup in flight sets dev.loop
 	for _, name := range c.nodeNames() {
 		n := c.nodes[name]
 		for _, res := range sortedKeys(n.res) {
 			if r := n.res[res]; r.dev != nil {
 				devs = append(devs, r.dev)
+				if r.dev.loop != "" {
+					loops = append(loops, r.dev.loop)
+				}
 				// Unmounting below sends the filesystem's last writes
 				// through the handlers; they stay served until the
 				// device is torn down.
@@ -466,8 +522,8 @@ func (c *Cluster) Close() error {
 	var errs []error
 	// Without the lock: the filesystems' final writes go through the
 	// handlers, which take it.
-	for _, dev := range devs {
-		if err := unmountAll(dev.loop); err != nil {
+	for _, loop := range loops {
+		if err := unmountAll(loop); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -537,14 +537,20 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 		return err
 	}
 	defer n.c.unlock()
+	c := n.c
 	r := n.res[name]
+	for r != nil && r.dev != nil && r.dev.settingUp.Load() {
+		// Another promotion sets the device up without the lock
+		// (setupDevice): its outcome is this one's.
+		c.cond.Wait()
+		r = n.res[name]
+	}
 	if r == nil {
 		return unknownRes("primary", name)
 	}
 	if r.role == rolePrimary {
 		return nil
 	}
-	c := n.c
 	if !r.cfg.Options.Net.AllowTwoPrimaries {
 		for _, k := range r.conns {
 			if k.connected() && k.peerRole == rolePrimary {
@@ -594,8 +600,10 @@ func (n *Node) Primary(ctx context.Context, name string, force drbd.ForceReason)
 	r.publish()
 	if c.opts.LoopDevices {
 		if err := r.setupDevice(); err != nil {
-			r.role = roleSecondary
-			r.publish()
+			if n.res[name] == r && r.role == rolePrimary && !n.crashed {
+				r.role = roleSecondary
+				r.publish()
+			}
 			return cmdErr(drbd.ErrCommandFailed, []string{"drbdsim", "device", name}, 0, 20, err.Error()+"\n")
 		}
 	}

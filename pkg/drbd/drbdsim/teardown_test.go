@@ -1,13 +1,17 @@
 package drbdsim
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshvol/meshvol/pkg/drbd"
 )
 
 // A mount namespace made while the devices are up holds a copy of the FUSE
@@ -198,4 +202,99 @@ func TestDeviceDemotionDetachesOutsideTheClusterLock(t *testing.T) {
 	if loops := loopsOver(backing); len(loops) > 0 {
 		t.Fatalf("%s still attached to %s after demotion", strings.Join(loops, ", "), backing)
 	}
+}
+
+// TestDevicePromotionSetsUpOutsideTheClusterLock: a promotion's losetup runs
+// without the cluster lock (setupDevice). While it waits — the hook stands in
+// for a kernel that makes losetup wait, as one did for minutes on a loaded
+// machine — the cluster answers, a second promotion of the same resource
+// waits for the first and shares its outcome, and a demotion meanwhile
+// leaves no loop device behind.
+func TestDevicePromotionSetsUpOutsideTheClusterLock(t *testing.T) {
+	// promoting starts node1's promotion of a formed r0 and returns once its
+	// losetup is about to run; closing release lets it run.
+	promoting := func(t *testing.T) (rg *rig, release chan struct{}, promoted chan error) {
+		rg = deviceRig(t, nil, nil)
+		rg.upAll()
+		rg.must(rg.c.Node("node1").NewCurrentUUIDClearBitmap(rg.ctx, "r0"))
+		entered := make(chan struct{}, 1)
+		release = make(chan struct{})
+		rg.c.setupHook = func() { entered <- struct{}{}; <-release }
+		promoted = make(chan error, 1)
+		go func() { promoted <- rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce) }()
+		select {
+		case <-entered:
+		case err := <-promoted:
+			t.Fatalf("the promotion returned (%v) without setting its device up", err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("the promotion did not reach its device setup within 20 s")
+		}
+		return rg, release, promoted
+	}
+	wait := func(t *testing.T, what string, ch chan error) error {
+		t.Helper()
+		select {
+		case err := <-ch:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s did not return within 20 s", what)
+			return nil
+		}
+	}
+
+	t.Run("promoted", func(t *testing.T) {
+		rg, release, promoted := promoting(t)
+		answered := make(chan error, 1)
+		go func() {
+			_, err := rg.c.Node("node2").StatusJSON(rg.ctx, "r0")
+			answered <- err
+		}()
+		select {
+		case err := <-answered:
+			rg.must(err)
+		case <-time.After(10 * time.Second):
+			close(release)
+			t.Fatal("the cluster does not answer while a promotion's losetup waits: the setup holds the cluster lock")
+		}
+		second := make(chan error, 1)
+		go func() { second <- rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce) }()
+		select {
+		case err := <-second:
+			close(release)
+			t.Fatalf("a second promotion returned (%v) while the first still set the device up", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		close(release)
+		rg.must(wait(t, "the promotion", promoted))
+		rg.must(wait(t, "the second promotion", second))
+		dev := rg.c.Node("node1").DevicePath("r0")
+		data := bytes.Repeat([]byte{0x5a}, 4096)
+		rg.must(writeFsync(dev, data))
+		got := make([]byte, len(data))
+		f, err := os.Open(dev)
+		rg.must(err)
+		defer f.Close()
+		_, err = io.ReadFull(f, got)
+		rg.must(err)
+		if !bytes.Equal(got, data) {
+			t.Fatal("the device set up outside the lock does not read back what was written to it")
+		}
+	})
+
+	t.Run("demoted meanwhile", func(t *testing.T) {
+		rg, release, promoted := promoting(t)
+		rg.must(rg.c.Node("node1").Secondary(rg.ctx, "r0"))
+		close(release)
+		if err := wait(t, "the promotion", promoted); err == nil {
+			t.Fatal("the promotion succeeded although a demotion tore its device down while losetup ran")
+		}
+		if loops := loopsUnder(rg.dir); len(loops) > 0 {
+			t.Fatalf("%s left attached after the demotion during setup", strings.Join(loops, ", "))
+		}
+		rg.c.setupHook = nil
+		rg.must(rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce))
+		if _, err := os.Stat(rg.c.Node("node1").DevicePath("r0")); err != nil {
+			t.Fatalf("promoted again, but its device: %v", err)
+		}
+	})
 }
