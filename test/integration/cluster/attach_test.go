@@ -25,6 +25,22 @@ func (r *rig) attach(volume, node string) {
 	r.attached(volume, node, time.Minute)
 }
 
+// moveAttachment does what Kubernetes does for a lost node: the volume's
+// attachment on from is deleted and, once it is gone, the volume is attached
+// on to.
+func (r *rig) moveAttachment(volume, from, to string) {
+	r.t.Helper()
+	name := v1.AttachmentName(volume, from)
+	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: name}})))
+	r.eventually("the lost node's RVA released", 2*time.Minute, func() string {
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: name}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
+			return "RVA still there"
+		}
+		return ""
+	})
+	r.attach(volume, to)
+}
+
 func (r *rig) requestAttach(volume, node string) {
 	r.t.Helper()
 	rva := &v1.ReplicatedVolumeAttachment{

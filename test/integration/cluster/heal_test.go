@@ -5,13 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -87,14 +83,7 @@ func TestHealedNodeAttachesAgain(t *testing.T) {
 		r.c.Heal()
 		_ = r.c.Reconnect(a)
 	})
-	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(vol, a)}})))
-	r.eventually("the lost node's RVA released", 2*time.Minute, func() string {
-		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(vol, a)}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
-			return "RVA still there"
-		}
-		return ""
-	})
-	r.attach(vol, b)
+	r.moveAttachment(vol, a, b)
 	survivors := bytes.Repeat([]byte{2}, 4096)
 	r.must(r.c.Node(b).Sim.Write(r.ctx, vol, 0, survivors))
 	// The new pod writes on until it is stopped.
@@ -135,17 +124,7 @@ func TestHealedNodeAttachesAgain(t *testing.T) {
 	})
 	time.Sleep(time.Second)
 	r.c.Node(a).Sim.ClearFault("resource-options")
-	r.eventually("a new replica on "+a+" waits for the earlier one's device", 2*time.Minute, func() string {
-		x := r.replicaOn(vol, a)
-		if x == nil || x.UID == old.UID {
-			return "no new replica on " + a
-		}
-		c := meta.FindStatusCondition(x.Status.Conditions, v1.ConditionDRBDRole)
-		if c == nil || c.Reason != v1.ReasonDemoteRefused || !strings.Contains(c.Message, "earlier replica") {
-			return fmt.Sprintf("%s: %v", v1.ConditionDRBDRole, c)
-		}
-		return ""
-	})
+	r.newReplicaWaitsForEarlierDevice(vol, a, old.UID)
 	// The kubelet ends the partitioned pod a moment later, once its IO failed.
 	time.Sleep(2 * time.Second)
 	release()

@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
@@ -51,14 +48,7 @@ func TestReturningNodeGetsFreshReplica(t *testing.T) {
 	})
 	// What Kubernetes does for a lost node: its attachment is released, the
 	// volume attached elsewhere.
-	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(vol, a)}})))
-	r.eventually("the lost node's RVA released", 2*time.Minute, func() string {
-		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: v1.AttachmentName(vol, a)}, &v1.ReplicatedVolumeAttachment{}); !apierrors.IsNotFound(err) {
-			return "RVA still there"
-		}
-		return ""
-	})
-	r.attach(vol, b)
+	r.moveAttachment(vol, a, b)
 	survivors := bytes.Repeat([]byte{2}, 4096)
 	r.must(r.c.Node(b).Sim.Write(r.ctx, vol, 0, survivors))
 	r.eventually("the lost node's replica removed", 2*time.Minute, func() string {
@@ -71,17 +61,7 @@ func TestReturningNodeGetsFreshReplica(t *testing.T) {
 	// The node comes back, its DRBD still cut off from its peers: the
 	// earlier replica's resource runs there, held open.
 	r.must(r.c.RestartAgent(a))
-	r.eventually("a new replica on "+a+" waits for the earlier one's device", 2*time.Minute, func() string {
-		x := r.replicaOn(vol, a)
-		if x == nil || x.UID == old.UID {
-			return "no new replica on " + a
-		}
-		c := meta.FindStatusCondition(x.Status.Conditions, v1.ConditionDRBDRole)
-		if c == nil || c.Reason != v1.ReasonDemoteRefused || !strings.Contains(c.Message, "earlier replica") {
-			return fmt.Sprintf("%s: %v", v1.ConditionDRBDRole, c)
-		}
-		return ""
-	})
+	r.newReplicaWaitsForEarlierDevice(vol, a, old.UID)
 	release() // the kubelet ends the partitioned pod
 	r.c.Heal()
 
@@ -137,3 +117,21 @@ func (r *rig) replicaOn(vol, node string) *v1.ReplicatedVolumeReplica {
 
 // uidPart is the part of a replica's UID its backing volume's name carries.
 func uidPart(uid types.UID) string { return strings.ReplaceAll(string(uid), "-", "")[:12] }
+
+// newReplicaWaitsForEarlierDevice waits until node's replica of vol is a new
+// incarnation (not oldUID) whose DRBDRole condition says it waits for the
+// earlier replica's device, still held open on the node.
+func (r *rig) newReplicaWaitsForEarlierDevice(vol, node string, oldUID types.UID) {
+	r.t.Helper()
+	r.eventually("a new replica on "+node+" waits for the earlier one's device", 2*time.Minute, func() string {
+		x := r.replicaOn(vol, node)
+		if x == nil || x.UID == oldUID {
+			return "no new replica on " + node
+		}
+		c := meta.FindStatusCondition(x.Status.Conditions, v1.ConditionDRBDRole)
+		if c == nil || c.Reason != v1.ReasonDemoteRefused || !strings.Contains(c.Message, "earlier replica") {
+			return fmt.Sprintf("%s: %v", v1.ConditionDRBDRole, c)
+		}
+		return ""
+	})
+}
