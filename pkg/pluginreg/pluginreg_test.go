@@ -87,8 +87,11 @@ func TestRegistrationRoundTrip(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The socket file appears at bind(2), a moment before listen(2): the
+	// kubelet's plugin manager dials with grpc.WithBlock, waiting until it
+	// connects, so the test waits for the connection the same way.
 	c = dialAsKubelet(t, s.Path())
-	if _, err := c.GetInfo(rpcCtx, &registerapi.InfoRequest{}); err != nil {
+	if _, err := c.GetInfo(rpcCtx, &registerapi.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("GetInfo on the re-created socket: %v", err)
 	}
 	if _, err := c.NotifyRegistrationStatus(rpcCtx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
