@@ -345,8 +345,8 @@ func (r *resource) setupDevice() error {
 // path. Without direct IO the loop driver reads through the FUSE file's
 // page cache: a resync's changes would stay invisible to readers. No
 // --sizelimit: the file has the device's size, and a resize only has to
-// make the loop device re-read it (growDevice). On an error after losetup
-// made the device, it returns the device too, for its caller to detach.
+// make the loop device re-read it (growDevice). On an error it detaches
+// what losetup made and returns no device.
 func attachLoop(file string) (string, error) {
 	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", file).CombinedOutput()
 	if err != nil {
