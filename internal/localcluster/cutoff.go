@@ -2,7 +2,6 @@ package localcluster
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -118,9 +117,9 @@ func (b gatedBody) Read(p []byte) (int, error) {
 // running, as the sandbox's partition does (its DRBD links are Partition's
 // business): its requests and the answers to them wait until Reconnect.
 func (c *Cluster) CutOff(node string) error {
-	n := c.Node(node)
-	if n == nil {
-		return fmt.Errorf("localcluster: no node %q", node)
+	n, err := c.named(node)
+	if err != nil {
+		return err
 	}
 	n.api.shut()
 	return nil
@@ -128,9 +127,9 @@ func (c *Cluster) CutOff(node string) error {
 
 // Reconnect ends CutOff: what waited goes through.
 func (c *Cluster) Reconnect(node string) error {
-	n := c.Node(node)
-	if n == nil {
-		return fmt.Errorf("localcluster: no node %q", node)
+	n, err := c.named(node)
+	if err != nil {
+		return err
 	}
 	n.api.reopen()
 	return nil

@@ -320,6 +320,14 @@ func (c *Cluster) Node(name string) *Node {
 	return nil
 }
 
+// named is Node for the fault methods: an unknown name is an error.
+func (c *Cluster) named(name string) (*Node, error) {
+	if n := c.Node(name); n != nil {
+		return n, nil
+	}
+	return nil, fmt.Errorf("localcluster: no node %q", name)
+}
+
 // StartController starts the controllers (Options.Controller, ControllerReplicas of
 // them) that are not running, and replaces any that has returned (a leader that lost
 // its Lease exits, as `meshvol controller` does, and Kubernetes would restart it).
@@ -381,22 +389,22 @@ func (c *Cluster) KillLeader() error {
 // RestartAgent stops the node's agent and starts a new one; DRBD keeps
 // running (the agent must adopt it).
 func (c *Cluster) RestartAgent(node string) error {
-	n := c.Node(node)
-	if n == nil {
-		return fmt.Errorf("localcluster: no node %q", node)
+	n, err := c.named(node)
+	if err != nil {
+		return err
 	}
-	err := n.agent.Stop()
+	err = n.agent.Stop()
 	n.startAgent()
 	return err
 }
 
 // StopAgent stops the node's agent; DRBD keeps running and its Lease expires.
 func (c *Cluster) StopAgent(node string) error {
-	n := c.Node(node)
-	if n == nil {
-		return fmt.Errorf("localcluster: no node %q", node)
+	n, err := c.named(node)
+	if err != nil {
+		return err
 	}
-	err := n.agent.Stop()
+	err = n.agent.Stop()
 	n.agent = nil
 	return err
 }
@@ -404,11 +412,11 @@ func (c *Cluster) StopAgent(node string) error {
 // CrashNode stops the node hard: its agent stops and its DRBD vanishes
 // without a goodbye (peers see NetworkFailure). Disks and metadata stay.
 func (c *Cluster) CrashNode(node string) error {
-	n := c.Node(node)
-	if n == nil {
-		return fmt.Errorf("localcluster: no node %q", node)
+	n, err := c.named(node)
+	if err != nil {
+		return err
 	}
-	err := n.agent.Stop()
+	err = n.agent.Stop()
 	n.agent = nil
 	n.Sim.Crash()
 	return err
@@ -417,11 +425,11 @@ func (c *Cluster) CrashNode(node string) error {
 // RestartNode boots a crashed (or agent-stopped) node: DRBD starts empty,
 // and a new agent brings back what the datamesh says.
 func (c *Cluster) RestartNode(node string) error {
-	n := c.Node(node)
-	if n == nil {
-		return fmt.Errorf("localcluster: no node %q", node)
+	n, err := c.named(node)
+	if err != nil {
+		return err
 	}
-	err := n.agent.Stop()
+	err = n.agent.Stop()
 	n.Sim.Restart()
 	n.startAgent()
 	return err
@@ -435,9 +443,9 @@ func (c *Cluster) Heal() { c.Sim.Heal() }
 
 // FailDisk makes the backing disk of volume fail on node.
 func (c *Cluster) FailDisk(node, volume string) error {
-	n := c.Node(node)
-	if n == nil {
-		return fmt.Errorf("localcluster: no node %q", node)
+	n, err := c.named(node)
+	if err != nil {
+		return err
 	}
 	return n.Sim.FailDisk(volume)
 }

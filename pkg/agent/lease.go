@@ -133,7 +133,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 	// takes seconds, and the renewal waits for it.
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.RenewInterval)
 	defer cancel()
-	var types PoolTypes // of the pools served here, for the prerequisite check
+	var kinds PoolTypes // of the pools served here, for the prerequisite check
 	var rsps v1.ReplicatedStoragePoolList
 	if err := a.cache.List(ctx, &rsps); err == nil {
 		served := map[string]bool{}
@@ -143,7 +143,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 			if err != nil {
 				continue // not served here
 			}
-			types.add(rsp.Spec.Type)
+			kinds.add(rsp.Spec.Type)
 			c, err := p.Capacity(cctx)
 			if err != nil {
 				a.log.Error(err, "pool capacity", "pool", rsp.Name)
@@ -173,7 +173,7 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 	}
 	delete(ann, v1.AnnotationPrerequisites)
 	if a.cfg.Prerequisites != nil {
-		if missing := a.cfg.Prerequisites(types); len(missing) > 0 {
+		if missing := a.cfg.Prerequisites(kinds); len(missing) > 0 {
 			ann[v1.AnnotationPrerequisites] = strings.Join(missing, "; ")
 		}
 	}
