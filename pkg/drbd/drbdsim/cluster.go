@@ -65,11 +65,8 @@ type Cluster struct {
 	mu   sync.Mutex
 	cond *sync.Cond // broadcast after every settle: wakes suspended writers
 	opts Options
-	// setupHook, set by tests, runs in every promotion's device setup just
-	// before losetup, without the lock: a kernel that makes losetup wait.
-	setupHook func()
-	now       time.Time
-	rng       *rand.Rand
+	now  time.Time
+	rng  *rand.Rand
 
 	nodes map[string]*Node
 	cut   map[link]bool
@@ -81,6 +78,9 @@ type Cluster struct {
 	// afterLackingBatch, when set (by tests), runs between two batches of
 	// the acknowledged-write check (lackingOn), with mu released.
 	afterLackingBatch func()
+	// setupHook, when set (by tests), runs in every promotion's device setup
+	// just before losetup, without the lock: a kernel that makes losetup wait.
+	setupHook func()
 	// pending cluster-wide agreements (connects, role changes), applied
 	// once the cluster has settled.
 	pending []*resource
