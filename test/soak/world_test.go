@@ -120,7 +120,13 @@ type world struct {
 	// exits are the controllers that returned on their own and were restarted
 	// (superviseControllers), until the seed's goroutine records them (noteExits).
 	exitMu sync.Mutex
-	exits  []string
+	exits  []controllerExit
+}
+
+// controllerExit is one restart of a controller whose run returned on its own.
+type controllerExit struct {
+	at  time.Duration // since the seed began
+	why string
 }
 
 // replay is the command that runs this seed (or this reproduction) again.
@@ -155,9 +161,8 @@ func (w *world) superviseControllers() (stop func()) {
 			case <-tick.C:
 			}
 			for _, err := range w.c.RestartExitedControllers() {
-				line := fmt.Sprintf("%7.2fs controller exited (%v): restarted", time.Since(w.start).Seconds(), err)
 				w.exitMu.Lock()
-				w.exits = append(w.exits, line)
+				w.exits = append(w.exits, controllerExit{time.Since(w.start), err.Error()})
 				w.exitMu.Unlock()
 			}
 		}
@@ -165,16 +170,28 @@ func (w *world) superviseControllers() (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-// noteExits adds the controller restarts superviseControllers made to the history
-// and the figures.
+// noteExits adds the controller restarts superviseControllers made to the history,
+// one line for a run of restarts for the same reason (a controller that cannot reach
+// the apiserver exits again every second until it can), and to the figures.
 func (w *world) noteExits() {
 	w.exitMu.Lock()
 	exits := w.exits
 	w.exits = nil
 	w.exitMu.Unlock()
-	for _, line := range exits {
+	for i := 0; i < len(exits); {
+		j := i + 1
+		for j < len(exits) && exits[j].why == exits[i].why {
+			j++
+		}
+		line := fmt.Sprintf("%7.2fs controller exited (%s): restarted", exits[i].at.Seconds(), exits[i].why)
+		if j-i > 1 {
+			line += fmt.Sprintf(", %d times until %.2fs", j-i, exits[j-1].at.Seconds())
+		}
 		w.history = append(w.history, line)
-		w.stats.count("controller exit restarted")
+		for range j - i {
+			w.stats.count("controller exit restarted")
+		}
+		i = j
 	}
 }
 
