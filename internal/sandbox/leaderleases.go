@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
@@ -195,4 +196,25 @@ func (s *Sandbox) WatchLeaderLeases(ctx context.Context) (report func() []Leader
 		}
 	}()
 	return log.report, nil
+}
+
+// LeaderNodes names the node of each leader-election Lease's holder in the
+// release's namespace (meshvol controller's and each sidecar's; the agents'
+// Leases are not elections), by Lease name. A holder's identity starts with
+// its host name — controller-runtime's "<host name>_<uuid>", the sidecars'
+// host name — and the host name of a host-network pod is its node's.
+func (s *Sandbox) LeaderNodes(ctx context.Context) (map[string]string, error) {
+	var ls coordinationv1.LeaseList
+	if err := s.Client.List(ctx, &ls, client.InNamespace(ReleaseNamespace)); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, l := range ls.Items {
+		if strings.HasPrefix(l.Name, v1.AgentLeasePrefix) || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			continue
+		}
+		node, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
+		out[l.Name] = node
+	}
+	return out, nil
 }

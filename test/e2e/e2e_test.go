@@ -98,6 +98,8 @@ func run(m *testing.M) int {
 	if !releaseHealthy(ctx) {
 		code = 1
 	}
+	// An open watch holds the apiserver's shutdown up.
+	stopWatch()
 	if code != 0 {
 		// The logs of a failed run are worth keeping.
 		keep = true
