@@ -78,6 +78,18 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 	}
 	rep := &report{Started: time.Now().UTC(), Goal: goal, TaintLostNodes: taint, Commit: commit(root), CPUs: runtime.NumCPU(),
 		LeaderElection: chartLeaderElection(root)}
+	// How the leader elections' holders renew their Leases meanwhile: the
+	// margin of the chart's controller.leaderElection on this machine.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	leases, err := sb.WatchLeaderLeases(wctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		if err := sb.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL: teardown:", err)
+		}
+		return 1
+	}
 	failed := false
 	total := crashes + partitions
 	for i := 0; i < total && ctx.Err() == nil; i++ {
@@ -118,6 +130,9 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 		}
 	}
 	rep.Finished = time.Now().UTC()
+	rep.Leases = leases()
+	// An open watch holds the apiserver's shutdown up.
+	stopWatch()
 	if err := rep.write(out); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: writing the results:", err)
 		failed = true

@@ -79,6 +79,8 @@ type report struct {
 	// "leaseDuration/renewDeadline/retryPeriod".
 	LeaderElection string
 	Runs           []run
+	// Leases is how each leader election's Lease was renewed over the runs.
+	Leases []sandbox.LeaderRenewals
 }
 
 // leaderRole names a leader election of the release by what it elects.
@@ -237,6 +239,12 @@ func (rep *report) markdown(base string) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %s | %s | %s | %s | %s | **%s** | %d → %d | %s | %s | %s |\n",
 			r.Name, r.Fault, r.Class, r.From, r.To, secs(r.Detected), secs(r.PodDeleted), secs(r.Detached), secs(r.Primary),
 			secs(r.Attached), secs(r.Running), secs(r.Total), r.LastAck, r.Resumed, old, leaders, r.Load)
+	}
+	if len(rep.Leases) > 0 {
+		fmt.Fprintf(&b, "\nThe leader elections' Leases over the runs (the time between two renewals by one holder, which renews every retryPeriod and stops leading when no renewal succeeded for renewDeadline):\n\n")
+		for _, l := range rep.Leases {
+			fmt.Fprintf(&b, "- %s\n", l)
+		}
 	}
 	return b.String()
 }

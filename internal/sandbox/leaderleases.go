@@ -34,7 +34,8 @@ type LeaderRenewals struct {
 	// (Gaps has one entry for each).
 	Renewals int
 	// Holders counts the holders seen, the first included: more than one
-	// means the leadership passed on.
+	// means the leadership passed on (a holder is an identity and the time
+	// it acquired the Lease).
 	Holders int
 	// Gaps are the times between two consecutive renewals by one holder,
 	// in the order seen.
@@ -144,7 +145,14 @@ func (s *Sandbox) WatchLeaderLeases(ctx context.Context) (report func() []Leader
 		if strings.HasPrefix(l.Name, v1.AgentLeasePrefix) || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil {
 			return
 		}
-		log.observe(l.Name, *l.Spec.HolderIdentity, l.Spec.RenewTime.Time)
+		// A holder's identity can outlive its leadership (the sidecars'
+		// is the host name, which a new pod on the same node shares): a
+		// new acquireTime is a new holder too.
+		holder := *l.Spec.HolderIdentity
+		if l.Spec.AcquireTime != nil {
+			holder += "@" + l.Spec.AcquireTime.UTC().Format(time.RFC3339Nano)
+		}
+		log.observe(l.Name, holder, l.Spec.RenewTime.Time)
 	}
 	list := func() (string, error) {
 		ls, err := leases.List(ctx, metav1.ListOptions{})
