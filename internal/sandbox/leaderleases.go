@@ -9,7 +9,6 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -185,10 +184,9 @@ func (s *Sandbox) WatchLeaderLeases(ctx context.Context) (report func() []Leader
 			}
 			for ev := range w.ResultChan() {
 				if ev.Type == watch.Error {
-					// Most likely 410 Gone: the resourceVersion is too old; list again.
-					if apierrors.FromObject(ev.Object) != nil {
-						rv = ""
-					}
+					// Most likely 410 Gone (the resourceVersion is too old):
+					// list again.
+					rv = ""
 					break
 				}
 				l, ok := ev.Object.(*coordinationv1.Lease)
