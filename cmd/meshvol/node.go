@@ -72,6 +72,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		"how long the node's agent Lease is valid after each renewal, in whole seconds; the controller's --agent-grace-period adds to it before the node is lost (docs/controller.md, \"Detection\")")
 	renewInterval := fs.Duration("lease-renew-interval", 3*time.Second, "how often the agent renews its Lease; at most half of --lease-duration, so one failed renewal does not expire it")
 	maxVolumes := fs.Int64("max-volumes", 0, "max_volumes_per_node the CSI node service reports; 0 leaves the limit to Kubernetes")
+	checkEvery := fs.Duration("prerequisite-check-interval", time.Minute, "how often the agent checks this node's prerequisites again (the DRBD module, drbd-utils, device-mapper, mkfs; docs/install.md), so that one installed later is picked up without a restart")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: meshvol node [flags]\n\nRuns the node agent: renders each volume's datamesh into DRBD on this node, reports\nwhat the kernel runs in ReplicatedVolumeReplica status, renews the node's Lease.\n\nflags:")
 		fs.PrintDefaults()
@@ -92,6 +93,10 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	}
 	if *leaseDuration < time.Second || *leaseDuration%time.Second != 0 || *renewInterval <= 0 || 2**renewInterval > *leaseDuration {
 		fmt.Fprintf(stderr, "meshvol node: --lease-duration %s, --lease-renew-interval %s: the duration must be whole seconds (a Lease holds seconds) and the interval positive and at most half of it\n", *leaseDuration, *renewInterval)
+		return 2
+	}
+	if *checkEvery <= 0 {
+		fmt.Fprintf(stderr, "meshvol node: --prerequisite-check-interval %s: must be positive\n", *checkEvery)
 		return 2
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(stderr, prefix, args) }, funcr.Options{Verbosity: *verbose})
@@ -134,7 +139,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		Driver:           exec,
 		Features:         features,
 		Pools:            nodePools(*nodeName),
-		Prerequisites:    prerequisites(logr.New(log.GetSink())),
+		Prerequisites:    prerequisites(logr.New(log.GetSink()), *checkEvery),
 		HMACAlgorithms:   hmac,
 		VerifyAlgorithms: verify,
 		Version:          version.Get().Version,
@@ -157,21 +162,21 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 }
 
 // prerequisites returns the agent's check of this node's prerequisites
-// (pkg/nodecheck) for the kinds of pool it serves: it runs at most once a minute,
-// and at once when those kinds change, logs each finding that fails, and returns
+// (pkg/nodecheck) for the kinds of pool it serves: it runs at most once per
+// interval (--prerequisite-check-interval, a minute by default), and at once when those kinds change, logs each finding that fails, and returns
 // the failed ones for the Lease, where the controller reads them. A missing
 // prerequisite never stops the agent: a module loaded later is picked up.
 // A check that ran out of its time proves nothing missing: on a starved node
 // `drbdadm --version` was killed after 10 s and reported as "drbd-utils
 // failed", which kept the node from taking replicas for a minute. Its
 // findings are dropped, the previous ones kept, and the next call checks again.
-func prerequisites(log logr.Logger) func(agent.PoolTypes) []string {
+func prerequisites(log logr.Logger, every time.Duration) func(agent.PoolTypes) []string {
 	return prerequisitesOf(log, func(ctx context.Context, served agent.PoolTypes) []nodecheck.Finding {
 		return nodecheck.Check(ctx, nodecheck.Options{LVM: served.LVM, Thin: served.Thin})
-	}, 10*time.Second)
+	}, 10*time.Second, every)
 }
 
-func prerequisitesOf(log logr.Logger, check func(context.Context, agent.PoolTypes) []nodecheck.Finding, timeout time.Duration) func(agent.PoolTypes) []string {
+func prerequisitesOf(log logr.Logger, check func(context.Context, agent.PoolTypes) []nodecheck.Finding, timeout, every time.Duration) func(agent.PoolTypes) []string {
 	var (
 		mu      sync.Mutex
 		last    time.Time
@@ -181,7 +186,7 @@ func prerequisitesOf(log logr.Logger, check func(context.Context, agent.PoolType
 	return func(served agent.PoolTypes) []string {
 		mu.Lock()
 		defer mu.Unlock()
-		if !last.IsZero() && served == checked && time.Since(last) < time.Minute {
+		if !last.IsZero() && served == checked && time.Since(last) < every {
 			return missing
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)

@@ -76,7 +76,7 @@ func TestPrerequisitesIgnoreAnUnfinishedCheck(t *testing.T) {
 			return []nodecheck.Finding{missing, killed}
 		}
 		return []nodecheck.Finding{missing, {Name: "drbd-utils", OK: true, Detail: "drbdadm 9.22.0"}}
-	}, 10*time.Millisecond)
+	}, 10*time.Millisecond, time.Minute)
 	var none agent.PoolTypes
 	if got := check(none); len(got) != 0 {
 		t.Fatalf("an unfinished first check reported %q, want nothing", got)
@@ -103,12 +103,40 @@ func TestPrerequisitesFollowThePoolsServed(t *testing.T) {
 			return []nodecheck.Finding{{Name: "device-mapper thin provisioning", Detail: "not loaded"}}
 		}
 		return nil
-	}, time.Second)
+	}, time.Second, time.Minute)
 	if got := check(agent.PoolTypes{}); len(got) != 0 {
 		t.Fatalf("a node serving file pools only: %q missing", got)
 	}
 	thin := agent.PoolTypes{Thin: true}
 	if got := check(thin); len(got) != 1 || len(asked) != 2 || asked[1] != thin {
 		t.Fatalf("a node now serving an LVMThin pool: %q missing after checks for %+v, want the thin target checked at once", got, asked)
+	}
+}
+
+// The interval between checks is the flag's: once it has passed, the next
+// renewal checks again (a module loaded meanwhile is found); before, the
+// previous findings stand. A non-positive interval is refused.
+func TestPrerequisiteCheckInterval(t *testing.T) {
+	var calls int
+	check := prerequisitesOf(logr.Discard(), func(context.Context, agent.PoolTypes) []nodecheck.Finding {
+		calls++
+		return nil
+	}, time.Second, 50*time.Millisecond)
+	var none agent.PoolTypes
+	check(none)
+	check(none)
+	if calls != 1 {
+		t.Fatalf("two calls within the interval ran %d checks, want 1", calls)
+	}
+	time.Sleep(60 * time.Millisecond)
+	check(none)
+	if calls != 2 {
+		t.Fatalf("a call after the interval ran %d checks in all, want 2", calls)
+	}
+	for _, v := range []string{"0s", "-1s"} {
+		var out, errb bytes.Buffer
+		if code := run([]string{"node", "--node-name", "n1", "--prerequisite-check-interval", v}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--prerequisite-check-interval") {
+			t.Errorf("--prerequisite-check-interval %s: exit %d, stderr %q; want 2 naming the flag", v, code, errb.String())
+		}
 	}
 }

@@ -347,6 +347,27 @@ func (c *Cluster) StartController() {
 	}
 }
 
+// RestartExitedControllers replaces every controller whose run has returned on its own
+// — a leader that lost its Lease exits, as `meshvol controller` does, and Kubernetes
+// restarts the container — and returns what each returned. Unlike StartController it
+// starts none where StopController left none.
+func (c *Cluster) RestartExitedControllers() []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var exits []error
+	for i, r := range c.controllers {
+		if r.proc.Exited() {
+			err := r.proc.Err()
+			if err == nil {
+				err = errors.New("returned without an error")
+			}
+			exits = append(exits, err)
+			c.controllers[i] = c.startReplica()
+		}
+	}
+	return exits
+}
+
 // startReplica starts one controller; c.mu is held.
 func (c *Cluster) startReplica() *controllerReplica {
 	restCfg := c.Writes.counted(c.Env.Config, "controller")

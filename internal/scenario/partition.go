@@ -58,6 +58,29 @@ func (w *progressWriter) completed(t *testing.T) (int, string) {
 	return n, strings.TrimSpace(rest)
 }
 
+// endedOrWrote waits until the writer has logged its failure (a write that
+// failed ends it) or has completed more than atCut writes, and returns its
+// count and log then; it fails the test after Options.Wait.
+func (w *progressWriter) endedOrWrote(t *testing.T, atCut int) (int, string) {
+	t.Helper()
+	deadline := time.Now().Add(w.r.o.Wait)
+	for {
+		n, log := w.completed(t)
+		if n != atCut || strings.Contains(log, "failed") {
+			return n, log
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer on %s neither failed nor wrote within %s of the heal (%d writes, log %q): its held write still hangs; %s",
+				w.node, w.r.o.Wait, n, log, w.r.kernelOf(w.r.vols["3d"]))
+		}
+		select {
+		case <-w.r.ctx.Done():
+			t.Fatal(w.r.ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // Scenario 6: the node holding the Primaries of the 2d-1tb and 3d volumes
 // (scenario 8 left both there) is cut off while a writer runs on the 3d
 // volume: its DRBD from every peer, its agent from the apiserver. Its
@@ -146,18 +169,16 @@ func (r *run) partition(t *testing.T) {
 		t.Fatal(err)
 	}
 	healed = true
-	// The old Primary meets the survivors again: give it the time a healed
-	// Primary took to complete a suspended write when nobody had promoted
-	// meanwhile (17 s, docs/drbd-quorum.md), and more.
-	select {
-	case <-time.After(45 * time.Second):
-	case <-r.ctx.Done():
-		t.Fatal(r.ctx.Err())
-	}
-	n, log := w.completed(t)
+	// The old Primary meets the survivors again. Its writer ends only when
+	// its held write fails (the returning agent's on-no-quorum io-error,
+	// docs/controller.md, "The heal: failing a stale Primary's held
+	// writes"), and after that nothing of it can write: wait for that, or
+	// for a write completed after the cut (two writers), whichever comes
+	// first. A fixed wait here was 45 s of every run.
+	n, log := w.endedOrWrote(t, atCut)
 	r.step(t, "6 healed")
 	if n != atCut {
-		t.Fatalf("the old Primary on %s completed %d writes after the cut (%d at the cut, %d 45 s after the heal; log %q; %s): two writers",
+		t.Fatalf("the old Primary on %s completed %d writes after the cut (%d at the cut, %d after the heal; log %q; %s): two writers",
 			node, n-atCut, atCut, n, log, r.kernelOf(three))
 	}
 	r.rec.Figures = append(r.rec.Figures, fmt.Sprintf("6: the old Primary on %s: %d writes completed before the cut, none after (writer: %q)", node, atCut, log))

@@ -55,6 +55,79 @@ func Judge(l *coordinationv1.Lease, now time.Time, grace time.Duration) Liveness
 		expires.UTC().Format(time.RFC3339) + ", more than " + grace.String() + " ago"}
 }
 
+// Fleet is what every agent's Lease says together. When every agent goes silent at
+// once (a full disruption), the control plane — an apiserver that stalls, or the
+// controller's own connection to it — is a likelier culprit than every node at once,
+// so no node is declared lost while it lasts, nor until a whole Lease duration and
+// grace period after it ended, as if every still-silent agent had renewed at that
+// moment: Kubernetes' node lifecycle controller stops evicting in a zone whose every
+// node is NotReady and resets its nodes' timers once the zone is back, for the same
+// reason (docs/controller.md, "Every agent silent at once").
+type Fleet struct {
+	// Disrupted: no agent Lease is live (Silent).
+	Disrupted bool
+	// Start is when the current or the last disruption began: when the last live
+	// Lease expired. Zero: none seen.
+	Start time.Time
+	// End is when the last disruption was seen to end; zero while one lasts or when
+	// none was seen.
+	End time.Time
+}
+
+// Silent reports whether, among leases, at least one agent Lease has been renewed
+// and none is live at now; start is when the last of them expired.
+func Silent(leases map[string]*coordinationv1.Lease, now time.Time) (silent bool, start time.Time) {
+	for _, l := range leases {
+		expires, ok := expiry(l)
+		if !ok {
+			continue
+		}
+		if now.Before(expires) {
+			return false, time.Time{}
+		}
+		if expires.After(start) {
+			start = expires
+		}
+	}
+	return !start.IsZero(), start
+}
+
+// Judge judges l as the package's Judge does, within the fleet: a node that was not
+// yet lost when every agent went silent is not declared lost while the disruption
+// lasts, nor before a Lease duration and the grace period have passed since it ended.
+// A node lost before it began stays lost, and a missing Lease is judged as ever.
+func (f Fleet) Judge(l *coordinationv1.Lease, now time.Time, grace time.Duration) Liveness {
+	lv := Judge(l, now, grace)
+	expires, ok := expiry(l)
+	if !lv.Lost || !ok || f.Start.IsZero() || !f.Disrupted && f.End.IsZero() || !expires.Add(grace).After(f.Start) {
+		return lv
+	}
+	silent := "the agent Lease " + l.Name + " expired at " + expires.UTC().Format(time.RFC3339) +
+		"; every agent Lease expired at once at " + f.Start.UTC().Format(time.RFC3339) + " (a full disruption)"
+	if f.Disrupted {
+		// Next stays zero: the disruption ends with a renewal, not by the clock.
+		return Liveness{Reason: v1.ReasonAgentLeaseValid, Message: silent + ": no node is declared lost until an agent renews"}
+	}
+	lostAt := f.End.Add(expires.Sub(renewTime(l)) + grace)
+	if now.Before(lostAt) {
+		return Liveness{Reason: v1.ReasonAgentLeaseValid, Message: silent + " until " + f.End.UTC().Format(time.RFC3339) +
+			": the node is lost at " + lostAt.UTC().Format(time.RFC3339) + " if its agent has not renewed by then", Next: lostAt}
+	}
+	return lv
+}
+
+// expiry is when l expires; false for a missing Lease or one never renewed.
+func expiry(l *coordinationv1.Lease) (time.Time, bool) {
+	if l == nil || l.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}, false
+	}
+	renew := renewTime(l)
+	if renew.IsZero() {
+		return time.Time{}, false
+	}
+	return renew.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second), true
+}
+
 func renewTime(l *coordinationv1.Lease) time.Time {
 	switch {
 	case l.Spec.RenewTime != nil:

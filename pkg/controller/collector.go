@@ -52,6 +52,10 @@ type stateCollector struct {
 	now    func() time.Time
 	grace  time.Duration
 	onErr  func(error)
+	// fleet judges the agents together (the controller's disruption.observe), so a
+	// node is shown Lost exactly when the controller treats it as lost; nil: each
+	// Lease alone.
+	fleet func(map[string]*coordinationv1.Lease, time.Time) agentlease.Fleet
 
 	volumes, volumesByLayout, volumePhase                  *prometheus.Desc
 	ftt, gmdr, diskfulUpToDate, diskfulWanted, quorum      *prometheus.Desc
@@ -200,9 +204,13 @@ func (c *stateCollector) collectNodes(gauge gaugeFunc, s stateSnapshot, now time
 			nodes[n] = true
 		}
 	}
+	var fleet agentlease.Fleet
+	if c.fleet != nil {
+		fleet = c.fleet(leases, now)
+	}
 	byState := map[string]int{}
 	for n := range nodes {
-		state := agentState(agentlease.Judge(leases[n], now, c.grace))
+		state := agentState(fleet.Judge(leases[n], now, c.grace))
 		byState[state]++
 		for _, st := range []string{agentLive, agentExpired, agentLost} {
 			gauge(c.nodeAgentState, boolValue(st == state), n, st)
@@ -311,5 +319,6 @@ func (c *Controller) setupStateMetrics(mgr ctrl.Manager) error {
 	col := newStateCollector(c.cacheState, c.opts.Now, c.opts.AgentGracePeriod, func(err error) {
 		ctrl.Log.WithName("metrics").V(1).Info("volume state metrics", "err", err.Error())
 	})
+	col.fleet = c.disrupt.observe
 	return mgr.Add(stateMetrics{col: col})
 }

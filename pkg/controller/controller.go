@@ -273,6 +273,8 @@ type Controller struct {
 	// statusWritten: RV name → its resourceVersion before this controller's last
 	// status write, until the cache shows a newer one (behindOwnWrite).
 	statusWritten sync.Map
+	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
+	disrupt disruption
 }
 
 // Setup registers the field indexes and the reconcilers with mgr.

@@ -9,7 +9,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -77,16 +76,13 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 	if node == "" {
 		return ctrl.Result{}, nil
 	}
-	var lease *coordinationv1.Lease
-	l := &coordinationv1.Lease{}
-	switch err := c.reader.Get(ctx, req.NamespacedName, l); {
-	case err == nil:
-		lease = l
-	case !apierrors.IsNotFound(err):
+	leases, err := c.leasesByNode(ctx)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
 	now := c.opts.Now()
-	lv := agentlease.Judge(lease, now, c.opts.AgentGracePeriod)
+	fleet := c.disrupt.observe(leases, now)
+	lv := fleet.Judge(leases[node], now, c.opts.AgentGracePeriod)
 	if !lv.Live {
 		for _, r := range c.volumesOnNode(ctx, node, false) {
 			c.wakeVolume(r.Name)
@@ -95,6 +91,12 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 		case c.pools <- event.GenericEvent{Object: &v1.ReplicatedStoragePool{}}:
 		default:
 		}
+	}
+	if fleet.Disrupted && !lv.Live && !lv.Lost {
+		// Every agent is silent: nothing is decided until one renews, and that renewal
+		// wakes only its own node; look again, so that this one gets its fresh grace
+		// period (agentlease.Fleet) once the disruption has ended.
+		return ctrl.Result{RequeueAfter: max(c.opts.AgentGracePeriod, time.Second)}, nil
 	}
 	if res, err := c.actOnLostNode(ctx, node, lv); err != nil || !res.IsZero() {
 		return res, err
@@ -210,6 +212,7 @@ func (c *Controller) nodeReachable(ctx context.Context, node string) (bool, erro
 		return false, err
 	}
 	now := c.opts.Now()
+	fleet := c.disrupt.observe(byNode, now)
 	for i := range on.Items {
 		r := &on.Items[i]
 		var peers v1.ReplicatedVolumeReplicaList
@@ -218,7 +221,7 @@ func (c *Controller) nodeReachable(ctx context.Context, node string) (bool, erro
 		}
 		for j := range peers.Items {
 			p := &peers.Items[j]
-			if p.Spec.NodeName == node || agentlease.Judge(byNode[p.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
+			if p.Spec.NodeName == node || fleet.Judge(byNode[p.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
 				continue
 			}
 			for _, ps := range p.Status.Peers {

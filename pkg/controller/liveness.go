@@ -17,7 +17,7 @@ import (
 
 // agentVerdict is the AgentReady condition a replica on node should carry.
 func (c *Controller) agentVerdict(v *volume, node string) (metav1.Condition, agentlease.Liveness) {
-	lv := agentlease.Judge(v.leases[node], v.now, c.opts.AgentGracePeriod)
+	lv := v.fleet.Judge(v.leases[node], v.now, c.opts.AgentGracePeriod)
 	if lv.Lost {
 		return metav1.Condition{Type: v1.ConditionAgentReady, Status: metav1.ConditionFalse, Reason: lv.Reason, Message: lv.Message}, lv
 	}
@@ -105,7 +105,7 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 	}
 	for _, r := range rvrs {
 		m, ok := members[r.Name]
-		if !ok || r.Spec.NodeName == "" || v.away[r.Spec.NodeName] || !agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		if !ok || r.Spec.NodeName == "" || v.away[r.Spec.NodeName] || !v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if c.reachedByLivePeer(v, rvrs, r.Name) {
@@ -121,7 +121,7 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 
 func (c *Controller) reachedByLivePeer(v *volume, rvrs []*v1.ReplicatedVolumeReplica, name string) bool {
 	for _, p := range rvrs {
-		if p.Name == name || p.Spec.NodeName == "" || agentlease.Judge(v.leases[p.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		if p.Name == name || p.Spec.NodeName == "" || v.fleet.Judge(v.leases[p.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		for _, peer := range p.Status.Peers {
@@ -140,7 +140,7 @@ func (c *Controller) reachedByLivePeer(v *volume, rvrs []*v1.ReplicatedVolumeRep
 func (c *Controller) releaseLostFinalizers(ctx context.Context, v *volume, work *v1.ReplicatedVolume) error {
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp == nil || !slices.Contains(r.Finalizers, v1.FinalizerAgent) || r.Spec.NodeName != "" &&
-			!agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+			!v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if inDatamesh(work, r.Name) {

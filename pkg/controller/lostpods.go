@@ -224,9 +224,10 @@ func (c *Controller) heldWithout(ctx context.Context, rv, node string, leases ma
 		}
 	}
 	now := c.opts.Now()
+	fleet := c.disrupt.observe(leases, now)
 	quorate := ""
 	for _, s := range rvrs.Items {
-		if s.Spec.NodeName == "" || s.Spec.NodeName == node || agentlease.Judge(leases[s.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
+		if s.Spec.NodeName == "" || s.Spec.NodeName == node || fleet.Judge(leases[s.Spec.NodeName], now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		for _, p := range s.Status.Peers {

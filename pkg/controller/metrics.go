@@ -42,7 +42,7 @@ var (
 func init() {
 	// controller-runtime's registry is what its metrics endpoint serves, next to its own
 	// reconcile counters (controller_runtime_reconcile_errors_total and friends).
-	metrics.Registry.MustRegister(writesTotal, placementFailures, phaseChanges)
+	metrics.Registry.MustRegister(writesTotal, placementFailures, phaseChanges, agentsSilent)
 }
 
 // Write is one apiserver write a reconciler made.

@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh"
 	"github.com/meshvol/meshvol/pkg/placement"
@@ -155,7 +154,7 @@ func (c *Controller) retype(ctx context.Context, v *volume, r *v1.ReplicatedVolu
 func (c *Controller) deleteNeverJoined(ctx context.Context, v *volume, work *v1.ReplicatedVolume, w *replicaWrites) error {
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp != nil || r.Spec.NodeName == "" || inDatamesh(work, r.Name) ||
-			!agentlease.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+			!v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if err := c.deleteReplica(ctx, r); err != nil {

@@ -116,6 +116,9 @@ type volume struct {
 	rvas                    []*v1.ReplicatedVolumeAttachment
 	nodes                   map[string]*corev1.Node
 	leases                  map[string]*coordinationv1.Lease
+	// fleet: whether every agent is silent at once, or was until lately: each node's
+	// Lease is judged within it (agentlease.Fleet).
+	fleet agentlease.Fleet
 	// away are the nodes taken down for maintenance (ReadyForMaintenance or
 	// Returning): their members are never force-removed.
 	away map[string]bool
@@ -164,6 +167,7 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 			v.leases[n] = &leases.Items[i]
 		}
 	}
+	v.fleet = c.disrupt.observe(v.leases, v.now)
 	away, copied, err := c.maintenanceView(ctx)
 	if err != nil {
 		return nil, err

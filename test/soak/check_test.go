@@ -142,6 +142,7 @@ func (w *world) checkEnd() {
 	for _, v := range w.vols {
 		w.sameReplicas(v)
 	}
+	w.noteExits()
 	if len(ready) > 0 && slices.Contains(slices.Collect(maps.Values(ready)), false) {
 		w.t.Logf("%s: a volume did not return to Ready after healing (it says why); replay: %s\nhistory:\n  %s\nstate:\n%s",
 			w.t.Name(), w.replay(), strings.Join(w.history, "\n  "), w.dump())

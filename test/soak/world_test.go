@@ -116,6 +116,17 @@ type world struct {
 
 	history []string
 	stats   stats
+
+	// exits are the controllers that returned on their own and were restarted
+	// (superviseControllers), until the seed's goroutine records them (noteExits).
+	exitMu sync.Mutex
+	exits  []controllerExit
+}
+
+// controllerExit is one restart of a controller whose run returned on its own.
+type controllerExit struct {
+	at  time.Duration // since the seed began
+	why string
 }
 
 // replay is the command that runs this seed (or this reproduction) again.
@@ -132,9 +143,62 @@ func (w *world) step(format string, args ...any) {
 	w.history = append(w.history, line)
 }
 
+// superviseControllers restarts, within a second, a controller whose run returned on
+// its own — a leader whose Lease renewal failed (a loaded machine, an apiserver
+// restart) exits, as `meshvol controller` does — as Kubernetes restarts the
+// container, so the seed runs on as production would. The returned func stops it.
+func (w *world) superviseControllers() (stop func()) {
+	ctx, cancel := context.WithCancel(w.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			for _, err := range w.c.RestartExitedControllers() {
+				w.exitMu.Lock()
+				w.exits = append(w.exits, controllerExit{time.Since(w.start), err.Error()})
+				w.exitMu.Unlock()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// noteExits adds the controller restarts superviseControllers made to the history,
+// one line for a run of restarts for the same reason (a controller that cannot reach
+// the apiserver exits again every second until it can), and to the figures.
+func (w *world) noteExits() {
+	w.exitMu.Lock()
+	exits := w.exits
+	w.exits = nil
+	w.exitMu.Unlock()
+	for i := 0; i < len(exits); {
+		j := i + 1
+		for j < len(exits) && exits[j].why == exits[i].why {
+			j++
+		}
+		line := fmt.Sprintf("%7.2fs controller exited (%s): restarted", exits[i].at.Seconds(), exits[i].why)
+		if j-i > 1 {
+			line += fmt.Sprintf(", %d times until %.2fs", j-i, exits[j-1].at.Seconds())
+		}
+		w.history = append(w.history, line)
+		for range j - i {
+			w.stats.count("controller exit restarted")
+		}
+		i = j
+	}
+}
+
 // fail stops the seed with the history and the command that replays it.
 func (w *world) fail(format string, args ...any) {
 	w.t.Helper()
+	w.noteExits()
 	w.t.Fatalf("%s: %s\nreplay: %s\nhistory:\n  %s\nstate:\n%s",
 		w.t.Name(), fmt.Sprintf(format, args...), w.replay(), strings.Join(w.history, "\n  "), w.dump())
 }
@@ -184,11 +248,13 @@ func runSeed(t *testing.T, seed uint64, d time.Duration, total *stats) {
 			t.Errorf("seed %d: stopping the cluster: %v", seed, err)
 		}
 	})
+	t.Cleanup(w.superviseControllers()) // stops before the cluster (cleanups run last first)
 	if _, err := c.CreatePool(ctx, w.pool); err != nil {
 		t.Fatal(err)
 	}
 	w.step("seed %d: %d nodes, pool %s", seed, nodeCount, w.pool)
 	defer func() {
+		w.noteExits()
 		w.mu.Lock() // writers may still run when the seed failed
 		w.stats.seeds, w.stats.minutes = 1, d.Minutes()
 		s := w.stats
@@ -201,6 +267,7 @@ func runSeed(t *testing.T, seed uint64, d time.Duration, total *stats) {
 	}()
 	for time.Since(w.start) < d {
 		w.randomStep()
+		w.noteExits()
 		w.checkNow()
 		time.Sleep(time.Duration(w.rnd.IntN(400)) * time.Millisecond)
 	}

@@ -75,7 +75,9 @@
 //     Primary in the connected component (-1, unless allow-two-primaries).
 //     The promotion is a cluster-wide agreement through every reachable
 //     node; diskful nodes that are reachable only indirectly are outdated
-//     (docs/drbd-quorum.md row 1).
+//     (docs/drbd-quorum.md row 1). Such a node that later connects to a
+//     diskless Primary is resynced from an UpToDate peer it is connected to,
+//     as DRBD 9.2.18 does (TRY_TO_GET_RESYNC; resyncOnDisklessPrimary).
 //   - Writes through Node.Write: refused (EIO) or suspended without quorum
 //     per on-no-quorum (under io-error reads fail too, as every request of
 //     a device without quorum does in DRBD 9.2.18), EIO on a diskless

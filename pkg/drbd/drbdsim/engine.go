@@ -314,6 +314,8 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 		}
 		k.peerDisk, pk.peerDisk = pr.disk, r.disk
 	}
+	c.resyncOnDisklessPrimary(r, pr)
+	c.resyncOnDisklessPrimary(pr, r)
 	k.pathUp, pk.pathUp = false, false // Connected now says it
 	// DRBD's order: the path comes up, then the state change that carries
 	// the connection, the new quorum and the peer's disk.
@@ -324,6 +326,30 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 		x.publish()
 	}
 	c.pending = append(c.pending, r)
+}
+
+// resyncOnDisklessPrimary: x, a disk below UpToDate, has just connected to
+// peer, a diskless Primary. DRBD 9.2.18 then gets x resynced from the best
+// UpToDate peer it is connected to, over a connection that may have been up
+// for long (drbd_state.c, "Got connected to a diskless primary" sets
+// TRY_TO_GET_RESYNC; drbd_receiver.c, drbd_try_to_get_resynced: the
+// handshake's strategy with each UpToDate peer, a resync from the best, or
+// UpToDate at once when nothing differs). Here: the handshake with the first
+// such peer runs again at the next settle.
+func (c *Cluster) resyncOnDisklessPrimary(x, peer *resource) {
+	if !x.attached() || peer.attached() || peer.role != rolePrimary || (x.disk != DiskOutdated && x.disk != DiskConsistent) {
+		return
+	}
+	for _, k := range x.sortedConns() {
+		z := c.peerResource(x, k)
+		if z == nil || !k.connected() || k.repl != replEstablished || !z.attached() || z.disk != DiskUpToDate {
+			continue
+		}
+		if zk := z.conns[x.nodeID()]; zk != nil && zk.connected() {
+			k.handshaken, zk.handshaken = false, false
+			return
+		}
+	}
 }
 
 // connectRefusal is why DRBD refuses the cluster-wide state change that

@@ -524,3 +524,31 @@ func TestConnectedPeerCountsByItsReportedDisk(t *testing.T) {
 	rg.must(rg.write("node1", 0, 4096))
 	rg.noLostWrites()
 }
+
+// An Outdated replica that connects to a diskless Primary is resynced from an
+// UpToDate peer it is already connected to (DRBD 9.2.18, drbd_state.c: "Got
+// connected to a diskless primary" sets TRY_TO_GET_RESYNC, and
+// drbd_try_to_get_resynced, drbd_receiver.c, starts a resync from the best
+// UpToDate peer, or goes UpToDate when nothing differs). node1, cut from node3
+// only, is outdated by node3's promotion (the agreement travels through node2);
+// node3 writes through node2; once node1 reaches node3 again it is resynced
+// from node2 over the connection that never dropped. Soak seed 27 ended with
+// such a replica Outdated for good.
+func TestOutdatedResyncedOnConnectToDisklessPrimary(t *testing.T) {
+	rg := formed(t, nil)
+	rg.c.Cut("node1", "node3")
+	n3 := rg.c.Node("node3")
+	rg.must(n3.Primary(rg.ctx, "r0", drbd.NoForce))
+	if d := rg.state("node1").Devices[0].DiskState; d != "Outdated" {
+		t.Fatalf("node1 after node3's promotion: disk %s, want Outdated", d)
+	}
+	data := pattern(7, 8192)
+	rg.must(n3.Write(rg.ctx, "r0", 0, data))
+	rg.c.Connect("node1", "node3")
+	rg.c.Advance(30 * time.Second) // connect-int, the bitmap exchange and the resync
+	if d := rg.state("node1").Devices[0].DiskState; d != "UpToDate" {
+		t.Fatalf("node1 connected to the diskless Primary and to UpToDate node2: disk %s, want UpToDate (%+v)", d, rg.state("node1"))
+	}
+	// node1, UpToDate and quorate, holds node3's acknowledged write.
+	rg.noLostWrites()
+}

@@ -205,6 +205,83 @@ func TestNodeLost(t *testing.T) {
 	}
 }
 
+// Every agent misses its Lease at once — an apiserver that stalls, or the controller
+// cut off from it, looks like that — and the controller declares no node lost: no
+// AgentReady=False, no ForceLeave, however long it lasts. Once agents renew again, a
+// node still silent is lost only a whole Lease duration and grace period after the
+// controller saw the first renewal (docs/controller.md, "Every agent silent at once").
+func TestEveryAgentSilentAtOnce(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
+	class := cl.class("3d", 1, 1, v1.TopologyIgnored)
+	rv := cl.volume("vol", class, "5Gi")
+	cl.formed(rv.Name, 3)
+	replicaOn := func(node string) string {
+		for _, r := range cl.rvrs(rv.Name) {
+			if r.Spec.NodeName == cl.node(node) {
+				return r.Name
+			}
+		}
+		t.Fatalf("no replica on node %s", node)
+		return ""
+	}
+	onC := replicaOn("c")
+	agentReady := func(name string) *metav1.Condition {
+		r := &v1.ReplicatedVolumeReplica{}
+		must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: name}, r))
+		return meta.FindStatusCondition(r.Status.Conditions, v1.ConditionAgentReady)
+	}
+	nothingForced := func() string {
+		for _, r := range cl.rvrs(rv.Name) {
+			if c := agentReady(r.Name); c != nil && c.Status == metav1.ConditionFalse {
+				return r.Name + " marked " + cond(r.Status.Conditions, v1.ConditionAgentReady)
+			}
+		}
+		for _, q := range cl.rv(rv.Name).Status.DatameshReplicaRequests {
+			if q.Operation == v1.ReplicaOperationForceLeave {
+				return "ForceLeave requested for " + q.Name + ": " + q.Message
+			}
+		}
+		return ""
+	}
+
+	for _, n := range []string{"a", "b", "c"} {
+		cl.setRenew(n, false)
+	}
+	// Three Lease durations and grace periods: every node would be lost twice over.
+	lostAfter := time.Duration(cl.leaseSz)*time.Second + cl.grace
+	for end := time.Now().Add(3 * lostAfter); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		if why := nothingForced(); why != "" {
+			t.Fatalf("while every agent was silent: %s", why)
+		}
+	}
+	if m := scrapeMetrics(t); !strings.Contains(m, "meshvol_controller_agents_silent 1") {
+		t.Errorf("meshvol_controller_agents_silent is not 1 while every agent is silent")
+	}
+
+	// Two agents come back; c's stays silent. Its Lease expired long ago, but it has a
+	// fresh Lease duration and grace period from the end of the disruption.
+	resumed := time.Now()
+	cl.setRenew("a", true)
+	cl.setRenew("b", true)
+	cl.eventually(t, "AgentReady=False on "+onC, func() (bool, string) {
+		c := agentReady(onC)
+		return c != nil && c.Status == metav1.ConditionFalse, fmt.Sprint(c)
+	})
+	// Condition times have whole seconds: one second of slack.
+	if at := agentReady(onC).LastTransitionTime.Time; at.Before(resumed.Add(lostAfter - time.Second)) {
+		t.Errorf("node c declared lost at %s, %s after the agents renewed again; want no sooner than a Lease duration and grace period (%s)",
+			at.Format(time.RFC3339), at.Sub(resumed).Round(time.Millisecond), lostAfter)
+	}
+	for _, n := range []string{"a", "b"} {
+		if c := agentReady(replicaOn(n)); c != nil && c.Status == metav1.ConditionFalse {
+			t.Errorf("node %s, whose agent renews, marked %s", n, c.Message)
+		}
+	}
+	if m := scrapeMetrics(t); !strings.Contains(m, "meshvol_controller_agents_silent 0") {
+		t.Errorf("meshvol_controller_agents_silent is not 0 once agents renew")
+	}
+}
+
 // A node no agent ever held a Lease for — meshvol's DaemonSet does not select it, or its
 // agent has not started yet — is never tainted, however long it stays so, while a node
 // whose agent stopped renewing is: nothing of meshvol runs on the first, and the

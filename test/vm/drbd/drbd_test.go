@@ -50,14 +50,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runAgent(node))
 	}
 	if spec := os.Getenv("MESHVOL_VM_DRBD"); spec != "" && os.Getenv("MESHVOL_VM_PRODUCT") != "" {
-		var err error
-		if prod, err = startProduct(spec, os.Getenv("MESHVOL_VM_DRBD_OUT"), os.Getenv("MESHVOL_VM_PRODUCT")); err != nil {
-			fmt.Fprintf(os.Stderr, "product tier setup: %v\n", err)
-			os.Exit(2)
-		}
-		code := m.Run()
-		prod.finish()
-		os.Exit(code)
+		os.Exit(runProductTier(m, spec, os.Getenv("MESHVOL_VM_DRBD_OUT"), os.Getenv("MESHVOL_VM_PRODUCT")))
 	}
 	if spec := os.Getenv("MESHVOL_VM_DRBD"); spec != "" {
 		var err error

@@ -74,8 +74,11 @@ func (p *nodeProc) start(name, kubeconfig string) error {
 		return fmt.Errorf("meshvol node already runs (pid %d)", p.cmd.Process.Pid)
 	}
 	_ = os.Remove(guestCSISocket)
+	// The prerequisite check every 10 s, not the default minute: what
+	// TestProductNodeCheck waits for once the module is loaded.
 	cmd := exec.Command(meshvolBinary, "node", "--node-name", name, "--kubeconfig", kubeconfig,
-		"--csi-endpoint", "unix://"+guestCSISocket, "--metrics-bind-address", "0", "-v", "1")
+		"--csi-endpoint", "unix://"+guestCSISocket, "--metrics-bind-address", "0", "-v", "1",
+		"--prerequisite-check-interval", productCheckInterval.String())
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return err

@@ -21,12 +21,16 @@ import (
 // a guest without the DRBD module and then with it: the agent keeps running,
 // its Lease names what is missing, the pool takes no replicas on that node
 // and its Ready condition says why; once the module is loaded the next check
-// (at most a minute later) clears both, without restarting the agent. It
-// runs first (files run in name order), while no volume holds the module.
+// (at most productCheckInterval later) clears both, without restarting the
+// agent. It runs before the other tests on the guests (files run in name
+// order), while no volume holds the module.
+// productCheckInterval is the guests' `meshvol node
+// --prerequisite-check-interval`: a tenth of the default minute, which would
+// be most of this test's time.
+const productCheckInterval = 10 * time.Second
+
 func TestProductNodeCheck(t *testing.T) {
-	if prod == nil {
-		t.Skip("needs the product tier: VM_SUITE=product make test-drbd-vm")
-	}
+	waitProduct(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	node := prod.names[len(prod.names)-1]

@@ -95,9 +95,7 @@ func (b thinBackend) lvs(ctx context.Context, node string) ([]thinLV, error) {
 // It runs before TestProduct (files run in name order), whose scenario 5
 // crashes a guest for good.
 func TestProductLVMThin(t *testing.T) {
-	if prod == nil {
-		t.Skip("needs the product tier: VM_SUITE=product make test-drbd-vm")
-	}
+	waitProduct(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	b := thinBackend{prod}

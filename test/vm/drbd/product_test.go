@@ -28,7 +28,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/meshvol/meshvol/internal/scenario"
 	"github.com/meshvol/meshvol/internal/testenv"
@@ -97,7 +96,6 @@ func startProduct(spec, out, meshvol string) (p *product, err error) {
 			started.finish()
 		}
 	}()
-	ctrllog.SetLogger(logr.New(errorsOnly{}))
 	for _, kv := range strings.Split(spec, ",") {
 		node, ip, ok := strings.Cut(kv, "=")
 		if !ok {
@@ -431,30 +429,17 @@ func (p *product) RestartAgent(ctx context.Context, node string) error {
 // `make test` does) and on the guests, and prints both runs and their
 // differences step by step (also to scenario-compare.txt in the run's
 // directory).
+// The drbdsim pass is TestProductOnDrbdsim's, which ran while the guests
+// booted; TestProduct runs it here only when that test did not run (a -run
+// pattern that left it out).
 func TestProduct(t *testing.T) {
-	if prod == nil {
-		t.Skip("needs the product tier: VM_SUITE=product make test-drbd-vm")
-	}
+	waitProduct(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
-	var sim, real *scenario.Record
-	t.Run("drbdsim", func(t *testing.T) {
-		l, err := scenario.StartLocal(ctx, nil, logr.Discard())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			if err := l.Stop(); err != nil {
-				t.Errorf("stopping the drbdsim cluster: %v", err)
-			}
-		}()
-		// Scenario 6 runs on drbdsim in `make test` (test/integration/scenario);
-		// here it is left out of the drbdsim pass, which would add its minute and
-		// more to a tier that must stay short, and the comparison lists its
-		// steps as real DRBD's only (test/vm/FINDINGS.md, "The product on real
-		// DRBD", 11).
-		sim = scenario.Run(ctx, t, l, scenario.Options{Wait: 2 * time.Minute, Skip: map[string]bool{"6-partition": true}})
-	})
+	sim, real := simRecord, (*scenario.Record)(nil)
+	if sim == nil {
+		t.Run("drbdsim", func(t *testing.T) { sim = runOnDrbdsim(ctx, t) })
+	}
 	t.Run("real", func(t *testing.T) {
 		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute})
 	})
