@@ -87,6 +87,27 @@ func (w *writes) mark() int {
 	return len(w.all)
 }
 
+// settled waits until no write to an object named with one of prefixes has been made
+// for quiet, and returns a mark taken then. A test that waits for a status by reading
+// the apiserver sees it before the controller's cache does; until the cache catches up,
+// a reconcile compares against the older status and applies the same one again. A
+// window that must hold no write starts once those have passed.
+func (w *writes) settled(t testing.TB, quiet time.Duration, prefixes ...string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	mark := w.mark()
+	for last := time.Now(); time.Since(last) < quiet; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("writes to %v did not stop for %v in 30 s: %v", prefixes, quiet, w.since(mark, prefixes...))
+		}
+		cur := w.mark()
+		if len(w.since(mark, prefixes...)) > 0 {
+			mark, last = cur, time.Now()
+		}
+	}
+	return mark
+}
+
 func summarizeWrites(ws []controller.Write) string {
 	counts := map[string]int{}
 	for _, x := range ws {
