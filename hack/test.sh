@@ -28,11 +28,40 @@ status=${PIPESTATUS[0]}
 set -e
 
 count() { grep -c -E "^[[:space:]]*--- $1:" "$log" || true; }
+
+# last_lines_of_failures prints, for each failing test, the last 12 lines it
+# logged. go test -v marks whose output follows with "=== RUN", "=== CONT" or
+# "=== NAME" lines (parallel tests interleave), so each line belongs to the test
+# the latest marker names; a package's "ok"/"FAIL" line ends its tests.
+last_lines_of_failures() {
+	awk -v keep=12 '
+		function flush(   t, i, n) {
+			for (t in failed) {
+				n = count[t]
+				print "--- " t
+				for (i = (n > keep ? n - keep : 0); i < n; i++) print lines[t, i % keep]
+			}
+			delete failed; delete count; delete lines
+		}
+		/^=== (RUN|CONT|NAME) / { cur = $3; next }
+		/^=== PAUSE / { next }
+		/^[[:space:]]*--- FAIL: / { failed[$3] = 1; next }
+		/^[[:space:]]*--- (PASS|SKIP): / || /^(PASS|FAIL)$/ { next }
+		/^(ok|FAIL)[[:space:]]+[^[:space:]]+[[:space:]]/ { flush(); cur = ""; next }
+		cur != "" { lines[cur, count[cur] % keep] = $0; count[cur]++ }
+		END { flush() }
+	' "$1"
+}
 passed=$(count PASS) failed=$(count FAIL) skipped=$(count SKIP)
 if ((status != 0)); then
 	echo
 	echo "Failures:"
 	grep -E '^[[:space:]]*--- FAIL:|^FAIL[[:space:]]|^ok .*\[no tests to run\]|\[build failed\]|\[setup failed\]' "$log" || true
+	# The last lines each failing test logged — its error is among them — so
+	# that the reason survives a console that keeps only the run's head and tail.
+	echo
+	echo "What the failing tests logged last (full log: $log):"
+	last_lines_of_failures "$log"
 	# A package that fails before running a test (build error, TestMain
 	# refusing to start) has no --- FAIL line; count it so the summary
 	# never says "0 failed" for a red run.

@@ -27,9 +27,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/meshvol/meshvol/internal/sandbox"
 	"github.com/meshvol/meshvol/internal/testenv"
@@ -73,7 +76,20 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	rep := &report{Started: time.Now().UTC(), Goal: goal, TaintLostNodes: taint, Commit: commit(root), CPUs: runtime.NumCPU()}
+	rep := &report{Started: time.Now().UTC(), Goal: goal, TaintLostNodes: taint, Commit: commit(root), CPUs: runtime.NumCPU(),
+		LeaderElection: chartLeaderElection(root)}
+	// How the leader elections' holders renew their Leases meanwhile: the
+	// margin of the chart's controller.leaderElection on this machine.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	leases, err := sb.WatchLeaderLeases(wctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		if err := sb.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL: teardown:", err)
+		}
+		return 1
+	}
 	failed := false
 	total := crashes + partitions
 	for i := 0; i < total && ctx.Err() == nil; i++ {
@@ -114,6 +130,9 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 		}
 	}
 	rep.Finished = time.Now().UTC()
+	rep.Leases = leases()
+	// An open watch holds the apiserver's shutdown up.
+	stopWatch()
 	if err := rep.write(out); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: writing the results:", err)
 		failed = true
@@ -143,6 +162,16 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, o sandbox.FailoverOptions
 		return nil, err
 	}
 	rr := &run{Load: loadavg(), result: r}
+	leaders, err := sb.LeaderNodes(ctx)
+	if err != nil {
+		return rr, err
+	}
+	for lease, node := range leaders {
+		if node == r.From {
+			rr.Leaders = append(rr.Leaders, leaderRole(lease))
+		}
+	}
+	slices.Sort(rr.Leaders)
 	ferr := sb.Failover(ctx, r, 2*time.Minute)
 	rr.fill(r)
 	if ferr != nil {
@@ -203,6 +232,25 @@ func commit(root string) string {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// chartLeaderElection is the chart's default controller.leaderElection,
+// which the sandbox installs: "leaseDuration/renewDeadline/retryPeriod".
+func chartLeaderElection(root string) string {
+	b, err := os.ReadFile(filepath.Join(root, "charts", "meshvol", "values.yaml"))
+	if err != nil {
+		return "?"
+	}
+	var v struct {
+		Controller struct {
+			LeaderElection struct{ LeaseDuration, RenewDeadline, RetryPeriod string }
+		}
+	}
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		return "?"
+	}
+	le := v.Controller.LeaderElection
+	return le.LeaseDuration + "/" + le.RenewDeadline + "/" + le.RetryPeriod
 }
 
 func loadavg() string {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/meshvol/meshvol/internal/sandbox"
+	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
 )
 
 // run is one failover as reported.
@@ -21,6 +23,10 @@ type run struct {
 	OldAfterFault                                                     sandbox.WriterLog
 	Heal                                                              *sandbox.HealResult
 	Steps                                                             []string
+	// Leaders are the leader elections (leaderRole) whose holder ran on
+	// the faulted node when the fault came: each one's new leader comes
+	// only after the old one's Lease expired.
+	Leaders []string
 	// Error is why the run failed ("" when it passed).
 	Error string
 
@@ -69,7 +75,36 @@ type report struct {
 	CPUs              int
 	Goal              time.Duration
 	TaintLostNodes    bool
-	Runs              []run
+	// LeaderElection is the chart's controller.leaderElection,
+	// "leaseDuration/renewDeadline/retryPeriod".
+	LeaderElection string
+	Runs           []run
+	// Leases is how each leader election's Lease was renewed over the runs.
+	Leases []sandbox.LeaderRenewals
+}
+
+// leaderRole names a leader election of the release by what it elects.
+func leaderRole(lease string) string {
+	switch {
+	case lease == controller.LeaderElectionID:
+		return "meshvol"
+	case lease == strings.ReplaceAll(v1.CSIDriverName, ".", "-"):
+		return "provisioner"
+	case strings.HasPrefix(lease, "external-attacher"):
+		return "attacher"
+	case strings.HasPrefix(lease, "external-snapshotter"):
+		return "snapshotter"
+	case strings.HasPrefix(lease, "external-resizer"):
+		return "resizer"
+	}
+	return lease
+}
+
+// failoverLeader says whether a leader the failover waits for ran on the
+// faulted node: meshvol's (it declares the node lost and frees the pod) or
+// external-attacher's (it attaches the volume on the new node).
+func (r *run) failoverLeader() bool {
+	return slices.Contains(r.Leaders, "meshvol") || slices.Contains(r.Leaders, "attacher")
 }
 
 // quantile is the nearest-rank q-quantile of ds (sorted ascending).
@@ -123,6 +158,28 @@ func (rep *report) summary() string {
 	return fmt.Sprintf("%d runs, fault → first write: %s; %d at or over the %s goal; %d failed", len(rep.passed()), st, over, rep.Goal, failed)
 }
 
+// byLeader is the summary of the passed runs whose faulted node ran a
+// leader the failover waits for (failoverLeader), and of the others.
+func (rep *report) byLeader() string {
+	var with, without []run
+	for _, r := range rep.passed() {
+		if r.failoverLeader() {
+			with = append(with, r)
+		} else {
+			without = append(without, r)
+		}
+	}
+	total := func(r *run) time.Duration { return r.Total }
+	lost := func(r *run) time.Duration { return r.Detected }
+	part := func(rs []run) string {
+		if len(rs) == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%d, fault → first write %s (lost: %s)", len(rs), statsOf(rs, total), statsOf(rs, lost))
+	}
+	return fmt.Sprintf("runs whose faulted node ran meshvol's or external-attacher's leader: %s; the others: %s", part(with), part(without))
+}
+
 // write writes base.md and base.svg.
 func (rep *report) write(base string) error {
 	if err := os.WriteFile(base+".svg", []byte(rep.svg()), 0o644); err != nil {
@@ -140,8 +197,9 @@ func (rep *report) markdown(base string) string {
 	fmt.Fprintf(&b, "Written by `make bench-failover` (hack/benchfailover); what the milestones are and what bounds them: docs/controller.md, Failover, measured.\n\n")
 	fmt.Fprintf(&b, "- commit %s, %s to %s UTC, %d CPUs; the load average (1, 5, 15 min) at each run's start is in the table\n",
 		rep.Commit, rep.Started.Format("2006-01-02 15:04"), rep.Finished.Format("15:04"), rep.CPUs)
-	fmt.Fprintf(&b, "- the sandbox's chart values: controller.taintLostNodes %v, controller.deleteLostPods true, node.leaseDuration 6s, node.leaseRenewInterval 2s, controller.nodeGracePeriod 3s\n", rep.TaintLostNodes)
-	fmt.Fprintf(&b, "- %s\n\n", rep.summary())
+	fmt.Fprintf(&b, "- the sandbox's chart values: controller.taintLostNodes %v, controller.deleteLostPods true, node.leaseDuration 6s, node.leaseRenewInterval 2s, controller.nodeGracePeriod 3s, controller.leaderElection %s (leaseDuration/renewDeadline/retryPeriod)\n", rep.TaintLostNodes, rep.LeaderElection)
+	fmt.Fprintf(&b, "- %s\n", rep.summary())
+	fmt.Fprintf(&b, "- %s\n\n", rep.byLeader())
 	fmt.Fprintf(&b, "| milestone (s from the fault) | min | median | p95 | max |\n|---|---|---|---|---|\n")
 	for _, m := range []struct {
 		name string
@@ -159,11 +217,11 @@ func (rep *report) markdown(base string) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", m.name, secs(st.Min), secs(st.Median), secs(st.P95), secs(st.Max))
 	}
 	fmt.Fprintf(&b, "\n![a stacked bar per run](%s)\n\n", svg)
-	fmt.Fprintf(&b, "| run | fault | class | from → to | lost | pod deleted | VA deleted | Primary | VA attached | Running | first write | last ack → found | old pod after the fault | load |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| run | fault | class | from → to | lost | pod deleted | VA deleted | Primary | VA attached | Running | first write | last ack → found | old pod after the fault | leaders on the faulted node | load |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Runs {
 		if r.Error != "" {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | failed: %s |||||||||||\n", r.Name, r.Fault, r.Class, r.From, r.To, strings.ReplaceAll(r.Error, "\n", " "))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | failed: %s ||||||||||||\n", r.Name, r.Fault, r.Class, r.From, r.To, strings.ReplaceAll(r.Error, "\n", " "))
 			continue
 		}
 		old := fmt.Sprintf("%d acks, %d fails", r.OldAfterFault.Acks, r.OldAfterFault.Fails)
@@ -174,9 +232,19 @@ func (rep *report) markdown(base string) string {
 					r.Heal.OldStopped.Seconds(), r.Heal.OldDemoted.Seconds(), orDown(r.Heal.OldRole), r.Heal.NewLastAck, r.Heal.Reread)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %s | %s | %s | %s | %s | **%s** | %d → %d | %s | %s |\n",
+		leaders := strings.Join(r.Leaders, ", ")
+		if leaders == "" {
+			leaders = "none"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %s | %s | %s | %s | %s | **%s** | %d → %d | %s | %s | %s |\n",
 			r.Name, r.Fault, r.Class, r.From, r.To, secs(r.Detected), secs(r.PodDeleted), secs(r.Detached), secs(r.Primary),
-			secs(r.Attached), secs(r.Running), secs(r.Total), r.LastAck, r.Resumed, old, r.Load)
+			secs(r.Attached), secs(r.Running), secs(r.Total), r.LastAck, r.Resumed, old, leaders, r.Load)
+	}
+	if len(rep.Leases) > 0 {
+		fmt.Fprintf(&b, "\nThe leader elections' Leases over the runs (the time between two renewals by one holder, which renews every retryPeriod and stops leading when no renewal succeeded for renewDeadline):\n\n")
+		for _, l := range rep.Leases {
+			fmt.Fprintf(&b, "- %s\n", l)
+		}
 	}
 	return b.String()
 }

@@ -64,3 +64,40 @@ func TestSVGHasABarPerRun(t *testing.T) {
 		t.Errorf("summary: %s", rep.summary())
 	}
 }
+
+// The chart's leader-election values are read as the sandbox installs them.
+func TestChartLeaderElectionIsRead(t *testing.T) {
+	le := chartLeaderElection("../..")
+	parts := strings.Split(le, "/")
+	if len(parts) != 3 {
+		t.Fatalf("chartLeaderElection = %q, want leaseDuration/renewDeadline/retryPeriod", le)
+	}
+	for _, p := range parts {
+		if _, err := time.ParseDuration(p); err != nil {
+			t.Errorf("chartLeaderElection = %q: %q is not a duration: %v", le, p, err)
+		}
+	}
+}
+
+// Runs are grouped by whether a leader the failover waits for (meshvol's,
+// external-attacher's) ran on the faulted node; another sidecar's does not
+// count, and a failed run is in neither group.
+func TestByLeaderGroupsRuns(t *testing.T) {
+	rep := &report{Runs: []run{
+		{Name: "fo-01", Total: 20 * time.Second, Detected: 18 * time.Second, Leaders: []string{"meshvol", "provisioner"}},
+		{Name: "fo-02", Total: 12 * time.Second, Detected: 9 * time.Second, Leaders: []string{"attacher"}},
+		{Name: "fo-03", Total: 10 * time.Second, Detected: 8 * time.Second, Leaders: []string{"snapshotter"}},
+		{Name: "fo-04", Error: "boom", Leaders: []string{"meshvol"}},
+	}}
+	got := rep.byLeader()
+	want := "leader: 2, fault → first write min 12.00 s, median 12.00 s, p95 20.00 s, max 20.00 s"
+	if !strings.Contains(got, want) || !strings.Contains(got, "the others: 1, fault → first write min 10.00 s") {
+		t.Errorf("byLeader() = %q\nwant it to contain %q and one other run of 10 s", got, want)
+	}
+	for lease, role := range map[string]string{"meshvol-controller": "meshvol", "csi-meshvol-io": "provisioner",
+		"external-attacher-leader-csi-meshvol-io": "attacher", "snapshot-controller-leader": "snapshot-controller-leader"} {
+		if got := leaderRole(lease); got != role {
+			t.Errorf("leaderRole(%q) = %q, want %q", lease, got, role)
+		}
+	}
+}

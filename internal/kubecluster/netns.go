@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshvol/meshvol/internal/mountinfo"
 )
 
 // Nodes with namespaces of their own (Options.Namespaces), as a kind node
@@ -23,7 +25,9 @@ import (
 //     are the node's own directories (bound from its directory), so a
 //     DaemonSet's hostPath /var/lib/kubelet, a node plugin's state and the
 //     devices it creates are the node's, not the machine's. The machine's
-//     mounts propagate into it (slave), none of its own propagate out.
+//     mounts propagate into it (slave) where the machine's / is shared, none
+//     of its own propagate out; the node drops its copies of other programs'
+//     device mounts (dropForeignDeviceMounts).
 //     /var/lib/kubelet and /var/lib/meshvol are shared mounts inside it, so
 //     a pod's Bidirectional mounts reach the kubelet.
 //   - a UTS namespace: the node's name is its host name, as a host-network
@@ -159,6 +163,9 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 		return err
 	}
 	n.nsPID = pid
+	if err := n.dropForeignDeviceMounts(ctx); err != nil {
+		return err
+	}
 	n.IP = nodeAddressOnBridge(index)
 	veth := n.vethName()
 	for _, args := range [][]string{
@@ -186,6 +193,41 @@ func (n *Node) startNamespaces(ctx context.Context, index int) error {
 	}, "\n")
 	if _, err := n.Run(ctx, script); err != nil {
 		return err
+	}
+	return nil
+}
+
+// dropForeignDeviceMounts detaches, in the node's new mount namespace, its
+// copies of the machine's file systems on loop devices and FUSE mounts under
+// the temporary directory: other programs' (another test's drbdsim devices
+// and the file systems on them, a file pool's volumes). A node has no use for
+// them, and on a machine whose / is private — the case on this project's
+// machines and CI, where nothing propagates — their owner's unmount does not
+// reach the copy, which keeps the owner's loop devices busy and its teardown
+// failing for as long as the node lives.
+func (n *Node) dropForeignDeviceMounts(ctx context.Context) error {
+	ms, err := mountinfo.ReadFile(n.MountInfo())
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Clean(os.TempDir())
+	var script strings.Builder
+	// The latest mount first: a mount stacked on another goes before it.
+	for i := len(ms) - 1; i >= 0; i-- {
+		m := ms[i]
+		const loopMajor = 7
+		onDevice := m.Major == loopMajor || strings.HasPrefix(m.FsType, "fuse")
+		if onDevice && strings.HasPrefix(m.MountPoint, tmp+"/") {
+			// Its owner may unmount it between the read and here; then there
+			// is nothing left to detach.
+			fmt.Fprintf(&script, "umount -l %s 2>/dev/null || true\n", shellQuote(m.MountPoint))
+		}
+	}
+	if script.Len() == 0 {
+		return nil
+	}
+	if out, err := n.Run(ctx, script.String()); err != nil {
+		return fmt.Errorf("kubecluster: detaching the machine's device mounts in %s: %w: %s", n.Name, err, out)
 	}
 	return nil
 }

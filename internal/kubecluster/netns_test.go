@@ -3,6 +3,7 @@ package kubecluster
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,6 +46,9 @@ func TestNodesWithNamespacesLookLikeNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+	// Another program's file system on a loop device, mounted before the
+	// nodes start: they must not hold it (dropForeignDeviceMounts).
+	foreign := mountOnLoop(t, tmp)
 	prepared := map[string]bool{}
 	c, err := Start(ctx, Options{
 		Dir:         dir,
@@ -86,6 +90,17 @@ func TestNodesWithNamespacesLookLikeNodes(t *testing.T) {
 			t.Errorf("node %s has addresses %v, want %s", n.Name, node.Status.Addresses, n.IP)
 		}
 	}
+
+	for _, n := range c.Nodes {
+		b, err := os.ReadFile(n.MountInfo())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), " "+foreign.dir+" ") {
+			t.Errorf("node %s holds a copy of the machine's mount %s (on %s)", n.Name, foreign.dir, foreign.loop)
+		}
+	}
+	foreign.release(t)
 
 	// The same host port on both nodes; the node's own /var/lib/kubelet;
 	// the apiserver through the kubernetes Service's address.
@@ -213,5 +228,56 @@ func podNetwork(t *testing.T, ctx context.Context, c *Cluster) {
 	}, "the pod on "+a.Name+" to reach the pod on "+b.Name+" at "+ip); err != nil {
 		out, _ := c.Kubectl(ctx, "describe", "pod", "client-"+a.Name)
 		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// loopMount is a file system on a loop device, mounted on dir.
+type loopMount struct{ dir, loop string }
+
+// mountOnLoop makes an ext4 file system in a file under parent, attaches it to
+// a loop device and mounts it; the test's cleanup releases it if the test
+// did not.
+func mountOnLoop(t *testing.T, parent string) *loopMount {
+	t.Helper()
+	img, dir := filepath.Join(parent, "foreign.img"), filepath.Join(parent, "foreign")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v: %s", name, args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	run("truncate", "-s", "16M", img)
+	run("mkfs.ext4", "-q", img)
+	m := &loopMount{dir: dir, loop: run("losetup", "--find", "--show", img)}
+	run("mount", m.loop, dir)
+	t.Cleanup(func() {
+		_ = exec.Command("umount", dir).Run()
+		_ = exec.Command("losetup", "-d", m.loop).Run()
+	})
+	return m
+}
+
+// release unmounts the file system and detaches its loop device, and fails
+// the test if the device stays in use: it must be free once its owner is done.
+func (m *loopMount) release(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command("umount", m.dir).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v: %s", m.dir, err, out)
+	}
+	if out, err := exec.Command("losetup", "-d", m.loop).CombinedOutput(); err != nil {
+		t.Fatalf("losetup -d %s: %v: %s", m.loop, err, out)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(m.loop), "loop", "backing_file"))
+		if err != nil || len(b) == 0 {
+			return // detached
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still backs %s 10 s after its owner unmounted it and detached it: something else holds the file system", m.loop, strings.TrimSpace(string(b)))
+		}
 	}
 }

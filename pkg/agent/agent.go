@@ -167,7 +167,7 @@ type Agent struct {
 	standAloneTried map[string]time.Time
 	// unconfirmed: why each member that holds its volume's revision
 	// unconfirmed does so, as last logged (sayUnconfirmed).
-	unconfirmed map[types.UID]string
+	unconfirmed *reasonLog
 
 	// downs spaces out the take-downs refused while a device is held open.
 	downs *takeDownGate
@@ -211,7 +211,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		collectNow: make(chan struct{}, 1),
 
 		standAloneTried: map[string]time.Time{},
-		unconfirmed:     map[types.UID]string{},
+		unconfirmed:     newReasonLog(),
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {

@@ -44,6 +44,7 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		if apierrors.IsNotFound(err) {
 			// Gone: whatever it ran here is no replica's now (runGC).
 			a.requestCollect()
+			a.unconfirmed.forget(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -100,15 +101,7 @@ func (a *Agent) sayUnconfirmed(rvr *v1.ReplicatedVolumeReplica, rv *v1.Replicate
 		}
 		why = strings.Join(parts, "; ")
 	}
-	a.mu.Lock()
-	last := a.unconfirmed[rvr.UID]
-	if why == "" {
-		delete(a.unconfirmed, rvr.UID)
-	} else {
-		a.unconfirmed[rvr.UID] = why
-	}
-	a.mu.Unlock()
-	if why != "" && why != last {
+	if a.unconfirmed.changed(rvr, why) {
 		a.log.Info("datamesh revision not confirmed yet; will retry", "replica", rvr.Name,
 			"revision", rv.Status.DatameshRevision, "confirmed", s.st.DatameshRevision, "why", why)
 	}

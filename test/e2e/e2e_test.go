@@ -42,6 +42,10 @@ import (
 
 var sb *sandbox.Sandbox
 
+// leaders says what the release's leader-election Leases showed over the
+// suite (releaseHealthy prints it).
+var leaders func() []sandbox.LeaderRenewals
+
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
@@ -82,10 +86,20 @@ func run(m *testing.M) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "e2e: sandbox of 3 nodes built and up in %s (%s of it waiting for another cluster on the machine)\n", time.Since(began).Round(time.Millisecond), sb.Kube.LockWait.Round(time.Second))
+	// Until the end of the suite (ctx bounds only the start).
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	leaders, err = sb.WatchLeaderLeases(wctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
 	code := m.Run()
 	if !releaseHealthy(ctx) {
 		code = 1
 	}
+	// An open watch holds the apiserver's shutdown up.
+	stopWatch()
 	if code != 0 {
 		// The logs of a failed run are worth keeping.
 		keep = true
@@ -104,7 +118,9 @@ func run(m *testing.M) int {
 // over the suite — restarts, peak memory, its limit — and says whether all
 // is as the chart promises: no log line with "forbidden" (the RBAC rules
 // allow every request meshvol makes) and no restart on a node that did not
-// crash.
+// crash. It also prints how the leader elections' holders renewed their
+// Leases: the evidence for the chart's controller.leaderElection timing
+// (docs/controller.md, "Detection").
 func releaseHealthy(ctx context.Context) bool {
 	rep, err := sb.ReleaseReport(ctx)
 	if err != nil {
@@ -128,6 +144,10 @@ func releaseHealthy(ctx context.Context) bool {
 			}
 			ok = false
 		}
+	}
+	fmt.Fprintln(os.Stderr, "e2e: the leader elections' Leases over the suite (the time between two renewals by one holder):")
+	for _, l := range leaders() {
+		fmt.Fprintf(os.Stderr, "e2e:   %s\n", l)
 	}
 	return ok
 }

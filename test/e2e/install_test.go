@@ -151,9 +151,9 @@ func TestLeaderHandover(t *testing.T) {
 			t.Fatalf("%s: %v", how, err)
 		}
 		t.Logf("leader hand-over, %s: %s → %s in %s", how, h.OldLeader, h.NewLeader, h.Took.Round(100*time.Millisecond))
-		// A lease of 15 s renewed every 2 s (controller-runtime's defaults):
-		// a crashed leader's Lease expires within 15 s, then the next
-		// candidate's retry takes it.
+		// The chart's Lease of 8 s, tried every second
+		// (controller.leaderElection): a crashed leader's Lease expires
+		// within 8 s, then the next candidate's retry takes it.
 		if limit := 45 * time.Second; h.Took > limit {
 			t.Errorf("%s: the hand-over took %s, more than %s", how, h.Took.Round(100*time.Millisecond), limit)
 		}

@@ -87,6 +87,27 @@ func (w *writes) mark() int {
 	return len(w.all)
 }
 
+// settled waits until no write to an object named with one of prefixes has been made
+// for quiet, and returns a mark taken then. A test that waits for a status by reading
+// the apiserver sees it before the controller's cache does; until the cache catches up,
+// a reconcile compares against the older status and applies the same one again. A
+// window that must hold no write starts once those have passed.
+func (w *writes) settled(t testing.TB, quiet time.Duration, prefixes ...string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	mark := w.mark()
+	for last := time.Now(); time.Since(last) < quiet; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("writes to %v did not stop for %v in 30 s: %v", prefixes, quiet, w.since(mark, prefixes...))
+		}
+		cur := w.mark()
+		if len(w.since(mark, prefixes...)) > 0 {
+			mark, last = cur, time.Now()
+		}
+	}
+	return mark
+}
+
 func summarizeWrites(ws []controller.Write) string {
 	counts := map[string]int{}
 	for _, x := range ws {
@@ -118,6 +139,7 @@ type cluster struct {
 	algs    map[string]string
 	leaseSz int32
 	taint   bool
+	portMax int32
 }
 
 type nodeSpec struct {
@@ -139,6 +161,8 @@ type clusterOptions struct {
 	// longer one, so that a renewal late under load does not change a node's
 	// liveness, and with it the status, inside the window.
 	leaseSeconds int32
+	// portMax is the top of the controller's --port-range (from 7000; default 7999).
+	portMax int32
 }
 
 func newClusterWith(t *testing.T, o clusterOptions, nodes ...nodeSpec) *cluster {
@@ -146,7 +170,10 @@ func newClusterWith(t *testing.T, o clusterOptions, nodes ...nodeSpec) *cluster 
 	ctx, cancel := context.WithCancel(context.Background())
 	name := testenv.Name(t)
 	cl := &cluster{t: t, ctx: ctx, c: env.Client, ns: name, prefix: "t" + strings.TrimLeft(name[len(name)-10:], "-"), pool: name, writes: &writes{},
-		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2, taint: o.taint}
+		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2, taint: o.taint, portMax: 7999}
+	if o.portMax > 0 {
+		cl.portMax = o.portMax
+	}
 	if o.leaseSeconds > 0 {
 		cl.leaseSz = o.leaseSeconds
 	}
@@ -256,7 +283,7 @@ func (cl *cluster) setRenew(node string, on bool) {
 func (cl *cluster) start() {
 	mgr, err := controller.NewManager(env.Config, controller.Options{
 		Namespace: cl.ns, AgentGracePeriod: cl.grace, OnWrite: cl.writes.add, Workers: 2,
-		PortMin: 7000, PortMax: 7999, TaintLostNodes: cl.taint,
+		PortMin: 7000, PortMax: cl.portMax, TaintLostNodes: cl.taint,
 	}, controller.ManagerOptions{Scheme: env.Scheme})
 	must(cl.t, err)
 	ctx, cancel := context.WithCancel(cl.ctx)

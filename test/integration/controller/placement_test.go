@@ -214,7 +214,7 @@ func TestPoolStatus(t *testing.T) {
 			ann[v1.AnnotationPoolCapacityPrefix+cl.pool] = v1.PoolCapacity{Total: 1000 << 30, Free: free}.String()
 		})
 	}
-	mark := cl.writes.mark()
+	mark := cl.writes.settled(t, time.Second, cl.pool)
 	setFree("a", 100<<30-512<<20) // 512Mi less: below 1 GiB (1 % of 1000Gi is 10Gi)
 	time.Sleep(2 * time.Second)
 	if ws := cl.writes.since(mark, cl.pool); len(ws) != 0 {
