@@ -86,7 +86,7 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 		"how often the leader renews and the other replicas try to take over")
 	fs.DurationVar(&f.grace, "agent-grace-period", 10*time.Second,
 		"how long past its expiry a node agent's Lease may go unrenewed before the node's replicas are marked AgentReady=False and, when no live peer reaches them, force-removed and replaced")
-	fs.StringVar(&f.portRange, "port-range", "7000-7999", "DRBD TCP ports, LOW-HIGH, one per volume, unique in the cluster")
+	fs.StringVar(&f.portRange, "port-range", "7000-7999", "DRBD TCP ports, LOW-HIGH, one per replica, unique on its node: the most replicas a node holds")
 	fs.StringVar(&f.minorRange, "minor-range", "1000-1048575", "DRBD device minors, LOW-HIGH (within 0-1048575), one per volume, unique in the cluster")
 	fs.StringVar(&f.hmac, "hmac-algorithms", "sha256,sha1,md5",
 		"DRBD cram-hmac-alg preference list; a volume gets the first its pool's nodes offer (their agents report what the kernel has)")

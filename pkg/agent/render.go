@@ -79,10 +79,9 @@ func renderHosts(in renderInput, peers []*v1.DatameshMember) (*drbd.Resource, er
 	if err != nil {
 		return nil, err
 	}
-	port := int(dm.Port)
 	r := &drbd.Resource{
 		Name:  in.rv.Name,
-		Self:  drbd.Host{Name: self.NodeName, NodeID: int(self.NodeID), Address: drbd.Address{IP: selfIP, Port: port}},
+		Self:  drbd.Host{Name: self.NodeName, NodeID: int(self.NodeID), Address: drbd.Address{IP: selfIP, Port: memberPort(dm, self)}},
 		Minor: int(dm.Minor),
 	}
 	if self.Type.HasDisk() {
@@ -99,12 +98,22 @@ func renderHosts(in renderInput, peers []*v1.DatameshMember) (*drbd.Resource, er
 		r.Peers = append(r.Peers, drbd.Peer{
 			Name:     m.NodeName,
 			NodeID:   int(m.NodeID),
-			Address:  drbd.Address{IP: ip, Port: port},
+			Address:  drbd.Address{IP: ip, Port: memberPort(dm, m)},
 			Minor:    int(dm.Minor),
 			Diskless: !m.Type.ConnectsToAllPeers(),
 		})
 	}
 	return r, nil
+}
+
+// memberPort is the port member m listens on, on its node: its own, or, for a member
+// published before members had ports, the volume's (docs/controller.md, "Allocation and
+// the shared secret"). 0 (neither) is refused by the resource's validation.
+func memberPort(dm *v1.Datamesh, m *v1.DatameshMember) int {
+	if m.Port != 0 {
+		return int(m.Port)
+	}
+	return int(dm.Port)
 }
 
 // datameshOptions are the settings the datamesh decides and no override may change:

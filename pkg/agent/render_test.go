@@ -92,6 +92,43 @@ func TestRenderMeshAndQuorumByType(t *testing.T) {
 	}
 }
 
+// Each member listens on its own port (unique on its node only) and each peer is
+// reached on the peer's; a member published before members had ports (port 0) listens
+// on the volume's port; with neither, the resource is refused, never rendered on 0.
+func TestRenderMemberPorts(t *testing.T) {
+	rv := testVolume()
+	dm := &rv.Status.Datamesh
+	dm.Port = 7001
+	dm.Members[0].Port = 7100 // a
+	dm.Members[1].Port = 7200 // b; c (TieBreaker) keeps 0: the volume's 7001
+	r := renderMember(t, rv, 0, "/dev/loop1")
+	if r.Self.Address.Port != 7100 {
+		t.Errorf("a listens on %d, want its own 7100", r.Self.Address.Port)
+	}
+	want := map[int]int{1: 7200, 2: 7001, 3: 7001, 4: 7001}
+	for _, p := range r.Peers {
+		if p.Address.Port != want[p.NodeID] {
+			t.Errorf("a reaches peer %d on port %d, want %d", p.NodeID, p.Address.Port, want[p.NodeID])
+		}
+	}
+	if r := renderMember(t, rv, 2, ""); r.Self.Address.Port != 7001 {
+		t.Errorf("c (port 0) listens on %d, want the volume's 7001", r.Self.Address.Port)
+	}
+	dm.Port = 0
+	rv2 := rv.DeepCopy()
+	rv2.Status.Datamesh.Members = rv2.Status.Datamesh.Members[:2]
+	for i := range rv2.Status.Datamesh.Members {
+		res := renderMember(t, rv2, i, "/dev/loop1")
+		if err := res.Validate(drbd.Features{}); err != nil {
+			t.Errorf("member %d with ports of their own only: %v", i, err)
+		}
+	}
+	res := renderMember(t, rv, 0, "/dev/loop1")
+	if err := res.Validate(drbd.Features{}); err == nil || !strings.Contains(err.Error(), "port 0") {
+		t.Errorf("a peer without a port and no volume port: validation gave %v, want the port refused", err)
+	}
+}
+
 func equalInts(a, b []int) bool {
 	if len(a) != len(b) {
 		return false

@@ -55,7 +55,8 @@ type Options struct {
 	// (default 10 s).
 	AgentGracePeriod time.Duration
 	// PortMin..PortMax is the DRBD TCP port range (default 7000-7999), MinorMin..MinorMax
-	// the device minor range (default 1000-1048575). Both are cluster-wide unique.
+	// the device minor range (default 1000-1048575). A port is unique on its node (one per
+	// member), a minor across the cluster (one per volume).
 	PortMin, PortMax   int32
 	MinorMin, MinorMax int32
 	// HMACAlgorithms is the preference list for DRBD's cram-hmac-alg (default sha256,

@@ -309,7 +309,7 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 	var out []placement.Node
 	for n := range names {
 		pn := placement.Node{Name: n, Zone: nodeZone(v.nodes[n], v.leases[n]), AgentLive: v.liveness(n).Live, HMACOK: offersAlgorithm(v, n, alg),
-			Cordoned: Cordoned(v.nodes[n])}
+			Cordoned: Cordoned(v.nodes[n]), PortsFull: c.alloc.NodeFull(n)}
 		if e, ok := eligible[n]; ok {
 			pn.InPool, pn.PoolReady, pn.Zone = true, e.Ready, e.Zone
 			pn.Cordoned = pn.Cordoned || e.Unschedulable

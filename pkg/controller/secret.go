@@ -18,32 +18,27 @@ import (
 )
 
 // Allocation and the shared secret happen before the first member joins: the engine
-// forms the datamesh only once the volume has its port, minor, size and secret, so no
+// forms the datamesh only once the volume has its minor, size and secret, so no
 // agent ever configures DRBD without them.
 
 const (
 	reasonNoAlgorithm = "NoSharedSecretAlgorithm"
 )
 
-// allocate fills status.datamesh's port, minor, size and sharedSecret in work where they
-// are missing, creating the Secret if needed. A non-empty why says what blocks it.
+// allocate fills status.datamesh's minor, size and sharedSecret in work where they
+// are missing, creating the Secret if needed (each member's port is given once it is a
+// member: memberPorts). A non-empty why says what blocks it.
 func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (why, reason string, err error) {
 	dm := &work.Status.Datamesh
-	if dm.Port == 0 {
-		al, err := c.alloc.Get(v.rv.Name)
-		if err != nil {
-			var ex *ExhaustedError
-			if errors.As(err, &ex) {
-				r := v1.ReasonPortsExhausted
-				if ex.What == "minor" {
-					r = v1.ReasonMinorsExhausted
-				}
-				return err.Error(), r, nil
-			}
-			return "", "", err
+	minor, err := c.alloc.Minor(v.rv.Name)
+	if err != nil {
+		var ex *ExhaustedError
+		if errors.As(err, &ex) {
+			return err.Error(), v1.ReasonMinorsExhausted, nil
 		}
-		dm.Port, dm.Minor = al.Port, al.Minor
+		return "", "", err
 	}
+	dm.Minor = minor
 	switch {
 	case dm.Size == nil:
 		q := v.rv.Spec.Size.DeepCopy()

@@ -14,24 +14,26 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
-func TestAllocatorUniqueAndRebuilt(t *testing.T) {
+// Minors are unique across the cluster; a volume keeps its minor; a released one is
+// reused only after the rest of the range went round; a full range is an error that
+// names the field, the rule, the cap and what lifts it.
+func TestAllocatorMinors(t *testing.T) {
 	a := NewAllocator(7000, 7002, 5, 6)
-	x, err := a.Get("x")
+	x, err := a.Minor("x")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, _ := a.Get("x"); again != x {
-		t.Fatalf("second Get for x gave %v, first %v: a volume keeps its values", again, x)
+	if again, _ := a.Minor("x"); again != x {
+		t.Fatalf("second call for x gave %d, first %d: a volume keeps its minor", again, x)
 	}
-	y, err := a.Get("y")
+	y, err := a.Minor("y")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if y.Port == x.Port || y.Minor == x.Minor {
-		t.Fatalf("x %v and y %v share a value", x, y)
+	if y == x {
+		t.Fatalf("x and y share minor %d", x)
 	}
-	// Minors 5-6 are used up: a third volume gets a condition-worthy error, not a panic.
-	_, err = a.Get("z")
+	_, err = a.Minor("z")
 	var ex *ExhaustedError
 	if !errors.As(err, &ex) || ex.What != "minor" {
 		t.Fatalf("third volume: got %v, want minor exhaustion", err)
@@ -41,38 +43,117 @@ func TestAllocatorUniqueAndRebuilt(t *testing.T) {
 			t.Errorf("message %q does not say %q (the field, what ran out, the rule, the cap and what lifts it)", err, want)
 		}
 	}
-	// Release, then reuse only after the rest of the range went round.
 	a.Release("x")
-	z, err := a.Get("z")
+	z, err := a.Minor("z")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if z.Port == y.Port || z.Minor == y.Minor {
-		t.Fatalf("z %v collides with y %v", z, y)
+	if z == y {
+		t.Fatalf("z got y's minor %d", z)
 	}
+}
 
-	// A restarted controller rebuilds from statuses: never the same value twice.
-	b := NewAllocator(7000, 7010, 5, 100)
-	rv := func(name string, port, minor int32) v1.ReplicatedVolume {
+// Ports are unique per node, not across the cluster: two volumes' members on different
+// nodes may share a port, two members on one node never do, and a member keeps its
+// port. A node's range bounds the replicas on that node only.
+func TestAllocatorPortsPerNode(t *testing.T) {
+	a := NewAllocator(7000, 7001, 5, 100)
+	port := func(vol, member, node string) int32 {
+		t.Helper()
+		p, err := a.Port(vol, member, node, 0, 0)
+		if err != nil {
+			t.Fatalf("%s/%s on %s: %v", vol, member, node, err)
+		}
+		return p
+	}
+	// Three volumes of three replicas each on nodes a, b, c, and more: with two ports
+	// per node, a cluster-wide port would have held two volumes.
+	for _, node := range []string{"a", "b", "c"} {
+		x, y := port("x", "x-"+node, node), port("y", "y-"+node, node)
+		if x == y {
+			t.Fatalf("node %s: x and y share port %d", node, x)
+		}
+		if again := port("x", "x-"+node, node); again != x {
+			t.Fatalf("node %s: x's member got %d, then %d: a member keeps its port", node, x, again)
+		}
+	}
+	port("w", "w-d", "d")
+	port("w", "w-e", "e")
+	if !a.NodeFull("a") || a.NodeFull("d") || a.NodeFull("f") {
+		t.Fatalf("NodeFull: a %v (2 of 2 held), d %v (1 of 2), f %v (none)", a.NodeFull("a"), a.NodeFull("d"), a.NodeFull("f"))
+	}
+	_, err := a.Port("z", "z-a", "a", 0, 0)
+	var ex *ExhaustedError
+	if !errors.As(err, &ex) || ex.What != "port" || ex.Node != "a" {
+		t.Fatalf("a third member on node a: got %v, want port exhaustion on a", err)
+	}
+	for _, want := range []string{"status.datamesh.members[z-a].port", "no free DRBD port in 7000-7001 on node a", "unique on its node",
+		"at most 2 replicas", "--port-range", "open the added ports"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("message %q does not say %q (the field, what ran out, the rule, the cap and what lifts it)", err, want)
+		}
+	}
+	// A member that left the datamesh frees its port on its node, and only there.
+	a.RetainMembers("x", func(m string) bool { return m != "x-a" })
+	if a.NodeFull("a") != false || !a.NodeFull("b") {
+		t.Fatalf("after x-a left: NodeFull a %v (want false), b %v (want true)", a.NodeFull("a"), a.NodeFull("b"))
+	}
+	if p := port("z", "z-a", "a"); p == port("y", "y-a", "a") {
+		t.Fatalf("z-a got y-a's port %d", p)
+	}
+	// A deleted volume frees every member's port.
+	a.Release("y")
+	if a.NodeFull("b") || a.NodeFull("c") {
+		t.Fatal("y's ports on b and c were not freed with the volume")
+	}
+}
+
+// A restarted controller rebuilds from the statuses: the members' own ports on their
+// nodes, the volume-wide port of members published before members had ports, and the
+// minors; nothing held is handed out again, and a value held twice is reported.
+func TestAllocatorRebuilt(t *testing.T) {
+	rv := func(name string, port, minor int32, members ...v1.DatameshMember) v1.ReplicatedVolume {
 		r := v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		r.Status.Datamesh.Port, r.Status.Datamesh.Minor = port, minor
+		r.Status.Datamesh.Port, r.Status.Datamesh.Minor, r.Status.Datamesh.Members = port, minor, members
+		r.Status.DatameshRevision = 1
 		return r
 	}
-	if c := b.Load([]v1.ReplicatedVolume{rv("p", 7000, 5), rv("q", 7001, 6), {ObjectMeta: metav1.ObjectMeta{Name: "unallocated"}}}); len(c) != 0 {
+	member := func(name, node string, port int32) v1.DatameshMember {
+		return v1.DatameshMember{Name: name, NodeName: node, Port: port}
+	}
+	b := NewAllocator(7000, 7002, 5, 100)
+	if c := b.Load([]v1.ReplicatedVolume{
+		rv("old", 7000, 5, member("old-a", "a", 0), member("old-b", "b", 0)), // one port for all, as volumes were formed before
+		rv("new", 0, 6, member("new-a", "a", 7001), member("new-c", "c", 7000)),
+		{ObjectMeta: metav1.ObjectMeta{Name: "unallocated"}},
+	}); len(c) != 0 {
 		t.Fatalf("conflicts %v", c)
 	}
-	n, err := b.Get("new")
-	if err != nil {
-		t.Fatal(err)
+	if p, err := b.Port("third", "third-a", "a", 0, 0); err != nil || p != 7002 {
+		t.Fatalf("a new member on a got %d (%v): 7000 (old) and 7001 (new) are held there", p, err)
 	}
-	if n.Port < 7002 || n.Minor < 7 {
-		t.Fatalf("after Load the new volume got %v, a value p or q holds", n)
+	if p, _ := b.Port("third", "third-c", "c", 0, 0); p == 7000 {
+		t.Fatal("a new member on c got 7000, which new-c holds")
 	}
-	if p, _ := b.Get("p"); p.Port != 7000 || p.Minor != 5 {
-		t.Fatalf("p lost its values: %v", p)
+	if p, _ := b.Port("old", "old-a", "a", 0, 7000); p != 7000 {
+		t.Fatalf("old-a lost its port: %d", p)
 	}
-	if c := b.Load([]v1.ReplicatedVolume{rv("dup", 7000, 50)}); len(c) != 1 {
-		t.Fatalf("a port held twice must be reported, got %v", c)
+	if p, _ := b.Port("new", "new-a", "a", 0, 0); p != 7001 {
+		t.Fatalf("new-a lost its port: %d", p)
+	}
+	// A volume formed with one port for all gives a new member that port where it is
+	// free on the member's node (agents of an earlier version render it the same).
+	if p, _ := b.Port("old", "old-d", "d", 0, 7000); p != 7000 {
+		t.Fatalf("old's new member on d got %d, want the volume's 7000 (free on d)", p)
+	}
+	if p, _ := b.Port("old", "old-c", "c", 0, 7000); p == 7000 {
+		t.Fatal("old's new member on c got 7000, which new-c holds there")
+	}
+	if m, _ := b.Minor("fresh"); m == 5 || m == 6 {
+		t.Fatalf("a new volume got minor %d, which a loaded one holds", m)
+	}
+	if c := b.Load([]v1.ReplicatedVolume{rv("dup", 0, 50, member("dup-a", "a", 7001))}); len(c) != 1 || !strings.Contains(c[0], "port 7001 on node a") {
+		t.Fatalf("a port held twice on one node must be reported, got %v", c)
 	}
 }
 
@@ -218,27 +299,6 @@ func TestWaitingFor(t *testing.T) {
 	} {
 		if got := strings.Join(waitingFor(&v1.ReplicatedVolume{Status: tc.st}), ","); got != tc.want {
 			t.Errorf("%s: waitingFor = %q, want %q", tc.name, got, tc.want)
-		}
-	}
-}
-
-// A full port range: the error names the field, the rule that caps the volumes and
-// what lifts the cap, the ports a firewall must let through included.
-func TestAllocatorPortsRunOut(t *testing.T) {
-	a := NewAllocator(7000, 7001, 5, 100)
-	for _, n := range []string{"x", "y"} {
-		if _, err := a.Get(n); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_, err := a.Get("z")
-	var ex *ExhaustedError
-	if !errors.As(err, &ex) || ex.What != "port" {
-		t.Fatalf("third volume: got %v, want port exhaustion", err)
-	}
-	for _, want := range []string{"status.datamesh.port", "no free DRBD port in 7000-7001", "unique across the cluster", "at most 2 volumes", "--port-range", "open the added ports"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("message %q does not say %q", err, want)
 		}
 	}
 }

@@ -318,8 +318,8 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 }
 
 // observe reads the volume named name and what it refers to (volume), having rebuilt
-// the allocation tables once after a start. A volume that is gone releases its port
-// and minor and returns nil.
+// the allocation tables once after a start. A volume that is gone releases its minor
+// and its members' ports and returns nil.
 func (c *Controller) observe(ctx context.Context, name string) (*volume, error) {
 	rv := &v1.ReplicatedVolume{}
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: name}, rv); err != nil {
@@ -370,7 +370,7 @@ func (v *volume) configuredCondition(work *v1.ReplicatedVolume) {
 	}
 }
 
-// allocation gives the volume its port, minor, Secret and size before its first member
+// allocation gives the volume its minor, Secret and size before its first member
 // joins (allocate), and sets the Allocated condition. allocated is false, with why, when
 // something blocks it; a volume being deleted or without a resolved pool allocates
 // nothing and is not held back here.
@@ -389,8 +389,8 @@ func (c *Controller) allocation(ctx context.Context, v *volume, work *v1.Replica
 		return why, false, nil
 	}
 	dm := &work.Status.Datamesh
-	v.setCondition(work, v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD port %d, minor %d, shared secret in Secret %s/%s (%s)",
-		dm.Port, dm.Minor, c.opts.Namespace, SecretName(v.rv.Name), dm.SharedSecret.Algorithm))
+	v.setCondition(work, v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD minor %d, shared secret in Secret %s/%s (%s); each member's port on its node",
+		dm.Minor, c.opts.Namespace, SecretName(v.rv.Name), dm.SharedSecret.Algorithm))
 	return "", true, nil
 }
 
@@ -509,11 +509,47 @@ func (v *volume) extraFTT() int {
 
 func (v *volume) deleting() bool { return v.rv.DeletionTimestamp != nil }
 
+// memberPorts gives every member of work's datamesh its DRBD port on its node before the
+// status is written, so no agent ever reads a member without one (docs/controller.md,
+// "Allocation and the shared secret"). A member published before members had ports
+// keeps port 0 and listens on status.datamesh.port; so does a new member that was given
+// that same port. The ports of members that are in neither the status read nor the one
+// written are freed. A node with no free port fails the write (placement keeps new
+// replicas off such nodes, so only a race with another volume gets here): the volume
+// waits, with a Warning Event that names the node and what lifts the limit.
+func (c *Controller) memberPorts(rv, work *v1.ReplicatedVolume) error {
+	dm := &work.Status.Datamesh
+	for i := range dm.Members {
+		m := &dm.Members[i]
+		if m.NodeName == "" {
+			continue
+		}
+		port, err := c.alloc.Port(rv.Name, m.Name, m.NodeName, m.Port, dm.Port)
+		if err != nil {
+			c.recorder.Event(rv, corev1.EventTypeWarning, EventAllocationFailed, err.Error())
+			return err
+		}
+		if port != dm.Port {
+			m.Port = port
+		}
+	}
+	published := func(ms []v1.DatameshMember, name string) bool {
+		return slices.ContainsFunc(ms, func(m v1.DatameshMember) bool { return m.Name == name })
+	}
+	c.alloc.RetainMembers(rv.Name, func(member string) bool {
+		return published(dm.Members, member) || published(rv.Status.Datamesh.Members, member)
+	})
+	return nil
+}
+
 // writeStatus applies work's status if it differs from what rv (the cache) holds. The
 // apply carries rv's resourceVersion: a status computed from a stale read fails with a
 // Conflict instead of overwriting a newer one (two reconciles of one volume on stale
 // caches must never publish two different datameshes under one revision).
 func (c *Controller) writeStatus(ctx context.Context, rv, work *v1.ReplicatedVolume) error {
+	if err := c.memberPorts(rv, work); err != nil {
+		return err
+	}
 	work.Status.ObservedGeneration = rv.Generation
 	if equality.Semantic.DeepEqual(rv.Status, work.Status) {
 		return nil

@@ -36,7 +36,7 @@ func sameDatamesh(a, b *v1.Datamesh) bool {
 
 func sameMember(a, b v1.DatameshMember) bool {
 	return a.Name == b.Name && a.Type == b.Type && a.NodeName == b.NodeName && a.Zone == b.Zone &&
-		slices.Equal(a.Addresses, b.Addresses) && a.NodeID == b.NodeID && a.Attached == b.Attached
+		slices.Equal(a.Addresses, b.Addresses) && a.NodeID == b.NodeID && a.Port == b.Port && a.Attached == b.Attached
 }
 
 func sameTransition(a, b v1.DatameshTransition) bool {

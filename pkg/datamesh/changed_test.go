@@ -21,7 +21,7 @@ func TestSameStatusCoversEveryField(t *testing.T) {
 		{v1.ReplicatedVolumeConfiguration{}, 6},
 		{v1.Layout{}, 2},
 		{v1.Datamesh{}, 8},
-		{v1.DatameshMember{}, 7},
+		{v1.DatameshMember{}, 8},
 		{v1.DatameshTransition{}, 9},
 		{v1.DatameshTransitionStep{}, 6},
 		{v1.DatameshReplicaRequest{}, 4},

@@ -65,6 +65,9 @@ type Node struct {
 	// HMACOK: the node's kernel offers the volume's shared-secret algorithm (true when
 	// the agent does not say: DRBD then reports the failure on the connection).
 	HMACOK bool
+	// PortsFull: every DRBD port of the controller's range is held on the node (a port
+	// is unique per node; docs/controller.md, "Allocation and the shared secret").
+	PortsFull bool
 	// Free is the pool's free bytes on the node, less what replicas placed there but
 	// not yet backed will take; HasFree says whether the agent reported it at all.
 	Free    int64
@@ -271,6 +274,8 @@ func (p *placer) usable(n *Node, record bool) bool {
 		reason = "cordoned"
 	case !n.HMACOK:
 		reason = "lacks the shared-secret algorithm"
+	case n.PortsFull:
+		reason = "no free DRBD port"
 	case len(p.in.Config.Zones) > 0 && !slices.Contains(p.in.Config.Zones, n.Zone):
 		reason = "zone " + quoteZone(n.Zone) + " not in the configuration's zones"
 	}
@@ -787,6 +792,10 @@ func CheckAccess(node string, existing []Replica, nodes []Node) error {
 			if !nodes[i].HMACOK {
 				return &Error{Constraint: ConstraintAccessNode,
 					Message: fmt.Sprintf("node %s does not offer the volume's shared-secret algorithm", node)}
+			}
+			if nodes[i].PortsFull {
+				return &Error{Constraint: ConstraintAccessNode,
+					Message: fmt.Sprintf("node %s has no free DRBD port: every port of the controller's --port-range is held by a replica there", node)}
 			}
 			return nil
 		}

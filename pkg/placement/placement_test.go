@@ -81,12 +81,18 @@ func TestPlace(t *testing.T) {
 				with(node("d", "", 900), func(n *Node) { n.HMACOK = false }),
 				node("e", "", 20)}},
 			want: "D:e"},
+		{name: "a node with every DRBD port held takes no replica",
+			in: Input{Config: cfg(0, 0, v1.TopologyIgnored), Size: ten, Diskful: 1, Nodes: []Node{
+				with(node("a", "", 900), func(n *Node) { n.PortsFull = true }),
+				node("b", "", 20)}},
+			want: "D:b"},
 		{name: "no node fits names every exclusion",
 			in: Input{Config: cfg(0, 0, v1.TopologyIgnored), Size: ten, Diskful: 1, Nodes: []Node{
 				with(node("a", "", 900), func(n *Node) { n.Cordoned = true }),
-				with(node("b", "", 900), func(n *Node) { n.AgentLive = false })}},
+				with(node("b", "", 900), func(n *Node) { n.AgentLive = false }),
+				with(node("c", "", 900), func(n *Node) { n.PortsFull = true })}},
 			want:     "error: " + ConstraintNodes,
-			errorMsg: `No node fits: need 1 Diskful replica(s) with free capacity ≥ 10Gi in pool "fast": 0 of 0 usable node(s) have room; excluded: a (cordoned); b (agent not live)`},
+			errorMsg: `No node fits: need 1 Diskful replica(s) with free capacity ≥ 10Gi in pool "fast": 0 of 0 usable node(s) have room; excluded: a (cordoned); b (agent not live); c (no free DRBD port)`},
 		{name: "empty pool",
 			in:       Input{Config: cfg(0, 0, v1.TopologyIgnored), Size: ten, Diskful: 1},
 			want:     "error: " + ConstraintNoEligibleNodes,
@@ -240,10 +246,12 @@ func TestPlaceDeterministic(t *testing.T) {
 }
 
 func TestPlaceAccess(t *testing.T) {
-	nodes := []Node{{Name: "a", AgentLive: true, HMACOK: true}, {Name: "b"}, {Name: "c", AgentLive: true, HMACOK: true}}
+	nodes := []Node{{Name: "a", AgentLive: true, HMACOK: true}, {Name: "b"}, {Name: "c", AgentLive: true, HMACOK: true},
+		{Name: "d", AgentLive: true, HMACOK: true, PortsFull: true}}
 	existing := []Replica{{Node: "c", Type: v1.ReplicaTypeDiskful}}
 	for _, tc := range []struct{ node, want string }{
 		{"a", ""},
+		{"d", "node d has no free DRBD port: every port of the controller's --port-range is held by a replica there"},
 		{"b", "node b has no live meshvol agent (Lease meshvol-node-b is missing or expired)"},
 		{"c", "node c already holds a replica of this volume"},
 		{"x", "node x has no meshvol agent (no Lease meshvol-node-x)"},

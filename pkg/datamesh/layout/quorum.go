@@ -64,7 +64,13 @@ func ADR(upToDateD int) int { return upToDateD - 1 }
 // Two limits, the smaller wins:
 //   - quorum: voters - (⌊voters/2⌋+1) voters may go; with an even voter count
 //     and a TB, one more (the tiebreaker keeps the half that still has the
-//     TB; if a failure takes the TB instead, a majority of voters is left);
+//     TB; if a failure takes the TB instead, a majority of voters is left).
+//     On DRBD the tiebreaker keeps it for good only for a half that holds
+//     the Primary: a half of Secondaries loses it at its lost-peer agreement,
+//     about a second after the failure, until the lost voter's force removal
+//     lowers q (docs/drbd-quorum.md, "The members set"; the engine's order
+//     for it: docs/datamesh.md, "Order for an even voter set with a
+//     TieBreaker");
 //   - data: voters - (GMDR+1), because every failed voter takes a copy and
 //     qmr stops IO below GMDR+1 copies.
 //

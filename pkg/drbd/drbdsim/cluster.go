@@ -84,6 +84,9 @@ type Cluster struct {
 	// pending cluster-wide agreements (connects, role changes), applied
 	// once the cluster has settled.
 	pending []*resource
+	// lostPeer: resources that lost a connection without a goodbye and
+	// owe the cluster-wide state change that follows (lostPeerAgreement).
+	lostPeer []*resource
 	// devs serves the Primaries' block devices (LoopDevices), from the
 	// first promotion on.
 	devs *devices

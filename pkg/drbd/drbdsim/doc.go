@@ -63,7 +63,9 @@
 //     --clear-bitmap at formation skips it.
 //   - Quorum via pkg/drbd/quorum with each node's OWN q/qmr, the members
 //     set (updated on cluster-wide agreements only: a connection coming up,
-//     a promotion, a demotion), outdated peers, the tiebreaker (keeps,
+//     a promotion, a demotion, and the lost-peer agreement after a
+//     connection lost without a goodbye, which a quorate Primary refuses
+//     when it would lose its quorum by it), outdated peers, the tiebreaker (keeps,
 //     never gains), quorate-peer for diskless nodes, non-voting peers (the
 //     non-upstream option; such a node counts itself like a diskless one).
 //     A node recomputes its displayed quorum when its own view changes; a

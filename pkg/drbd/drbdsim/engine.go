@@ -2,6 +2,7 @@ package drbdsim
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -33,14 +34,19 @@ func (c *Cluster) settleScope(scope map[string]bool) {
 	defer func() { c.scope = nil }()
 	for range 8 {
 		c.settleOnce()
-		if len(c.pending) == 0 {
+		if len(c.pending) == 0 && len(c.lostPeer) == 0 {
 			break
 		}
-		pending := c.pending
-		c.pending = nil
+		pending, lostPeer := c.pending, c.lostPeer
+		c.pending, c.lostPeer = nil, nil
 		for _, r := range pending {
 			if r.n.res[r.name] == r && !r.n.crashed {
 				c.agreement(r)
+			}
+		}
+		for _, r := range lostPeer {
+			if r.n.res[r.name] == r && !r.n.crashed {
+				c.lostPeerAgreement(r)
 			}
 		}
 	}
@@ -484,6 +490,16 @@ func (c *Cluster) lose(r *resource, k *conn, how string) {
 	// that next attempt.
 	k.nextTry = c.now
 	r.publish()
+	// A connection lost without a goodbye (not TearDown) starts an empty
+	// cluster-wide state change over the nodes still reachable, which
+	// become the quorate participants' members set (drbd_state.c,
+	// update_members and drbd_need_twopc_after_lost_peer): from then on the
+	// lost peer is quorumless there and leaves the electorate, which an
+	// explicit `quorum N` above the nodes left cannot follow
+	// (docs/drbd-quorum.md, "A lost peer leaves the members set").
+	if how != connTearDown && r.members[k.peer.NodeID] {
+		c.lostPeer = append(c.lostPeer, r)
+	}
 }
 
 // refreshPeerView copies what the peer reports over a live connection.
@@ -969,6 +985,46 @@ func (c *Cluster) agreement(r *resource) {
 		x.members = map[int]bool{}
 		for _, y := range comp {
 			x.members[y.nodeID()] = true
+		}
+	}
+}
+
+// lostPeerAgreement is the empty cluster-wide state change a node starts
+// when it loses a connection without a goodbye (drbd_state.c,
+// twopc_after_lost_peer, "lost-peer"): it is an agreement over the nodes
+// still reachable, which become the members set of the quorate ones, so the
+// lost peer is quorumless to them from then on. It is a soft state change,
+// and DRBD refuses a soft change that would take a Primary's quorum
+// (is_valid_soft_transition: SS_NO_QUORUM): while a Primary in reach would
+// lose its quorum by it, it does not happen, and the Primary keeps its
+// quorum (docs/drbd-quorum.md, rows 4 and 11). Secondaries have no such
+// guard: the survivors of a lost Primary lose their quorum by it wherever
+// an explicit `quorum N` exceeds the voters left (test/vm/FINDINGS.md, "The
+// product on real DRBD", 3).
+func (c *Cluster) lostPeerAgreement(r *resource) {
+	comp := c.component(r)
+	left := map[int]bool{}
+	for _, y := range comp {
+		left[y.nodeID()] = true
+	}
+	for _, x := range comp {
+		if x.role != rolePrimary || !x.quorate {
+			continue
+		}
+		kept := x.members
+		x.members = left
+		keeps := c.computeQuorum(x).Quorate
+		x.members = kept
+		if !keeps {
+			return
+		}
+	}
+	// Only the members set: whether this agreement also outdates a
+	// Secondary that no longer reaches a Primary directly, as a
+	// promotion's does (agreement), has not been observed on DRBD.
+	for _, x := range comp {
+		if c.computeQuorum(x).Quorate {
+			x.members = maps.Clone(left)
 		}
 	}
 }

@@ -525,6 +525,65 @@ func TestConnectedPeerCountsByItsReportedDisk(t *testing.T) {
 	rg.noLostWrites()
 }
 
+// explicitQuorum2 is what meshvol renders for 2D+1TB (docs/layouts.md): an
+// explicit `quorum 2` and qmr 1 instead of the captures' majority.
+func explicitQuorum2(_ string, o *drbd.OptionSet) {
+	o.Resource.Quorum = drbd.Ptr(drbd.QuorumCount(2))
+	o.Resource.QuorumMinimumRedundancy = drbd.Ptr(drbd.QuorumCount(1))
+}
+
+// Row 11: under an explicit `quorum 2`, the survivors of a lost Primary
+// lose their quorum: the tiebreaker keeps it at the loss, then the
+// survivors' lost-peer agreement drops the Primary from their members set,
+// the Diskful survivor is one voter of an odd electorate under q=2 and the
+// TieBreaker loses its quorate peer. DRBD 9.2.18 did exactly this on the
+// product tier's guests (test/vm/FINDINGS.md, "The product on real DRBD",
+// 3: the TieBreaker's `quorum( yes -> no ) [disconnected]` a second after
+// the Primary's `PingAck did not arrive in time`, the Diskful survivor
+// `quorum:false suspended`, a promotion refused with "1 of 2 nodes
+// visible, need 2 for quorum"). Under the captures' majority the same
+// survivors keep quorum (TestCrashFailoverAndReturn).
+func TestRow11LostPrimarysSurvivorsLoseExplicitQuorum(t *testing.T) {
+	for _, how := range []string{"crash", "partition"} {
+		t.Run(how, func(t *testing.T) {
+			rg := formed(t, explicitQuorum2)
+			n1 := rg.c.Node("node1")
+			rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+			rg.must(rg.write("node1", 0, 8192))
+			if how == "crash" {
+				n1.Crash()
+			} else {
+				rg.c.Cut("node1", "node2")
+				rg.c.Cut("node1", "node3")
+				rg.wantQuorum("node1", false)
+			}
+			rg.wantQuorum("node2", false)
+			rg.wantQuorum("node3", false)
+			err := rg.c.Node("node2").Primary(rg.ctx, "r0", drbd.NoForce)
+			if !errors.Is(err, drbd.ErrNoQuorum) || !strings.Contains(err.Error(), "1 of 2 nodes visible, need 2 for quorum") {
+				t.Fatalf("node2 promotion after the Primary's loss: %v, want -25 \"1 of 2 nodes visible, need 2 for quorum\"", err)
+			}
+			rg.noLostWrites()
+		})
+	}
+}
+
+// Row 11, the other side: a Primary refuses the soft state change that
+// would take its quorum (drbd_state.c, SS_NO_QUORUM), the lost-peer
+// agreement included, so under the same `quorum 2` the Primary whose
+// Diskful peer crashes keeps its quorum through the tiebreaker and writes;
+// so does the TieBreaker through it.
+func TestRow11PrimaryKeepsExplicitQuorumWhenItsPeerGoes(t *testing.T) {
+	rg := formed(t, explicitQuorum2)
+	rg.must(rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce))
+	rg.c.Node("node2").Crash()
+	rg.c.Advance(10 * time.Second)
+	rg.wantQuorum("node1", true)
+	rg.wantQuorum("node3", true)
+	rg.must(rg.write("node1", 0, 8192))
+	rg.noLostWrites()
+}
+
 // An Outdated replica that connects to a diskless Primary is resynced from an
 // UpToDate peer it is already connected to (DRBD 9.2.18, drbd_state.c: "Got
 // connected to a diskless primary" sets TRY_TO_GET_RESYNC, and

@@ -162,8 +162,10 @@ type Peer struct {
 	Outdated bool
 	// LeftMembers: while not connected, the peer is not in this node's
 	// members set (it was not reachable at the last cluster-wide agreement
-	// this node took part in while quorate). Such a peer is "quorumless":
-	// it leaves the electorate unless too many nodes are absent.
+	// this node took part in while quorate). To a node that is quorate now
+	// (Input.QuorateNow) such a peer is "quorumless": it leaves the
+	// electorate unless too many nodes are absent. To one that is not, it
+	// is unknown, like any absent voter.
 	LeftMembers bool
 	// Quorate: while Connected and UpToDate, the peer's last state report
 	// said it has quorum. Only used by a node without a local disk.
@@ -305,7 +307,11 @@ func Compute(in *Input) Result {
 			r.MissingDiskless++
 		case p.Outdated:
 			r.Outdated++
-		case p.LeftMembers:
+		case p.LeftMembers && in.QuorateNow:
+			// Only a quorate node sets its members set against the
+			// others (drbd_state.c: quorumless_nodes =
+			// have_quorum[NOW] ? ~members : 0); one without quorum counts
+			// every absent voter as unknown.
 			r.Quorumless++
 		default:
 			r.Unknown++

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -40,16 +41,25 @@ type loopDev struct {
 	path  string // /dev/loopN
 }
 
+// loopScans counts backingFiles' scans of every loop device of the machine, and
+// sysfsReads the loop devices' sysfs entries read (a scan's and boundTo's): what
+// the tests and the benchmark hold the pool to, whatever the machine's load.
+var loopScans, sysfsReads atomic.Int64
+
 // backingFiles maps each attached loop device to its backing file path as the
 // kernel shows it in /sys/block/loopN/loop/backing_file. A deleted backing
-// file shows as "<path> (deleted)".
+// file shows as "<path> (deleted)". It reads every loop device of the machine,
+// so the pool calls it once, when its first Pool of a directory is made
+// (index); loopScans counts the calls (tests hold the pool to that).
 func backingFiles() (map[string]loopDev, error) {
+	loopScans.Add(1)
 	entries, err := filepath.Glob(filepath.Join(sysBlock, "loop*", "loop", "backing_file"))
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[string]loopDev, len(entries))
 	for _, e := range entries {
+		sysfsReads.Add(1)
 		data, err := os.ReadFile(e)
 		if err != nil {
 			// Detached between the glob and the read.
@@ -79,6 +89,7 @@ func backingFiles() (map[string]loopDev, error) {
 // mount of the pool; the agent of the next pod (a restart, `helm upgrade`)
 // reads another directory there, and must still find the device DRBD holds.
 func boundTo(d loopDev, path string) (bool, error) {
+	sysfsReads.Add(1)
 	name, err := os.ReadFile(fmt.Sprintf("%s/loop%d/loop/backing_file", sysBlock, d.index))
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil // not bound to any file

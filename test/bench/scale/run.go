@@ -82,9 +82,10 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	tag := fmt.Sprintf("%s-%d", cfg.Class, cfg.N)
 	args := cfg.ExtraArgs
 	if cfg.N > defaultPorts && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(strings.TrimLeft(a, "-"), "port-range") }) {
-		// A volume's DRBD port is unique across the cluster, so the default
-		// range holds 1,000 volumes (docs/controller.md, "Allocation and the
-		// shared secret"): a larger run needs a wider one, as a cluster would.
+		// A replica's DRBD port is unique on its node, so the default range
+		// holds 1,000 replicas a node (docs/controller.md, "Allocation and the
+		// shared secret"), and the run's three nodes hold up to N each (3D: one
+		// of every volume): a larger run needs a wider one, as such nodes would.
 		args = append(slices.Clone(args), "--port-range", fmt.Sprintf("7000-%d", 7000+cfg.N-1))
 	}
 	res.ControllerArgs = strings.Join(args, " ")
@@ -237,8 +238,8 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	return res, nil
 }
 
-// defaultPorts is how many volumes `meshvol controller`'s default --port-range
-// (7000-7999) holds.
+// defaultPorts is how many replicas a node holds with `meshvol controller`'s
+// default --port-range (7000-7999).
 const defaultPorts = 1000
 
 // restartController stops the controller of a formed, idle cluster and starts

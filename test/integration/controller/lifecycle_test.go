@@ -58,15 +58,19 @@ func (cl *cluster) formed(rv string, replicas int) *v1.ReplicatedVolume {
 }
 
 // A controller restarted in the middle of formation resumes from the status: the
-// volume keeps its port and minor, and a volume created after the restart never gets
-// one the first holds, even with many volumes racing.
+// volume keeps its minor, a formed volume's members keep their ports, and volumes
+// created after the restart never get a minor the first holds, or a port a member on
+// the same node holds, even with many volumes racing. Ports are unique per node only:
+// with more volumes than ports in --port-range, members on different nodes share one.
 func TestRestartMidFormation(t *testing.T) {
-	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
+	cl := newClusterWith(t, clusterOptions{portMax: 7005}, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
 	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
+	held := cl.volume("held", class, "1Gi")
+	heldBefore := cl.formed(held.Name, 2).Status.Datamesh
 	first := cl.volume("first", class, "1Gi")
 	cl.eventually(t, "first allocated and placed", func() (bool, string) {
 		cur := cl.rv(first.Name)
-		return cur.Status.Datamesh.Port != 0 && len(cl.rvrs(first.Name)) == 2, phaseOf(cur)
+		return cur.Status.Datamesh.SharedSecret != nil && len(cl.rvrs(first.Name)) == 2, phaseOf(cur)
 	})
 	before := cl.rv(first.Name).Status.Datamesh
 	replicasBefore := cl.rvrs(first.Name)
@@ -87,26 +91,39 @@ func TestRestartMidFormation(t *testing.T) {
 		return len(cur.Status.Datamesh.Members) == 2, phaseOf(cur)
 	})
 	after := cl.rv(first.Name).Status.Datamesh
-	if after.Port != before.Port || after.Minor != before.Minor || after.SharedSecret.SecretName != before.SharedSecret.SecretName {
-		t.Fatalf("first was allocated again: before port %d minor %d, after port %d minor %d", before.Port, before.Minor, after.Port, after.Minor)
+	if after.Minor != before.Minor || after.SharedSecret.SecretName != before.SharedSecret.SecretName {
+		t.Fatalf("first was allocated again: before minor %d, after minor %d", before.Minor, after.Minor)
 	}
 	if got := cl.rvrs(first.Name); len(got) != 2 || got[0].UID != replicasBefore[0].UID || got[1].UID != replicasBefore[1].UID {
 		t.Fatalf("first's replicas were replaced across the restart")
 	}
-	ports, minors := map[int32]string{}, map[int32]string{}
-	for _, n := range append(names, first.Name) {
-		var dm v1.Datamesh
-		cl.eventually(t, n+" allocated", func() (bool, string) {
-			dm = cl.rv(n).Status.Datamesh
-			return dm.Port != 0, ""
-		})
-		if o, dup := ports[dm.Port]; dup {
-			t.Errorf("%s and %s share port %d", n, o, dm.Port)
-		}
+	// 8 volumes of 2 replicas on 3 nodes hold 16 ports, with 6 in the range: only
+	// ports unique per node let every one form.
+	minors := map[int32]string{}
+	ports := map[string]string{} // node/port → member
+	for _, n := range append(names, first.Name, held.Name) {
+		cur := cl.formed(n, 2)
+		dm := cur.Status.Datamesh
 		if o, dup := minors[dm.Minor]; dup {
 			t.Errorf("%s and %s share minor %d", n, o, dm.Minor)
 		}
-		ports[dm.Port], minors[dm.Minor] = n, n
+		minors[dm.Minor] = n
+		for _, m := range dm.Members {
+			if m.Port < 7000 || m.Port > 7005 {
+				t.Errorf("%s: member %s has port %d, want one of its own in 7000-7005", n, m.Name, m.Port)
+			}
+			k := fmt.Sprintf("%s/%d", m.NodeName, m.Port)
+			if o, dup := ports[k]; dup {
+				t.Errorf("members %s and %s share port %d on node %s", m.Name, o, m.Port, m.NodeName)
+			}
+			ports[k] = m.Name
+		}
+	}
+	heldAfter := cl.rv(held.Name).Status.Datamesh
+	for i, m := range heldBefore.Members {
+		if heldAfter.Members[i].Name != m.Name || heldAfter.Members[i].Port != m.Port {
+			t.Errorf("held's member %s had port %d before the restart, %s has %d after", m.Name, m.Port, heldAfter.Members[i].Name, heldAfter.Members[i].Port)
+		}
 	}
 }
 

@@ -139,6 +139,7 @@ type cluster struct {
 	algs    map[string]string
 	leaseSz int32
 	taint   bool
+	portMax int32
 }
 
 type nodeSpec struct {
@@ -160,6 +161,8 @@ type clusterOptions struct {
 	// longer one, so that a renewal late under load does not change a node's
 	// liveness, and with it the status, inside the window.
 	leaseSeconds int32
+	// portMax is the top of the controller's --port-range (from 7000; default 7999).
+	portMax int32
 }
 
 func newClusterWith(t *testing.T, o clusterOptions, nodes ...nodeSpec) *cluster {
@@ -167,7 +170,10 @@ func newClusterWith(t *testing.T, o clusterOptions, nodes ...nodeSpec) *cluster 
 	ctx, cancel := context.WithCancel(context.Background())
 	name := testenv.Name(t)
 	cl := &cluster{t: t, ctx: ctx, c: env.Client, ns: name, prefix: "t" + strings.TrimLeft(name[len(name)-10:], "-"), pool: name, writes: &writes{},
-		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2, taint: o.taint}
+		grace: 2 * time.Second, renew: map[string]bool{}, algs: map[string]string{}, leaseSz: 2, taint: o.taint, portMax: 7999}
+	if o.portMax > 0 {
+		cl.portMax = o.portMax
+	}
 	if o.leaseSeconds > 0 {
 		cl.leaseSz = o.leaseSeconds
 	}
@@ -277,7 +283,7 @@ func (cl *cluster) setRenew(node string, on bool) {
 func (cl *cluster) start() {
 	mgr, err := controller.NewManager(env.Config, controller.Options{
 		Namespace: cl.ns, AgentGracePeriod: cl.grace, OnWrite: cl.writes.add, Workers: 2,
-		PortMin: 7000, PortMax: 7999, TaintLostNodes: cl.taint,
+		PortMin: 7000, PortMax: cl.portMax, TaintLostNodes: cl.taint,
 	}, controller.ManagerOptions{Scheme: env.Scheme})
 	must(cl.t, err)
 	ctx, cancel := context.WithCancel(cl.ctx)

@@ -50,7 +50,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		return slices.Equal(nodes, want) && got.Status.Datamesh.SharedSecret != nil, fmt.Sprintf("replicas on %v, want %v; rv %s", nodes, want, phaseOf(got))
 	})
 	dm := got.Status.Datamesh
-	if dm.Port < 7000 || dm.Port > 7999 || dm.Minor < 1000 || dm.SharedSecret.SecretName != "drbd-"+rv.Name ||
+	if dm.Port != 0 || dm.Minor < 1000 || dm.SharedSecret.SecretName != "drbd-"+rv.Name ||
 		dm.SharedSecret.Algorithm != "sha256" || dm.SharedSecret.Key != v1.SecretKeySharedSecret || dm.Size == nil || dm.Size.String() != "10Gi" {
 		t.Fatalf("datamesh allocation: %+v", dm)
 	}
@@ -82,6 +82,11 @@ func TestVolumeLifecycle(t *testing.T) {
 		ids[m.NodeID] = true
 		if m.Type != v1.MemberTypeDiskful {
 			t.Errorf("member %s is %s, want Diskful", m.Name, m.Type)
+		}
+	}
+	for _, m := range got.Status.Datamesh.Members {
+		if m.Port < 7000 || m.Port > 7999 {
+			t.Errorf("member %s published with port %d, want its own in 7000-7999", m.Name, m.Port)
 		}
 	}
 	if len(ids) != 3 || got.Status.Datamesh.Quorum != 2 || got.Status.Datamesh.QuorumMinimumRedundancy != 2 {

@@ -212,6 +212,14 @@ type DatameshMember struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=31
 	NodeID int32 `json:"nodeID"`
+	// port is the TCP port the member listens on for this volume, on its node: unique
+	// among the DRBD resources of that node, which is all DRBD needs (every host of a
+	// resource has its own address and port). 0: the member listens on datamesh.port
+	// (members published before members had ports, or given that same port).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
 	// attached says the member's node is allowed to use the volume (DRBD Primary).
 	// +optional
 	Attached bool `json:"attached,omitempty"`
@@ -254,7 +262,9 @@ type Datamesh struct {
 	// multiattach lets two members be Primary at once (allow-two-primaries).
 	// +optional
 	Multiattach bool `json:"multiattach,omitempty"`
-	// port is the TCP port every member listens on for this volume.
+	// port is the TCP port of the members whose own port is 0. Volumes formed before
+	// members had ports of their own have it (a port unique across the cluster); newer
+	// ones leave it 0 and give each member its own.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=65535
 	// +optional

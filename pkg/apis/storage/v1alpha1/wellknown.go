@@ -205,11 +205,14 @@ const (
 	// controller service answers CreateVolume once it is True.
 	ConditionFormed = "Formed"
 	ReasonFormed    = "Formed"
-	// ReasonPortsExhausted, ReasonMinorsExhausted: Allocated=False because every DRBD
-	// port (minor) of the controller's range is held by another volume — each volume
-	// holds one of each, unique across the cluster, so a range of K values holds at most
-	// K volumes (docs/controller.md, "Allocation and the shared secret"). The CSI
-	// controller service answers CreateVolume with RESOURCE_EXHAUSTED then.
+	// ReasonMinorsExhausted: Allocated=False because every DRBD minor of the controller's
+	// range is held by another volume — each volume holds one, unique across the
+	// cluster, so a range of K minors holds at most K volumes (docs/controller.md,
+	// "Allocation and the shared secret"). The CSI controller service answers
+	// CreateVolume with RESOURCE_EXHAUSTED then. ReasonPortsExhausted was the same for
+	// a port unique across the cluster; a port is now unique per node, a node whose
+	// range is full takes no new replica (a placement constraint), and the CSI service
+	// still treats the reason as exhausted for a controller of an earlier version.
 	ReasonPortsExhausted  = "PortsExhausted"
 	ReasonMinorsExhausted = "MinorsExhausted"
 )
