@@ -224,9 +224,10 @@ func TestNodeLost(t *testing.T) {
 
 // Every agent misses its Lease at once — an apiserver that stalls, or the controller
 // cut off from it, looks like that — and the controller declares no node lost: no
-// AgentReady=False, no ForceLeave, no taint, however long it lasts. Once agents renew again, a
-// node still silent is lost only a whole Lease duration and grace period after the
-// controller saw the first renewal (docs/controller.md, "Every agent silent at once").
+// AgentReady=False, no ForceLeave, no taint, however long it lasts. Once agents renew
+// again, a node still silent is lost only a whole Lease duration and grace period after
+// the controller saw the first renewal (docs/controller.md, "Every agent silent at
+// once").
 func TestEveryAgentSilentAtOnce(t *testing.T) {
 	cl := newClusterWith(t, clusterOptions{taint: true}, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
 	class := cl.class("3d", 1, 1, v1.TopologyIgnored)
