@@ -36,6 +36,9 @@ type step struct {
 	// waiting: the replica waits to join the datamesh and holds nothing on
 	// this node: a report would say only that.
 	waiting bool
+	// unread: the replica's volume is torn down (tornDown) and its resource is
+	// down here: no one would read a report.
+	unread bool
 }
 
 func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -67,7 +70,7 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	}
 	s := a.converge(ctx, rvr, rv)
 	a.sayUnconfirmed(rvr, rv, &s)
-	if s.gone || s.waiting && neverReported(rvr) {
+	if s.gone || s.unread || s.waiting && neverReported(rvr) {
 		// A new replica waiting for its first revision has nothing to report
 		// the controller needs: it takes the node's addresses from the Lease
 		// (docs/contract.md). Its first report is the configuration it runs —
@@ -339,6 +342,10 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 		r.gone = true
 		return r.step
 	}
+	if tornDown(r.rv) {
+		r.unread = true
+		return r.step
+	}
 	msg := fmt.Sprintf("Volume %q not found", resName)
 	if r.rv != nil {
 		msg = fmt.Sprintf("Not a member of the datamesh (revision %d)", r.rv.Status.DatameshRevision)
@@ -349,6 +356,17 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	}
 	r.waiting = r.st.BackingVolume == nil
 	return r.step
+}
+
+// tornDown: rv is being deleted and its datamesh is torn down (no members, no
+// transitions: docs/controller.md, "Deletion"). The controller deletes every
+// replica right after and waits only for their finalizers; the engine no longer
+// runs on their reports, so a replica's report that it left is read by no one
+// (docs/controller.md, "Write budget"). While a deleted volume waits for its
+// detach the engine still runs, and a leaving member's report completes its
+// removal: then the replica reports as always.
+func tornDown(rv *v1.ReplicatedVolume) bool {
+	return rv != nil && rv.DeletionTimestamp != nil && len(rv.Status.Datamesh.Members) == 0 && len(rv.Status.DatameshTransitions) == 0
 }
 
 // neverReported: the replica's status holds nothing of the agent's.

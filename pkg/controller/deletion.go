@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -64,7 +65,7 @@ func (c *Controller) deletionCondition(v *volume, work *v1.ReplicatedVolume) {
 
 // tearDown runs steps 2 to 4 above once nothing is attached.
 func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (ctrl.Result, error) {
-	c.tearDownDatamesh(v, work)
+	c.tearDownDatamesh(work)
 	var pending []string
 	for _, r := range v.rvrs {
 		pending = append(pending, r.Name)
@@ -75,7 +76,15 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	}
 	c.summarize(v, work, v.rvrs, "")
-	if retry, err := c.publishStatus(ctx, v.rv, work); err != nil {
+	var requeue time.Duration
+	if wait := progressWait(v.rv, work, v.now); wait > 0 {
+		// Only a message moved (one replica fewer to wait for), and the last status
+		// write is recent: the teardown revision is written, and the replicas usually
+		// go within seconds, so the volume is gone before the message would matter;
+		// a deletion that is stuck shows its message within progressInterval
+		// (docs/controller.md, "Write budget").
+		requeue = wait
+	} else if retry, err := c.publishStatus(ctx, v.rv, work); err != nil {
 		return ctrl.Result{}, err
 	} else if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
@@ -89,13 +98,13 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		return ctrl.Result{}, err
 	}
 	if len(pending) > 0 {
-		return ctrl.Result{}, nil // the replicas' deletion brings the next reconcile
+		return ctrl.Result{RequeueAfter: requeue}, nil // the replicas' deletion brings the next reconcile
 	}
 	return ctrl.Result{}, c.releaseVolume(ctx, v.rv)
 }
 
 // tearDownDatamesh is step 2 on work: no members, no transitions, one new revision.
-func (c *Controller) tearDownDatamesh(v *volume, work *v1.ReplicatedVolume) {
+func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
 	st := &work.Status
 	if len(st.Datamesh.Members) == 0 && len(st.DatameshTransitions) == 0 && len(st.DatameshReplicaRequests) == 0 {
 		return
@@ -106,7 +115,9 @@ func (c *Controller) tearDownDatamesh(v *volume, work *v1.ReplicatedVolume) {
 	st.DatameshTransitions = nil
 	st.DatameshReplicaRequests = nil
 	st.DatameshRevision++
-	c.recorder.Eventf(v.rv, corev1.EventTypeNormal, EventVolumeTornDown, "Datamesh torn down at revision %d: the volume is being deleted", st.DatameshRevision)
+	// No Event: the volume goes within seconds, taking nothing a person acts on, and a
+	// deletion that waits says what for in its Deleting condition (docs/controller.md,
+	// "Write budget").
 }
 
 // deleteReplicas is step 3: every replica not yet being deleted is.

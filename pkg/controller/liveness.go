@@ -105,14 +105,18 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 	}
 	for _, r := range rvrs {
 		m, ok := members[r.Name]
-		if !ok || r.Spec.NodeName == "" || v.away[r.Spec.NodeName] || !v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		// A replica that already left the member list while its transition still
+		// waits for it (a RemoveReplica's last step published) is named too: the
+		// engine then stops waiting for it (docs/datamesh.md, "A voter lost under a
+		// transition in flight"); otherwise that transition would wait for ever.
+		if !inDatamesh(v.rv, r.Name) || r.Spec.NodeName == "" || v.away[r.Spec.NodeName] || !v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
 			continue
 		}
 		if c.reachedByLivePeer(v, rvrs, r.Name) {
 			continue
 		}
 		forceLeave = append(forceLeave, r.Name)
-		if m.Attached {
+		if ok && m.Attached {
 			forceDetach = append(forceDetach, r.Name)
 		}
 	}

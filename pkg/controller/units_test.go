@@ -302,3 +302,31 @@ func TestWaitingFor(t *testing.T) {
 		}
 	}
 }
+
+// lostMembers names, on a lost node no live peer reaches, every replica the datamesh
+// still waits for: a member (and ForceDetach when it is attached), and one that already
+// left the member list while its RemoveReplica's last step waits for its confirmation —
+// else that transition would wait for ever (the model checker's I5 with the
+// controller's rule modelled). A replica that never joined is not named (it is deleted).
+func TestLostMembersNamesEveryReplicaTheDatameshWaitsFor(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	lease := func(node string, renewedAgo time.Duration) *coordinationv1.Lease {
+		d := int32(6)
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: v1.AgentLeasePrefix + node},
+			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: now.Add(-renewedAgo)}}}
+	}
+	rvr := func(name, node string) *v1.ReplicatedVolumeReplica {
+		return &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.ReplicatedVolumeReplicaSpec{NodeName: node}}
+	}
+	rv := &v1.ReplicatedVolume{}
+	rv.Status.Datamesh.Members = []v1.DatameshMember{{Name: "r-live", NodeName: "live"}, {Name: "r-lost", NodeName: "lost", Attached: true}}
+	rv.Status.DatameshTransitions = []v1.DatameshTransition{{Type: v1.TransitionRemoveReplica, ReplicaName: "r-leaving"}}
+	v := &volume{rv: rv, now: now, leases: map[string]*coordinationv1.Lease{
+		"live": lease("live", time.Second), "lost": lease("lost", time.Minute), "gone": lease("gone", time.Minute), "new": lease("new", time.Minute)}}
+	c := &Controller{opts: Options{AgentGracePeriod: 3 * time.Second}}
+	forceLeave, forceDetach := c.lostMembers(v, []*v1.ReplicatedVolumeReplica{
+		rvr("r-live", "live"), rvr("r-lost", "lost"), rvr("r-leaving", "gone"), rvr("r-never-joined", "new")})
+	if strings.Join(forceLeave, ",") != "r-lost,r-leaving" || strings.Join(forceDetach, ",") != "r-lost" {
+		t.Fatalf("ForceLeave %v, ForceDetach %v; want [r-lost r-leaving], [r-lost]", forceLeave, forceDetach)
+	}
+}

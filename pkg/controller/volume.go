@@ -38,7 +38,6 @@ const (
 	EventNodeLost          = "NodeLost"
 	EventConfigurationBad  = "InvalidConfiguration"
 	EventAllocationFailed  = "AllocationFailed"
-	EventVolumeTornDown    = "DatameshTornDown"
 	EventPhaseChanged      = "PhaseChanged"
 	reasonPlaced           = "Placed"
 	reasonResolved         = "Resolved"

@@ -35,8 +35,9 @@ const (
 	ActRecover
 	// ActLose: the node is lost for good.
 	ActLose
-	// ActForceLeave: node lifecycle declares the lost node's replica gone
-	// (Input.ForceLeave; the RVR is deleted).
+	// ActForceLeave: node lifecycle declares the lost node's replica gone: the
+	// controller names it in Input.ForceLeave while it is a member or a transition
+	// names it, and deletes it once neither holds (inDatamesh, lostReplicas).
 	ActForceLeave
 	// ActPlace: placement does one thing the engine asked for (Wanted).
 	ActPlace
@@ -203,7 +204,7 @@ func (c *Checker) process(w *World) (nw *World, changed bool, vs []Violation) {
 		if w.RVA&(1<<i) != 0 {
 			in.RVAs = append(in.RVAs, s.RVA(i))
 		}
-		if w.ForceLeave&(1<<i) != 0 {
+		if w.ForceLeave&(1<<i) != 0 && inDatamesh(&w.RV.Status, s.Slots[i].Name) {
 			in.ForceLeave = append(in.ForceLeave, s.Slots[i].Name)
 		}
 	}
@@ -234,6 +235,7 @@ func (c *Checker) process(w *World) (nw *World, changed bool, vs []Violation) {
 			vs = append(vs, Violation{InvUnknownMember, "member " + next.Datamesh.Members[i].Name + " is no replica of the volume"})
 		}
 	}
+	c.lostReplicas(nw)
 	c.gc(nw)
 	changed = nw.statusHash() != w.statusHash() || !sameWanted(w.Wanted, nw.Wanted) || nw.gcChanged(w)
 	return nw, changed, vs
@@ -250,7 +252,7 @@ func (c *Checker) safeProcess(in *datamesh.Input) (res datamesh.Result, err erro
 
 func (w *World) gcChanged(old *World) bool {
 	for i := 0; i < w.DP.N; i++ {
-		if w.DP.Replicas[i].Exists != old.DP.Replicas[i].Exists {
+		if w.DP.Replicas[i].Exists != old.DP.Replicas[i].Exists || w.DP.Replicas[i].Deleting != old.DP.Replicas[i].Deleting {
 			return true
 		}
 	}
@@ -267,6 +269,42 @@ func sameWanted(a, b []WantedReplica) bool {
 		}
 	}
 	return true
+}
+
+// lostReplicas deletes, as the controller does, the replicas of nodes declared lost
+// (w.ForceLeave) that are no member of the datamesh and that no transition names:
+// one that never joined at once, a force-removed member once its ForceRemoveReplica
+// is confirmed (pkg/controller deleteNeverJoined; the engine asks for the same with
+// WantDelete, settle.go). A member's replica stays while it is force-removed: the
+// controller only names it in Input.ForceLeave (lostMembers), so a node that comes
+// back before the removal starts finds its replica still there and the request
+// withdrawn (ActRejoin).
+func (c *Checker) lostReplicas(w *World) {
+	st := &w.RV.Status
+	for i := 0; i < w.DP.N; i++ {
+		r := &w.DP.Replicas[i]
+		if !r.Exists || r.Deleting || w.ForceLeave&(1<<i) == 0 {
+			continue
+		}
+		if !inDatamesh(st, c.S.Slots[i].Name) {
+			r.Deleting = true
+		}
+	}
+}
+
+// inDatamesh: name is a member, or a transition still names it (a leave whose last
+// step is published): the replicas the controller names in Input.ForceLeave when
+// their node is lost (pkg/controller lostMembers, inDatamesh).
+func inDatamesh(st *v1alpha1.ReplicatedVolumeStatus, name string) bool {
+	if memberOf(st, name) {
+		return true
+	}
+	for j := range st.DatameshTransitions {
+		if st.DatameshTransitions[j].ReplicaName == name {
+			return true
+		}
+	}
+	return false
 }
 
 // gc removes the RVR of a deleting replica once nothing refers to it any
@@ -568,7 +606,7 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 		nw.ForceLeave &^= 1 << i
 	case ActForceLeave:
 		nw.ForceLeave |= 1 << i
-		r.Deleting = true
+		c.lostReplicas(nw)
 	case ActPlace:
 		wr := w.Wanted[a.Arg]
 		j := c.placeSlot(w, wr)

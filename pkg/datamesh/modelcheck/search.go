@@ -219,7 +219,7 @@ func (c *Checker) drain(w *World, formation bool) (*World, []Violation) {
 			r := &w.DP.Replicas[i]
 			if r.Exists && (!r.Alive || r.Returned) && w.ForceLeave&(1<<i) == 0 {
 				w.ForceLeave |= 1 << i
-				r.Deleting = true
+				c.lostReplicas(w)
 				note("force-leave %s", c.S.Slots[i].Name)
 			}
 			if r.Alive && !r.Returned && r.Exists && !r.AgentReady {

@@ -64,6 +64,14 @@ func (rg *rig) state(node string) drbd.StatusResource {
 
 func (rg *rig) quorum(node string) bool { return rg.state(node).Devices[0].Quorum }
 
+// wantDisk fails unless node's disk is want; when says at what point, for the message.
+func (rg *rig) wantDisk(node, want, when string) {
+	rg.t.Helper()
+	if d := rg.state(node).Devices[0].DiskState; d != want {
+		rg.t.Fatalf("%s %s: disk %s, want %s (%+v)", node, when, d, want, rg.state(node))
+	}
+}
+
 func (rg *rig) wantQuorum(node string, want bool) {
 	rg.t.Helper()
 	if got := rg.quorum(node); got != want {
@@ -103,9 +111,7 @@ func TestRow1TiebreakerBothQuorateAgreementOutdatesFarSide(t *testing.T) {
 	rg.wantQuorum("node1", true)
 	rg.wantQuorum("node2", true)
 	rg.must(rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce))
-	if d := rg.state("node2").Devices[0].DiskState; d != "Outdated" {
-		t.Fatalf("node2 after node1's promotion: disk %s, want Outdated", d)
-	}
+	rg.wantDisk("node2", "Outdated", "after node1's promotion")
 	err := rg.c.Node("node2").Primary(rg.ctx, "r0", drbd.NoForce)
 	if !errors.Is(err, drbd.ErrNoUpToDateData) || !strings.Contains(err.Error(), "Need access to UpToDate data") {
 		t.Fatalf("node2 promotion: %v, want -2 Need access to UpToDate data", err)
@@ -598,16 +604,11 @@ func TestOutdatedResyncedOnConnectToDisklessPrimary(t *testing.T) {
 	rg.c.Cut("node1", "node3")
 	n3 := rg.c.Node("node3")
 	rg.must(n3.Primary(rg.ctx, "r0", drbd.NoForce))
-	if d := rg.state("node1").Devices[0].DiskState; d != "Outdated" {
-		t.Fatalf("node1 after node3's promotion: disk %s, want Outdated", d)
-	}
-	data := pattern(7, 8192)
-	rg.must(n3.Write(rg.ctx, "r0", 0, data))
+	rg.wantDisk("node1", "Outdated", "after node3's promotion")
+	rg.must(n3.Write(rg.ctx, "r0", 0, pattern(7, 8192)))
 	rg.c.Connect("node1", "node3")
 	rg.c.Advance(30 * time.Second) // connect-int, the bitmap exchange and the resync
-	if d := rg.state("node1").Devices[0].DiskState; d != "UpToDate" {
-		t.Fatalf("node1 connected to the diskless Primary and to UpToDate node2: disk %s, want UpToDate (%+v)", d, rg.state("node1"))
-	}
+	rg.wantDisk("node1", "UpToDate", "connected to the diskless Primary and to UpToDate node2")
 	// node1, UpToDate and quorate, holds node3's acknowledged write.
 	rg.noLostWrites()
 }

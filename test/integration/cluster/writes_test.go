@@ -20,7 +20,7 @@ const formationBudget = 16
 // Scenario 8: apiserver writes per operation, counted at the HTTP layer for
 // the controller and all agents: a 3D formation (at most formationBudget), an
 // attach, a steady minute and a controller restart (0 besides the agents' Lease
-// renewals).
+// renewals), a detach and a delete (logged for docs/controller.md's "Write budget").
 func TestWritesPerOperation(t *testing.T) {
 	r := newRig(t)
 	class := r.class(1, 1, v1.TopologyIgnored)
@@ -76,8 +76,14 @@ func TestWritesPerOperation(t *testing.T) {
 	if after := r.rv("writes-3d"); after.ResourceVersion != rvBefore {
 		t.Errorf("the volume's status moved across a controller restart (phase %s): its resourceVersion %s → %s", after.Status.Phase, rvBefore, after.ResourceVersion)
 	}
+	before = r.c.Writes.Snapshot()
 	r.detach("writes-3d", node)
+	detach, _ := r.c.Writes.Since(before)
+	t.Logf("detach: %d writes besides Lease renewals\n%s", withoutLeases(detach), localcluster.Format(detach))
+	before = r.c.Writes.Snapshot()
 	r.deleteVolume("writes-3d")
+	deletion, _ := r.c.Writes.Since(before)
+	t.Logf("delete: %d writes besides Lease renewals\n%s", withoutLeases(deletion), localcluster.Format(deletion))
 }
 
 // volumeReconciles is how many times the in-process controllers' volume reconciler

@@ -224,11 +224,12 @@ func TestNodeLost(t *testing.T) {
 
 // Every agent misses its Lease at once — an apiserver that stalls, or the controller
 // cut off from it, looks like that — and the controller declares no node lost: no
-// AgentReady=False, no ForceLeave, however long it lasts. Once agents renew again, a
-// node still silent is lost only a whole Lease duration and grace period after the
-// controller saw the first renewal (docs/controller.md, "Every agent silent at once").
+// AgentReady=False, no ForceLeave, no taint, however long it lasts. Once agents renew
+// again, a node still silent is lost only a whole Lease duration and grace period after
+// the controller saw the first renewal (docs/controller.md, "Every agent silent at
+// once").
 func TestEveryAgentSilentAtOnce(t *testing.T) {
-	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
+	cl := newClusterWith(t, clusterOptions{taint: true}, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
 	class := cl.class("3d", 1, 1, v1.TopologyIgnored)
 	rv := cl.volume("vol", class, "5Gi")
 	cl.formed(rv.Name, 3)
@@ -256,6 +257,15 @@ func TestEveryAgentSilentAtOnce(t *testing.T) {
 		for _, q := range cl.rv(rv.Name).Status.DatameshReplicaRequests {
 			if q.Operation == v1.ReplicaOperationForceLeave {
 				return "ForceLeave requested for " + q.Name + ": " + q.Message
+			}
+		}
+		for _, n := range []string{"a", "b", "c"} {
+			node := &corev1.Node{}
+			must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: cl.node(n)}, node))
+			for _, taint := range node.Spec.Taints {
+				if taint.Key == controller.TaintOutOfService.Key || taint.Key == controller.TaintLost.Key {
+					return "node " + n + " tainted " + taint.ToString()
+				}
 			}
 		}
 		return ""
