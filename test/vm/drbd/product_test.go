@@ -329,7 +329,17 @@ func (p *product) finish() {
 	for _, cc := range p.conns {
 		_ = cc.Close()
 	}
+	// A guest that no longer answers (scenario 5 crashed one) is left out:
+	// every request to it waits for the bridge to give up on its address.
+	var up []string
 	for _, n := range p.names {
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		if p.remotes[n].Ping(pctx) == nil {
+			up = append(up, n)
+		}
+		pcancel()
+	}
+	for _, n := range up {
 		_ = p.remotes[n].stopNode(ctx, false)
 	}
 	if p.ctrl != nil && p.ctrl.Process != nil {
@@ -346,14 +356,20 @@ func (p *product) finish() {
 	if p.ctrlLog != nil {
 		_ = p.ctrlLog.Close()
 	}
-	for _, n := range p.names {
-		if p.out != "" {
-			if res, err := p.remotes[n].Exec(ctx, "dmesg"); err == nil {
-				_ = os.WriteFile(filepath.Join(p.out, n+".dmesg.txt"), res.Stdout, 0o644)
+	var wg sync.WaitGroup
+	for _, n := range up {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if p.out != "" {
+				if res, err := p.remotes[n].Exec(ctx, "dmesg"); err == nil {
+					_ = os.WriteFile(filepath.Join(p.out, n+".dmesg.txt"), res.Stdout, 0o644)
+				}
 			}
-		}
-		_ = p.remotes[n].Poweroff(ctx)
+			_ = p.remotes[n].Poweroff(ctx)
+		}()
 	}
+	wg.Wait()
 	if p.proxy != nil {
 		_ = p.proxy.Close()
 	}
