@@ -86,8 +86,12 @@ type leaseState struct {
 
 // observe records one state of a Lease: a renewTime later than the last one
 // by the same holder is a renewal; another holder is a hand-over (no gap:
-// the time between two holders is the election's, not a renewal's).
-func (l *leaseLog) observe(name, holder string, renew time.Time) {
+// the time between two holders is the election's, not a renewal's), and so
+// is the same holder more than leaseDuration after its last renewal — its
+// Lease had expired, so this is an acquisition (a sidecar restarted on the
+// same node takes the Lease again under the same identity, and client-go
+// keeps the acquireTime of a Lease its identity already holds).
+func (l *leaseLog) observe(name, holder string, renew time.Time, leaseDuration time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.leases == nil {
@@ -101,7 +105,7 @@ func (l *leaseLog) observe(name, holder string, renew time.Time) {
 	switch {
 	case holder == "" || renew.IsZero():
 		return
-	case holder != st.holder:
+	case holder != st.holder || (leaseDuration > 0 && renew.Sub(st.renew) > leaseDuration):
 		st.Holders++
 	case renew.After(st.renew):
 		gap := renew.Sub(st.renew)
@@ -151,7 +155,11 @@ func (s *Sandbox) WatchLeaderLeases(ctx context.Context) (report func() []Leader
 		if l.Spec.AcquireTime != nil {
 			holder += "@" + l.Spec.AcquireTime.UTC().Format(time.RFC3339Nano)
 		}
-		log.observe(l.Name, holder, l.Spec.RenewTime.Time)
+		var d time.Duration
+		if l.Spec.LeaseDurationSeconds != nil {
+			d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+		}
+		log.observe(l.Name, holder, l.Spec.RenewTime.Time, d)
 	}
 	list := func() (string, error) {
 		ls, err := leases.List(ctx, metav1.ListOptions{})
