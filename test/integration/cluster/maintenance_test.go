@@ -27,10 +27,14 @@ import (
 // volume's only copy while every other node is cordoned (no node can take a copy)
 // is refused, naming it, and leaves nothing behind; draining a
 // Diskful node of an attached 2D+1TB volume waits in Draining until the volume
-// detaches, then says the node may go down; the node crashes and stays away past
+// detaches, then says the node may go down; the volume's user moves to the other
+// Diskful node, as a drained node's pods do; the node crashes and stays away past
 // the grace period without its member being force-removed or replaced (eight
 // other nodes could take one), and a drain of another node is refused (one node at
-// a time); it returns, resyncs, and the maintenance completes.
+// a time); it returns, resyncs, and the maintenance completes. (Attached on the
+// survivor, the volume keeps DRBD's quorum without the node; a volume attached
+// nowhere does not: docs/operating.md, "A volume attached nowhere while a node is
+// away".)
 // Then the TieBreaker's node, drained with --max-downtime 5s, stays down past it:
 // the maintenance Fails, the node is lost and its member force-removed, and
 // uncordon reports the failure.
@@ -99,7 +103,10 @@ func TestNodeMaintenance(t *testing.T) {
 		t.Fatalf("drain %s: %v\n%s", node, drainErr, drainOut.String())
 	}
 
-	// Away: the node goes down; past the grace period its member stays, Degraded.
+	// The user moves to the other Diskful node; then the node goes down, and past
+	// the grace period its member stays, Degraded.
+	survivor := diskful[1]
+	r.attach(vol, survivor)
 	r.must(r.c.CrashNode(node))
 	crashed := time.Now()
 	t.Cleanup(func() { _ = r.c.RestartNode(node) })
@@ -211,6 +218,7 @@ func TestNodeMaintenance(t *testing.T) {
 	r.ready(vol, 2*time.Minute)
 	t.Logf("maintenance timeline:\n%s", timeline.String())
 	r.must(r.cl.Delete(r.ctx, &v1.ReplicatedNodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: tb}}))
+	r.detach(vol, survivor)
 	r.deleteVolume(vol)
 }
 
@@ -237,9 +245,11 @@ func (r *rig) nodeLabel(node string) string {
 // TestNodeMaintenanceCopies drains the node of a 1D volume's only copy when other
 // nodes may take one (docs/operating.md, "Copying a volume elsewhere before its node
 // goes"): the maintenance is Draining, naming the copy, while the volume becomes
-// 2D+1TB, and ReadyForMaintenance only once the copy is UpToDate; the node crashes and
-// the copy keeps quorum; the node returns, the maintenance completes, and the volume
-// goes back to one Diskful replica.
+// 2D+1TB, and ReadyForMaintenance only once the copy is UpToDate; the volume's user
+// moves to the copy's node, the node crashes and the copy keeps quorum; the node
+// returns, the maintenance completes, and the volume goes back to one Diskful
+// replica. (A copy attached nowhere loses DRBD's quorum while the node is away:
+// docs/operating.md, "A volume attached nowhere while a node is away".)
 func TestNodeMaintenanceCopies(t *testing.T) {
 	r := newRig(t)
 	kc := r.kubeconfig()
@@ -277,7 +287,8 @@ func TestNodeMaintenanceCopies(t *testing.T) {
 		t.Fatalf("ReadyForMaintenance without a copy elsewhere: %s, members %+v", phase(cur), cur.Status.Datamesh.Members)
 	}
 
-	// Away: the copy keeps quorum without the node.
+	// The user moves to the copy's node; away, the copy keeps quorum without the node.
+	r.attach(vol, copyNode)
 	r.must(r.c.CrashNode(node))
 	t.Cleanup(func() { _ = r.c.RestartNode(node) })
 	replica := v1.ReplicaName(vol, node)
@@ -308,5 +319,6 @@ func TestNodeMaintenanceCopies(t *testing.T) {
 		return ""
 	})
 	r.must(r.cl.Delete(r.ctx, m))
+	r.detach(vol, copyNode)
 	r.deleteVolume(vol)
 }
