@@ -94,7 +94,7 @@ func rvAutoFixture(name string) *v1.ReplicatedVolume {
 			Datamesh: v1.Datamesh{
 				Members: []v1.DatameshMember{
 					{Name: name + "-0", Type: v1.MemberTypeDiskful, NodeName: "node-1", Zone: "zone-a", Addresses: []string{"10.0.0.1", "fd00::1"}, NodeID: 0, Attached: true},
-					{Name: name + "-1", Type: v1.MemberTypeDiskful, NodeName: "node-2", Zone: "zone-b", Addresses: []string{"10.0.0.2"}, NodeID: 1},
+					{Name: name + "-1", Type: v1.MemberTypeDiskful, NodeName: "node-2", Zone: "zone-b", Addresses: []string{"10.0.0.2"}, NodeID: 1, Port: 7001},
 					{Name: name + "-3", Type: v1.MemberTypeLiminalDiskful, NodeName: "node-3", Zone: "zone-c", Addresses: []string{"10.0.0.3"}, NodeID: 3},
 				},
 				Quorum:                  2,
