@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/internal/loopdev"
 	"github.com/meshvol/meshvol/internal/testenv"
 )
 
@@ -272,12 +273,12 @@ func (m *loopMount) release(t *testing.T) {
 		t.Fatalf("losetup -d %s: %v: %s", m.loop, err, out)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(m.loop), "loop", "backing_file"))
-		if err != nil || len(b) == 0 {
+		left := loopdev.Under(filepath.Dir(m.dir))
+		if len(left) == 0 {
 			return // detached
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s still backs %s 10 s after its owner unmounted it and detached it: something else holds the file system", m.loop, strings.TrimSpace(string(b)))
+			t.Fatalf("%s still backs %s 10 s after its owner unmounted it and detached it: something else holds the file system", left[0].Dev, left[0].Backing)
 		}
 	}
 }
