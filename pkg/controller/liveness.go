@@ -15,9 +15,15 @@ import (
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
+// judge is node's agent liveness as this reconcile of v sees it: its Lease, within
+// the fleet of every agent's (agentlease.Fleet, "Every agent silent at once").
+func (c *Controller) judge(v *volume, node string) agentlease.Liveness {
+	return v.fleet.Judge(v.leases[node], v.now, c.opts.AgentGracePeriod)
+}
+
 // agentVerdict is the AgentReady condition a replica on node should carry.
 func (c *Controller) agentVerdict(v *volume, node string) (metav1.Condition, agentlease.Liveness) {
-	lv := v.fleet.Judge(v.leases[node], v.now, c.opts.AgentGracePeriod)
+	lv := c.judge(v, node)
 	if lv.Lost {
 		return metav1.Condition{Type: v1.ConditionAgentReady, Status: metav1.ConditionFalse, Reason: lv.Reason, Message: lv.Message}, lv
 	}
@@ -109,7 +115,7 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 		// waits for it (a RemoveReplica's last step published) is named too: the
 		// engine then stops waiting for it (docs/datamesh.md, "A voter lost under a
 		// transition in flight"); otherwise that transition would wait for ever.
-		if !inDatamesh(v.rv, r.Name) || r.Spec.NodeName == "" || v.away[r.Spec.NodeName] || !v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		if !inDatamesh(v.rv, r.Name) || r.Spec.NodeName == "" || v.away[r.Spec.NodeName] || !c.judge(v, r.Spec.NodeName).Lost {
 			continue
 		}
 		if c.reachedByLivePeer(v, rvrs, r.Name) {
@@ -125,7 +131,7 @@ func (c *Controller) lostMembers(v *volume, rvrs []*v1.ReplicatedVolumeReplica) 
 
 func (c *Controller) reachedByLivePeer(v *volume, rvrs []*v1.ReplicatedVolumeReplica, name string) bool {
 	for _, p := range rvrs {
-		if p.Name == name || p.Spec.NodeName == "" || v.fleet.Judge(v.leases[p.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+		if p.Name == name || p.Spec.NodeName == "" || c.judge(v, p.Spec.NodeName).Lost {
 			continue
 		}
 		for _, peer := range p.Status.Peers {
@@ -144,7 +150,7 @@ func (c *Controller) reachedByLivePeer(v *volume, rvrs []*v1.ReplicatedVolumeRep
 func (c *Controller) releaseLostFinalizers(ctx context.Context, v *volume, work *v1.ReplicatedVolume) error {
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp == nil || !slices.Contains(r.Finalizers, v1.FinalizerAgent) || r.Spec.NodeName != "" &&
-			!v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+			!c.judge(v, r.Spec.NodeName).Lost {
 			continue
 		}
 		if inDatamesh(work, r.Name) {

@@ -154,7 +154,7 @@ func (c *Controller) retype(ctx context.Context, v *volume, r *v1.ReplicatedVolu
 func (c *Controller) deleteNeverJoined(ctx context.Context, v *volume, work *v1.ReplicatedVolume, w *replicaWrites) error {
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp != nil || r.Spec.NodeName == "" || inDatamesh(work, r.Name) ||
-			!v.fleet.Judge(v.leases[r.Spec.NodeName], v.now, c.opts.AgentGracePeriod).Lost {
+			!c.judge(v, r.Spec.NodeName).Lost {
 			continue
 		}
 		if err := c.deleteReplica(ctx, r); err != nil {
