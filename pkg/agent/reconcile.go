@@ -42,6 +42,7 @@ type step struct {
 }
 
 func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	a.changes.Add(1)
 	rvr := &v1.ReplicatedVolumeReplica{}
 	if err := a.cache.Get(ctx, req.NamespacedName, rvr); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -883,6 +884,7 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 	a.mu.Lock()
 	delete(a.volumes, rvr.UID)
 	delete(a.written, rvr.UID)
+	delete(a.dayZeroHeld, rvr.UID)
 	delete(a.freed, rvr.UID)
 	a.mu.Unlock()
 	if !controllerutil.ContainsFinalizer(rvr, v1.FinalizerAgent) {
@@ -952,6 +954,9 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 	progress := withoutProgress
 	if peersAreProgress {
 		progress = withoutPeers
+		if wait := a.holdDayZero(rvr, st); wait > 0 {
+			return wait, nil
+		}
 	}
 	if ok && sameStatus(progress(st), progress(last.status)) {
 		if wait := a.cfg.ProgressInterval - time.Since(last.at); wait > 0 {
@@ -974,8 +979,33 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 	}
 	a.mu.Lock()
 	a.written[rvr.UID] = writtenStatus{status: st, at: time.Now()}
+	delete(a.dayZeroHeld, rvr.UID)
 	a.mu.Unlock()
 	return 0, nil
+}
+
+// holdDayZero says how long to hold back st, a Diskful member's report of the revision
+// a day-0 formation published while its disk is still Inconsistent (awaitsDayZero):
+// up to ProgressInterval from the first time the agent had it to send. The day-0 clear
+// needs nothing from the controller (the lowest member decides from its own kernel's
+// connections, dayZero), and the formation's next step waits for every disk UpToDate
+// anyway, so the confirmation alone moves nothing: held, it goes out with the
+// UpToDate that follows within a second or two, one write per member instead of two,
+// and the controller completes both formation steps in one status write
+// (docs/controller.md, "Write budget"). A formation whose clear does not come shows
+// the confirmed revision within ProgressInterval, as resync progress does.
+func (a *Agent) holdDayZero(rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus) time.Duration {
+	if st.DatameshRevision <= rvr.Status.DatameshRevision {
+		return 0 // the revision is confirmed already: what is new is peers, paced by the caller
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h, ok := a.dayZeroHeld[rvr.UID]
+	if !ok || h.revision != st.DatameshRevision {
+		h = heldReport{revision: st.DatameshRevision, since: time.Now()}
+		a.dayZeroHeld[rvr.UID] = h
+	}
+	return a.cfg.ProgressInterval - time.Since(h.since)
 }
 
 func (a *Agent) addressStrings() []string {
@@ -988,6 +1018,7 @@ func (a *Agent) addressStrings() []string {
 }
 
 func (a *Agent) markCapacity() {
+	a.changes.Add(1)
 	a.mu.Lock()
 	a.capDirty = true
 	a.mu.Unlock()
