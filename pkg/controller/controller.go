@@ -272,7 +272,8 @@ type Controller struct {
 	allocOnce onceErr
 	recorder  record.EventRecorder
 	// statusWritten: RV name → its resourceVersion before this controller's last
-	// status write, until the cache shows a newer one (behindOwnWrite).
+	// status write or the release of its finalizer, until the cache shows a newer
+	// one (behindOwnWrite).
 	statusWritten sync.Map
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
 	disrupt disruption
