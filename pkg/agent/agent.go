@@ -175,6 +175,9 @@ type Agent struct {
 	// dayZeroHeld: the replicas whose confirmation of a day-0 formation's revision
 	// is held back until their disk is UpToDate (holdDayZero).
 	dayZeroHeld map[types.UID]heldReport
+	// released: the deleted replicas (name → UID) whose finalizer this agent has
+	// released, until the cache shows them gone (releaseReplica).
+	released map[string]types.UID
 
 	// downs spaces out the take-downs refused while a device is held open.
 	downs *takeDownGate
@@ -230,6 +233,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		standAloneTried: map[string]time.Time{},
 		unconfirmed:     newReasonLog(),
 		dayZeroHeld:     map[types.UID]heldReport{},
+		released:        map[string]types.UID{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -84,7 +85,8 @@ func (a *Agent) runGC(ctx context.Context) error {
 }
 
 // collectInputs is what a collector pass depends on, cheaply: how many changes of the
-// kernel and of the replicas the agent has seen, and the pools' versions.
+// kernel and of the replicas the agent has seen, and the pools' specs (generations: a
+// status the controller writes as capacity drifts is no change to the collector).
 type collectInputs struct {
 	changes uint64
 	pools   string
@@ -101,7 +103,7 @@ func (a *Agent) collectInputs(ctx context.Context) collectInputs {
 	}
 	var b strings.Builder
 	for i := range rsps.Items {
-		b.WriteString(rsps.Items[i].Name + "@" + rsps.Items[i].ResourceVersion + " ")
+		b.WriteString(rsps.Items[i].Name + "@" + strconv.FormatInt(rsps.Items[i].Generation, 10) + " ")
 	}
 	in.pools = b.String()
 	return in

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd"
@@ -49,8 +49,17 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 			// Gone: whatever it ran here is no replica's now (runGC).
 			a.requestCollect()
 			a.unconfirmed.forget(req.Name)
+			a.mu.Lock()
+			delete(a.released, req.Name)
+			a.mu.Unlock()
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	a.mu.Lock()
+	released := a.released[rvr.Name] == rvr.UID
+	a.mu.Unlock()
+	if released {
+		return ctrl.Result{}, nil // torn down and its finalizer released: its deletion event comes next
 	}
 	if rvr.Spec.NodeName != a.cfg.NodeName {
 		return ctrl.Result{}, nil // labelled for this node but placed elsewhere: not ours
@@ -78,7 +87,8 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		// a write per replica of every volume formed, saved.
 		return ctrl.Result{}, nil
 	}
-	after, err := a.writeStatus(ctx, rvr, s.st, awaitsDayZero(rv, &s.st))
+	dayZero := awaitsDayZero(rv, &s.st)
+	after, err := a.writeStatus(ctx, rvr, s.st, dayZero || goingAway(rv), dayZero)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -634,6 +644,23 @@ func awaitsDayZero(rv *v1.ReplicatedVolume, st *v1.ReplicatedVolumeReplicaStatus
 	return rv != nil && rv.Spec.DataSource == nil && formationActive(rv) && st.DiskState == v1.DiskStateInconsistent
 }
 
+// goingAway: rv is being deleted and nothing of it is attached, so its teardown comes
+// next (docs/controller.md, "Deletion"). As the members take their resources down, each
+// sees its peers go before its own cache shows the teardown: reports of peers alone are
+// paced as progress, and usually the teardown comes first and makes them unread
+// (tornDown). A revision confirmed is reported at once.
+func goingAway(rv *v1.ReplicatedVolume) bool {
+	if rv == nil || rv.DeletionTimestamp == nil {
+		return false
+	}
+	for _, m := range rv.Status.Datamesh.Members {
+		if m.Attached {
+			return false
+		}
+	}
+	return true
+}
+
 func formationActive(rv *v1.ReplicatedVolume) bool {
 	for _, t := range rv.Status.DatameshTransitions {
 		if t.Type == v1.TransitionFormation {
@@ -887,16 +914,28 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 	delete(a.dayZeroHeld, rvr.UID)
 	delete(a.freed, rvr.UID)
 	a.mu.Unlock()
-	if !controllerutil.ContainsFinalizer(rvr, v1.FinalizerAgent) {
+	i := slices.Index(rvr.Finalizers, v1.FinalizerAgent)
+	if i < 0 {
 		return nil
 	}
-	// A JSON merge patch of metadata.finalizers with the resourceVersion as a
-	// precondition: the list is replaced whole, so it must be the list we read.
-	patched := rvr.DeepCopy()
-	controllerutil.RemoveFinalizer(patched, v1.FinalizerAgent)
-	if err := a.client.Patch(ctx, patched, client.MergeFromWithOptions(rvr, client.MergeFromWithOptimisticLock{})); err != nil {
+	// A JSON patch that removes this entry of metadata.finalizers only if it is
+	// still the agent's (test): no one else's finalizer is touched, and a status
+	// written meanwhile (which moves the resourceVersion) does not refuse it.
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": fmt.Sprintf("/metadata/finalizers/%d", i), "value": v1.FinalizerAgent},
+		{"op": "remove", "path": fmt.Sprintf("/metadata/finalizers/%d", i)},
+	})
+	if err != nil {
+		return err
+	}
+	if err := a.client.Patch(ctx, rvr.DeepCopy(), client.RawPatch(types.JSONPatchType, patch)); err != nil {
 		return client.IgnoreNotFound(err)
 	}
+	// Until the cache shows the replica gone, a reconcile of it would release it
+	// again: a request refused for nothing (reconcile, released).
+	a.mu.Lock()
+	a.released[rvr.Name] = rvr.UID
+	a.mu.Unlock()
 	a.log.Info("replica torn down; finalizer released", "replica", rvr.Name)
 	return nil
 }
@@ -941,7 +980,7 @@ func (a *Agent) fillKernel(ctx context.Context, st *v1.ReplicatedVolumeReplicaSt
 // what this agent last wrote. A change in resync progress alone waits until
 // ProgressInterval has passed since the last write; the returned duration
 // says when to come back for it.
-func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus, peersAreProgress bool) (time.Duration, error) {
+func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus, peersAreProgress, holdConfirmation bool) (time.Duration, error) {
 	if sameStatus(st, rvr.Status) {
 		return 0, nil
 	}
@@ -954,6 +993,8 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 	progress := withoutProgress
 	if peersAreProgress {
 		progress = withoutPeers
+	}
+	if holdConfirmation {
 		if wait := a.holdDayZero(rvr, st); wait > 0 {
 			return wait, nil
 		}
