@@ -191,8 +191,8 @@ func (c *Controller) releaseVolume(ctx context.Context, rv *v1.ReplicatedVolume)
 		if err == nil {
 			// Reconciles queued meanwhile (the replicas' and the Secret's deletions)
 			// would find the RV still in the cache and release it again, a request
-			// refused for nothing: they wait for the cache (behindOwnWrite).
-			c.statusWritten.Store(rv.Name, rv.ResourceVersion)
+			// refused for nothing: they wait for the cache (volumeWrites).
+			c.volumeWrites.wrote(rv.Name, rv.ResourceVersion)
 		}
 		if err := ignoreStale(err); err != nil {
 			return fmt.Errorf("removing finalizer: %w", err)
