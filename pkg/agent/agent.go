@@ -172,9 +172,8 @@ type Agent struct {
 	// unconfirmed: why each member that holds its volume's revision
 	// unconfirmed does so, as last logged (sayUnconfirmed).
 	unconfirmed *reasonLog
-	// dayZeroHeld: the replicas whose confirmation of a day-0 formation's revision
-	// is held back until their disk is UpToDate (holdDayZero).
-	dayZeroHeld map[types.UID]heldReport
+	// held: the replicas whose report is held back, and what it says (holdBack).
+	held map[types.UID]heldReport
 	// released: the deleted replicas (name → UID) whose finalizer this agent has
 	// released, until the cache shows them gone (releaseReplica).
 	released map[string]types.UID
@@ -192,10 +191,10 @@ type Agent struct {
 	poolMetrics poolStats // the pools' last measured capacity, for metrics.go
 }
 
-// heldReport: since when a report of revision was held back (holdDayZero).
+// heldReport: since when a report of what was held back (holdBack).
 type heldReport struct {
-	revision int64
-	since    time.Time
+	what  string
+	since time.Time
 }
 
 type writtenStatus struct {
@@ -232,7 +231,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 
 		standAloneTried: map[string]time.Time{},
 		unconfirmed:     newReasonLog(),
-		dayZeroHeld:     map[types.UID]heldReport{},
+		held:            map[types.UID]heldReport{},
 		released:        map[string]types.UID{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)

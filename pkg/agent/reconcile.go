@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,8 +88,7 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		// a write per replica of every volume formed, saved.
 		return ctrl.Result{}, nil
 	}
-	dayZero := awaitsDayZero(rv, &s.st)
-	after, err := a.writeStatus(ctx, rvr, s.st, dayZero || goingAway(rv), dayZero)
+	after, err := a.writeStatus(ctx, rvr, s.st, reportPacing{dayZero: awaitsDayZero(rv, &s.st), goingAway: goingAway(rv)})
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -646,9 +646,10 @@ func awaitsDayZero(rv *v1.ReplicatedVolume, st *v1.ReplicatedVolumeReplicaStatus
 
 // goingAway: rv is being deleted and nothing of it is attached, so its teardown comes
 // next (docs/controller.md, "Deletion"). As the members take their resources down, each
-// sees its peers go before its own cache shows the teardown: reports of peers alone are
-// paced as progress, and usually the teardown comes first and makes them unread
-// (tornDown). A revision confirmed is reported at once.
+// sees its peers go, and its replica deleted (which moves its generation), before its
+// own cache shows the teardown: such reports are held back (holdBack), and usually the
+// teardown comes first and makes them unread (tornDown). A revision confirmed is
+// reported at once.
 func goingAway(rv *v1.ReplicatedVolume) bool {
 	if rv == nil || rv.DeletionTimestamp == nil {
 		return false
@@ -911,7 +912,7 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 	a.mu.Lock()
 	delete(a.volumes, rvr.UID)
 	delete(a.written, rvr.UID)
-	delete(a.dayZeroHeld, rvr.UID)
+	delete(a.held, rvr.UID)
 	delete(a.freed, rvr.UID)
 	a.mu.Unlock()
 	i := slices.Index(rvr.Finalizers, v1.FinalizerAgent)
@@ -980,7 +981,7 @@ func (a *Agent) fillKernel(ctx context.Context, st *v1.ReplicatedVolumeReplicaSt
 // what this agent last wrote. A change in resync progress alone waits until
 // ProgressInterval has passed since the last write; the returned duration
 // says when to come back for it.
-func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus, peersAreProgress, holdConfirmation bool) (time.Duration, error) {
+func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus, pace reportPacing) (time.Duration, error) {
 	if sameStatus(st, rvr.Status) {
 		return 0, nil
 	}
@@ -991,11 +992,17 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 		return 0, nil
 	}
 	progress := withoutProgress
-	if peersAreProgress {
+	if pace.dayZero || pace.goingAway {
 		progress = withoutPeers
 	}
-	if holdConfirmation {
-		if wait := a.holdDayZero(rvr, st); wait > 0 {
+	switch {
+	case pace.dayZero && st.DatameshRevision > rvr.Status.DatameshRevision:
+		// holdBack: a day-0 member's confirmation while its disk is Inconsistent.
+		if wait := a.holdBack(rvr.UID, "revision "+strconv.FormatInt(st.DatameshRevision, 10)); wait > 0 {
+			return wait, nil
+		}
+	case pace.goingAway && sameStatus(withoutPeersOrGeneration(st), withoutPeersOrGeneration(rvr.Status)):
+		if wait := a.holdBack(rvr.UID, "going away"); wait > 0 {
 			return wait, nil
 		}
 	}
@@ -1020,31 +1027,40 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 	}
 	a.mu.Lock()
 	a.written[rvr.UID] = writtenStatus{status: st, at: time.Now()}
-	delete(a.dayZeroHeld, rvr.UID)
+	delete(a.held, rvr.UID)
 	a.mu.Unlock()
 	return 0, nil
 }
 
-// holdDayZero says how long to hold back st, a Diskful member's report of the revision
-// a day-0 formation published while its disk is still Inconsistent (awaitsDayZero):
-// up to ProgressInterval from the first time the agent had it to send. The day-0 clear
-// needs nothing from the controller (the lowest member decides from its own kernel's
-// connections, dayZero), and the formation's next step waits for every disk UpToDate
-// anyway, so the confirmation alone moves nothing: held, it goes out with the
-// UpToDate that follows within a second or two, one write per member instead of two,
-// and the controller completes both formation steps in one status write
-// (docs/controller.md, "Write budget"). A formation whose clear does not come shows
-// the confirmed revision within ProgressInterval, as resync progress does.
-func (a *Agent) holdDayZero(rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus) time.Duration {
-	if st.DatameshRevision <= rvr.Status.DatameshRevision {
-		return 0 // the revision is confirmed already: what is new is peers, paced by the caller
-	}
+// reportPacing says which of a replica's reports may wait (writeStatus).
+type reportPacing struct {
+	// dayZero: a Diskful member of a day-0 formation whose disk is still
+	// Inconsistent (awaitsDayZero).
+	dayZero bool
+	// goingAway: a member of a deleted volume whose teardown comes next (goingAway).
+	goingAway bool
+}
+
+// holdBack says how long to hold back a report of what, up to ProgressInterval from
+// the first time the agent had it to send (docs/controller.md, "Write budget"):
+//
+//   - A day-0 member's confirmation of the formation's revision while its disk is still
+//     Inconsistent. The day-0 clear needs nothing from the controller (the lowest member
+//     decides from its own kernel's connections, dayZero), and the formation's next step
+//     waits for every disk UpToDate anyway, so the confirmation alone moves nothing:
+//     held, it goes out with the UpToDate that follows within a second or two, one
+//     write per member instead of two, and the controller completes both formation
+//     steps in one status write. A formation whose clear does not come shows the
+//     confirmed revision within ProgressInterval, as resync progress does.
+//   - A report of a deleted, unattached volume's member that moves only its peers or
+//     its observed generation: its teardown is next and makes the report unread.
+func (a *Agent) holdBack(uid types.UID, what string) time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	h, ok := a.dayZeroHeld[rvr.UID]
-	if !ok || h.revision != st.DatameshRevision {
-		h = heldReport{revision: st.DatameshRevision, since: time.Now()}
-		a.dayZeroHeld[rvr.UID] = h
+	h, ok := a.held[uid]
+	if !ok || h.what != what {
+		h = heldReport{what: what, since: time.Now()}
+		a.held[uid] = h
 	}
 	return a.cfg.ProgressInterval - time.Since(h.since)
 }
