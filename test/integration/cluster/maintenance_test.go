@@ -31,7 +31,8 @@ import (
 // run: docs/operating.md, "A volume attached nowhere while a node is away"), then
 // waits in Draining until the volume detaches, then says the node may go down; the
 // node crashes and stays away past the grace period without its member being
-// force-removed or replaced (other nodes could take one), the volume attached
+// force-removed or replaced (other nodes could take one) — the volume Ready, its
+// configuration's two Diskful replicas UpToDate on other nodes —, the volume attached
 // nowhere keeps quorum on its survivors and is then attached on one of them, and a
 // drain of another node is refused (one node at a time); it returns, resyncs, the
 // maintenance completes and the volume goes back to 2D+1TB.
@@ -128,18 +129,19 @@ func TestNodeMaintenance(t *testing.T) {
 	timeline.WriteString("(" + vol + " copied: layout 3D, Diskful on " + strings.Join(survivors, ", ") + " besides " + node + ")\n")
 
 	// The node goes down with the volume attached nowhere, and past the grace period
-	// its member stays, Degraded.
+	// its member stays. The volume is Ready, not Degraded: the copy gives it the two
+	// UpToDate Diskful replicas its configuration asks for while the node is away.
 	r.must(r.c.CrashNode(node))
 	crashed := time.Now()
 	t.Cleanup(func() { _ = r.c.RestartNode(node) })
 	replica := v1.ReplicaName(vol, node)
-	r.eventually(vol+" Degraded with "+node+" judged lost", 2*time.Minute, func() string {
+	r.eventually(vol+" Ready with "+node+" judged lost", 2*time.Minute, func() string {
 		cur := r.rv(vol)
 		rvr := &v1.ReplicatedVolumeReplica{}
 		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: replica}, rvr); err != nil {
 			return err.Error()
 		}
-		if cur.Status.Phase != v1.VolumePhaseDegraded || rvr.Status.Conditions == nil {
+		if cur.Status.Phase != v1.VolumePhaseReady || rvr.Status.Conditions == nil {
 			return phase(cur)
 		}
 		for _, c := range rvr.Status.Conditions {
