@@ -417,6 +417,13 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		}
 		w.checkPrimaries(t)
 		return "ok"
+	case "disk":
+		// disk r1 state=Diskless: r1's agent reports its DRBD disk state (a disk that
+		// failed and was detached reports Diskless).
+		for _, n := range w.names(d) {
+			w.rvr(n).Status.DiskState = v1.DiskState(argStr(t, d, "state", ""))
+		}
+		return "ok"
 	case "uptodate", "outdated":
 		ds := v1.DiskStateUpToDate
 		if d.Cmd == "outdated" {
