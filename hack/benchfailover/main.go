@@ -45,11 +45,12 @@ func main() {
 	taint := flag.Bool("taint-lost-nodes", true, "the chart's controller.taintLostNodes")
 	goal := flag.Duration("goal", 15*time.Second, "every run's fault → first write must be under this")
 	out := flag.String("out", "", "the results' base path, .md and .svg added (default <repo>/docs/failover-bench)")
+	logs := flag.String("logs", "", "where each run's container logs of the release go, in a directory per run (default a new /tmp/benchfailover-logs-*)")
 	flag.Parse()
-	os.Exit(bench(*crashes, *partitions, strings.Split(*classes, ","), *taint, *goal, *out))
+	os.Exit(bench(*crashes, *partitions, strings.Split(*classes, ","), *taint, *goal, *out, *logs))
 }
 
-func bench(crashes, partitions int, classes []string, taint bool, goal time.Duration, out string) int {
+func bench(crashes, partitions int, classes []string, taint bool, goal time.Duration, out, logs string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root, err := testenv.RepoRoot()
@@ -65,6 +66,17 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if logs == "" {
+		if logs, err = os.MkdirTemp("/tmp", "benchfailover-logs-"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	// Every run's logs of the release's containers (the controllers, agents and
+	// sidecars of every node, the faulted one's included), copied right after the
+	// failover: a crashed node's go when it boots again, and a slow run is explained
+	// from them (which confirmation or decision came late).
+	fmt.Fprintf(os.Stderr, "benchfailover: each run's release logs go to %s/<run>\n", logs)
 	keep := false
 	defer func() {
 		if !keep {
@@ -105,7 +117,7 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 			Node:  sb.Kube.Nodes[i%len(sb.Kube.Nodes)].Name,
 			Fault: fault,
 		}
-		rr, err := runOnce(ctx, sb, o)
+		rr, err := runOnce(ctx, sb, o, filepath.Join(logs, o.Name))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "FAIL: run %s: %v\n", o.Name, err)
 			failed = true
@@ -153,10 +165,10 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 	return 0
 }
 
-// runOnce runs one failover and puts the sandbox back for the next: the
-// writer and its volume deleted, a crashed node booted again, a partition
-// healed (with its checks).
-func runOnce(ctx context.Context, sb *sandbox.Sandbox, o sandbox.FailoverOptions) (*run, error) {
+// runOnce runs one failover, keeps the release's logs in logs, and puts the
+// sandbox back for the next: the writer and its volume deleted, a crashed node
+// booted again, a partition healed (with its checks).
+func runOnce(ctx context.Context, sb *sandbox.Sandbox, o sandbox.FailoverOptions, logs string) (*run, error) {
 	r, err := sb.StartWriter(ctx, o)
 	if err != nil {
 		return nil, err
@@ -174,6 +186,9 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, o sandbox.FailoverOptions
 	slices.Sort(rr.Leaders)
 	ferr := sb.Failover(ctx, r, 2*time.Minute)
 	rr.fill(r)
+	if err := sb.CopyReleaseLogs(logs); err != nil {
+		fmt.Fprintf(os.Stderr, "benchfailover: %s: keeping the logs: %v\n", o.Name, err)
+	}
 	if ferr != nil {
 		return rr, ferr
 	}

@@ -763,3 +763,44 @@ func (s *Sandbox) killContainer(p *corev1.Pod, container string) error {
 	}
 	return nil
 }
+
+// CopyReleaseLogs copies the container logs of the release's pods on every node,
+// those of a crashed or partitioned node included (they are files of the node's
+// directory, read from this machine), into dst/<node>/<namespace>_<pod>_<uid>/
+// <container>/<n>.log. A crashed node's pods are gone from its kubelet once it boots
+// again and the pods' objects are deleted, and their logs with them: a benchmark keeps
+// them per run this way, while the node still has them.
+func (s *Sandbox) CopyReleaseLogs(dst string) error {
+	var errs []error
+	for _, kn := range s.Kube.Nodes {
+		src := filepath.Join(kn.Dir, "pod-logs")
+		pods, _ := filepath.Glob(filepath.Join(src, ReleaseNamespace+"_*"))
+		for _, pod := range pods {
+			err := filepath.WalkDir(pod, func(p string, d os.DirEntry, err error) error {
+				if err != nil || d.IsDir() || !strings.HasSuffix(p, ".log") {
+					return nil // a log rotated or removed meanwhile: the others still count
+				}
+				rel, err := filepath.Rel(src, p)
+				if err != nil {
+					return err
+				}
+				return copyFile(p, filepath.Join(dst, kn.Name, rel))
+			})
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return nil // gone meanwhile
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o644)
+}

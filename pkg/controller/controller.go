@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"net/http"
 	goruntime "runtime"
-	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -271,9 +270,9 @@ type Controller struct {
 	engine    *datamesh.Engine // keeps nothing between calls: shared by every worker
 	allocOnce onceErr
 	recorder  record.EventRecorder
-	// statusWritten: RV name → its resourceVersion before this controller's last
-	// status write, until the cache shows a newer one (behindOwnWrite).
-	statusWritten sync.Map
+	// volumeWrites and poolWrites: the status writes the caches have not shown yet.
+	volumeWrites ownWrites
+	poolWrites   ownWrites
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
 	disrupt disruption
 }

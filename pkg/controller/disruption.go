@@ -34,17 +34,28 @@ type disruption struct {
 // pass that finds every Lease expired and its end by the first that finds one renewed.
 func (d *disruption) observe(leases map[string]*coordinationv1.Lease, now time.Time) agentlease.Fleet {
 	silent, start := agentlease.Silent(leases, now)
+	if !silent {
+		return d.liveSeen(now)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	switch {
-	case silent:
-		if !d.fleet.Disrupted {
-			ctrl.Log.WithName("node-lifecycle").Info("every agent Lease has expired at once: a full disruption (the apiserver or the controller's connection to it is the likelier culprit); no node is declared lost until an agent renews",
-				"agents", len(leases), "since", start.UTC().Format(time.RFC3339))
-			agentsSilent.Set(1)
-		}
-		d.fleet = agentlease.Fleet{Disrupted: true, Start: start}
-	case d.fleet.Disrupted:
+	if !d.fleet.Disrupted {
+		ctrl.Log.WithName("node-lifecycle").Info("every agent Lease has expired at once: a full disruption (the apiserver or the controller's connection to it is the likelier culprit); no node is declared lost until an agent renews",
+			"agents", len(leases), "since", start.UTC().Format(time.RFC3339))
+		agentsSilent.Set(1)
+	}
+	d.fleet = agentlease.Fleet{Disrupted: true, Start: start}
+	return d.fleet
+}
+
+// liveSeen is observe for a pass that has seen one agent Lease live at now, which is
+// enough to know that not every agent is silent: a disruption that lasted ends. The
+// node-lifecycle pass of a node whose Lease was just renewed — the common case, one per
+// node every renew interval — so reads one Lease instead of all of them.
+func (d *disruption) liveSeen(now time.Time) agentlease.Fleet {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fleet.Disrupted {
 		d.fleet.Disrupted, d.fleet.End = false, now
 		ctrl.Log.WithName("node-lifecycle").Info("an agent renews again: the full disruption has ended; an agent still silent is declared lost a Lease duration and grace period from now",
 			"since", d.fleet.Start.UTC().Format(time.RFC3339), "ended", now.UTC().Format(time.RFC3339))

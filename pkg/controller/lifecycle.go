@@ -9,6 +9,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -76,13 +77,27 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 	if node == "" {
 		return ctrl.Result{}, nil
 	}
-	leases, err := c.leasesByNode(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
 	now := c.opts.Now()
-	fleet := c.disrupt.observe(leases, now)
-	lv := fleet.Judge(leases[node], now, c.opts.AgentGracePeriod)
+	own := &coordinationv1.Lease{}
+	if err := c.reader.Get(ctx, req.NamespacedName, own); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		own = nil
+	}
+	var fleet agentlease.Fleet
+	if agentlease.Judge(own, now, c.opts.AgentGracePeriod).Live {
+		fleet = c.disrupt.liveSeen(now)
+	} else {
+		// Only a Lease that is not live needs the others: whether every agent is
+		// silent at once decides how this one is judged.
+		leases, err := c.leasesByNode(ctx)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		fleet = c.disrupt.observe(leases, now)
+	}
+	lv := fleet.Judge(own, now, c.opts.AgentGracePeriod)
 	if !lv.Live {
 		for _, r := range c.volumesOnNode(ctx, node, false) {
 			c.wakeVolume(r.Name)

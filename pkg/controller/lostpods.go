@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/fencing"
 )
 
 // Freeing a lost node's pods (Options.DeleteLostPods, docs/controller.md,
@@ -199,12 +201,13 @@ func (c *Controller) meshvolVolumes(ctx context.Context, pod *corev1.Pod) ([]pod
 	return out, nil
 }
 
-// heldWithout says why volume rv is held without node: no replica on a live node
-// reports a Connected connection to a replica on node, and one such replica reports
-// quorum (DRBD's own verdict, recomputed when it lost the connection) under a datamesh
-// that runs DRBD with quorum on. "" when it is
-// not: then the lost node may still be part of a quorum that writes, and nothing of
-// it is deleted.
+// heldWithout says why volume rv is held without node, so that DRBD keeps node from
+// writing it: no replica on a live node reports a Connected connection to a replica on
+// node, and either one such replica reports quorum (DRBD's own verdict, recomputed when
+// it lost the connection) under a datamesh that runs DRBD with quorum on, or the
+// replicas on node cannot be quorate with whatever is not reported cut off from them
+// (fencedBySurvivors). "" when neither holds: then the lost node may still be part of a
+// quorum that writes, and nothing of it is deleted.
 func (c *Controller) heldWithout(ctx context.Context, rv, node string, leases map[string]*coordinationv1.Lease) (string, error) {
 	vol := &v1.ReplicatedVolume{}
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: rv}, vol); err != nil {
@@ -239,10 +242,85 @@ func (c *Controller) heldWithout(ctx context.Context, rv, node string, leases ma
 			quorate = s.Name + " on node " + s.Spec.NodeName
 		}
 	}
-	if quorate == "" {
-		return "", nil
+	if quorate != "" {
+		return fmt.Sprintf("volume %s holds quorum without it (replica %s)", rv, quorate), nil
 	}
-	return fmt.Sprintf("volume %s holds quorum without it (replica %s)", rv, quorate), nil
+	live := map[string]bool{} // replicas whose agent's Lease is live
+	for _, s := range rvrs.Items {
+		if s.Spec.NodeName != "" && s.Spec.NodeName != node && fleet.Judge(leases[s.Spec.NodeName], now, c.opts.AgentGracePeriod).Live {
+			live[s.Name] = true
+		}
+	}
+	if fenced, why := fencedBySurvivors(vol, rvrs.Items, node, live); fenced {
+		return fmt.Sprintf("volume %s: %s", rv, why), nil
+	}
+	return "", nil
+}
+
+// fencedBySurvivors says whether the members on node cannot be quorate, judged from
+// the datamesh and the survivors' reports (pkg/fencing): a 2D+1TB volume whose
+// Primary's node is lost has no quorate survivor until the lost member is
+// force-removed and q lowered (docs/drbd-quorum.md, "The members set"), yet the lost
+// D, one of two voters under q=2, cut off from the other D and the TieBreaker, cannot
+// be quorate either. live are the replicas whose agent's Lease is live; one of them
+// counts as cut off from node when its report names every member on node it connects
+// to, none of them Connected.
+//
+// The answer needs the q the lost node runs. It is given only while nothing in flight
+// changes q or the member set (attachments only), and only when every member on node
+// last reported running the last revision published before those attachments, or a
+// later one: every revision since then carries the datamesh's q, so that is the q the
+// lost node runs, whatever it applied after its last report. (A member that never
+// confirmed the last q change — the last step of its own join may complete without it
+// once it is lost, docs/datamesh.md — may run an older q, and gets no answer.)
+// Otherwise the survivors' own quorum decides, as before.
+func fencedBySurvivors(vol *v1.ReplicatedVolume, rvrs []v1.ReplicatedVolumeReplica, node string, live map[string]bool) (bool, string) {
+	since := vol.Status.DatameshRevision // the last revision before the attachments in flight
+	for _, t := range vol.Status.DatameshTransitions {
+		switch t.Type {
+		case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
+		default:
+			return false, ""
+		}
+		for _, st := range t.Steps {
+			if st.DatameshRevision > 0 {
+				since = min(since, st.DatameshRevision-1)
+			}
+		}
+	}
+	byName := map[string]*v1.ReplicatedVolumeReplica{}
+	for i := range rvrs {
+		byName[rvrs[i].Name] = &rvrs[i]
+	}
+	dm := vol.Status.Datamesh.Members
+	members := make([]fencing.Member, 0, len(dm))
+	for _, m := range dm {
+		fm := fencing.Member{Name: m.Name, Type: m.Type, Lost: m.NodeName == node}
+		r := byName[m.Name]
+		if fm.Lost && (r == nil || r.Status.DatameshRevision < since) {
+			return false, ""
+		}
+		if !fm.Lost && r != nil && r.Spec.NodeName == m.NodeName && live[r.Name] {
+			fm.CutOff = cutOffFrom(r, m.Type, dm, node)
+		}
+		members = append(members, fm)
+	}
+	return fencing.Check(members, int(vol.Status.Datamesh.Quorum))
+}
+
+// cutOffFrom: replica r (a member of type t) reports a connection to every member on
+// node it connects to, and none of them Connected.
+func cutOffFrom(r *v1.ReplicatedVolumeReplica, t v1.MemberType, members []v1.DatameshMember, node string) bool {
+	for _, m := range members {
+		if m.NodeName != node || !t.ConnectsToAllPeers() && !m.Type.ConnectsToAllPeers() {
+			continue
+		}
+		i := slices.IndexFunc(r.Status.Peers, func(p v1.PeerStatus) bool { return p.Name == m.Name })
+		if i < 0 || r.Status.Peers[i].ConnectionState == "Connected" {
+			return false
+		}
+	}
+	return true
 }
 
 // leasesByNode are the agent Leases by node name.

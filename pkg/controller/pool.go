@@ -54,7 +54,13 @@ func (c *Controller) allPools(ctx context.Context, _ client.Object) []reconcile.
 func (c *Controller) reconcilePool(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
 	rsp := &v1.ReplicatedStoragePool{}
 	if err := c.reader.Get(ctx, req.NamespacedName, rsp); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.poolWrites.forget(req.Name)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if c.poolWrites.behind(rsp.Name, rsp.ResourceVersion) {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
 	var nodes corev1.NodeList
 	if err := c.reader.List(ctx, &nodes); err != nil {
@@ -102,11 +108,15 @@ func (c *Controller) reconcilePool(ctx context.Context, req reconcile.Request) (
 		cond.Message += missingPrerequisites(eligible, byNode)
 	}
 	meta.SetStatusCondition(&want.Conditions, cond)
-	if !equality.Semantic.DeepEqual(&rsp.Status, want) {
-		if err := applyStatus(ctx, c.client, "ReplicatedStoragePool", rsp.Name, "", want); err != nil && !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, err
-		}
+	if equality.Semantic.DeepEqual(&rsp.Status, want) {
+		return ctrl.Result{}, nil
 	}
+	// Conditional on what the cache showed, so that a reconcile on a cache that has not
+	// seen the last write fails instead of sending the same status again.
+	if err := applyStatus(ctx, c.client, "ReplicatedStoragePool", rsp.Name, rsp.ResourceVersion, want); err != nil {
+		return ctrl.Result{}, ignoreStale(err)
+	}
+	c.poolWrites.wrote(rsp.Name, rsp.ResourceVersion)
 	return ctrl.Result{}, nil
 }
 

@@ -251,7 +251,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 	if v == nil || err != nil {
 		return ctrl.Result{}, err
 	}
-	if c.behindOwnWrite(v.rv) {
+	if c.volumeWrites.behind(v.rv.Name, v.rv.ResourceVersion) {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
 	if done, err := c.ensureFinalizers(ctx, v); done || err != nil {
@@ -324,7 +324,7 @@ func (c *Controller) observe(ctx context.Context, name string) (*volume, error) 
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: name}, rv); err != nil {
 		if apierrors.IsNotFound(err) {
 			c.alloc.Release(name)
-			c.statusWritten.Delete(name)
+			c.volumeWrites.forget(name)
 			return nil, nil
 		}
 		return nil, err
@@ -556,24 +556,8 @@ func (c *Controller) writeStatus(ctx context.Context, rv, work *v1.ReplicatedVol
 	if err := applyStatus(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, &work.Status); err != nil {
 		return err
 	}
-	c.statusWritten.Store(rv.Name, rv.ResourceVersion)
+	c.volumeWrites.wrote(rv.Name, rv.ResourceVersion)
 	return nil
-}
-
-// behindOwnWrite: the cache still shows the RV as it was before this controller's
-// last status write, so a reconcile on it would only compute that write again and
-// fail its resourceVersion precondition (a Conflict, a round trip for nothing). The
-// write's own watch event brings the next reconcile.
-func (c *Controller) behindOwnWrite(rv *v1.ReplicatedVolume) bool {
-	before, ok := c.statusWritten.Load(rv.Name)
-	if !ok {
-		return false
-	}
-	if before == rv.ResourceVersion {
-		return true
-	}
-	c.statusWritten.Delete(rv.Name)
-	return false
 }
 
 // summarize computes the phase, the Ready condition and the kubectl columns.

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,6 +165,63 @@ func TestLostNodePodDeleted(t *testing.T) {
 	t.Logf("Event on the pod: %s", r.freedEvent("Pod", pod.Name))
 	r.detach(vol, node)
 	r.must(r.c.RestartNode(node))
+	r.deleteVolume(vol)
+}
+
+// A crashed node's pod on a 2D+1TB volume attached there: the survivors (the
+// other Diskful and the TieBreaker) lose quorum about a second after the loss,
+// as on DRBD (docs/drbd-quorum.md, "The members set"), and regain it only once
+// the lost member is force-removed and q lowered. The pod does not wait for
+// that: both survivors report the lost node's connection down, and one voter
+// of two under q=2, cut off from the TieBreaker, cannot be quorate, so the pod
+// and its VolumeAttachment go on that (pkg/fencing), and the attachment then
+// moves to the other Diskful, which writes once the removal and q↓ are through.
+func TestLostNodePodDeleted2D1TB(t *testing.T) {
+	r := newRig(t)
+	vol := "lostpod-2d1tb"
+	r.volume(vol, r.class(1, 0, v1.TopologyIgnored), 1)
+	rv := r.ready(vol, 2*time.Minute)
+	var diskful []string
+	for _, m := range rv.Status.Datamesh.Members {
+		if m.Type == v1.MemberTypeDiskful {
+			diskful = append(diskful, m.NodeName)
+		}
+	}
+	a, b := diskful[0], diskful[1]
+	r.attach(vol, a)
+	pod, va := r.workload(vol, a)
+
+	crashed := time.Now()
+	r.must(r.c.CrashNode(a))
+	t.Cleanup(func() { _ = r.c.RestartNode(a) })
+	r.eventually("the lost node's pod and VolumeAttachment deleted", time.Minute, func() string {
+		if r.exists(pod) || r.exists(va) {
+			return fmt.Sprintf("pod there %v, VolumeAttachment there %v", r.exists(pod), r.exists(va))
+		}
+		return ""
+	})
+	freed := time.Since(crashed)
+	r.eventually("the Event on the pod", 10*time.Second, func() string {
+		if r.freedEvent("Pod", pod.Name) == "" {
+			return "no " + controller.EventPodFreed + " Event"
+		}
+		return ""
+	})
+	why := r.freedEvent("Pod", pod.Name)
+	t.Logf("crash of %s → pod and VolumeAttachment deleted in %s: %s", a, freed.Round(100*time.Millisecond), why)
+	if !strings.Contains(why, "cannot hold quorum") {
+		t.Fatalf("the pod was freed on %q, not on the survivors' reports that the lost replica cannot hold quorum", why)
+	}
+
+	// What Kubernetes does next: external-attacher releases the lost node's
+	// attachment (ControllerUnpublishVolume) and attaches the new pod's node.
+	r.must(client.IgnoreNotFound(r.cl.Delete(r.ctx, &v1.ReplicatedVolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: v1.AttachmentName(vol, a)}})))
+	r.requestAttach(vol, b)
+	r.attached(vol, b, 2*time.Minute)
+	r.eventually(vol+" writable on "+b, time.Minute, func() string { return r.quorate(vol, b) })
+	t.Logf("crash of %s → writable on %s in %s", a, b, time.Since(crashed).Round(100*time.Millisecond))
+	r.detach(vol, b)
+	r.must(r.c.RestartNode(a))
 	r.deleteVolume(vol)
 }
 
