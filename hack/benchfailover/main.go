@@ -95,6 +95,10 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	leases, err := sb.WatchLeaderLeases(wctx)
+	var agents func() []sandbox.LeaderRenewals
+	if err == nil {
+		agents, err = sb.WatchAgentLeases(wctx)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		if err := sb.Stop(); err != nil {
@@ -143,6 +147,7 @@ func bench(crashes, partitions int, classes []string, taint bool, goal time.Dura
 	}
 	rep.Finished = time.Now().UTC()
 	rep.Leases = leases()
+	rep.AgentLeases = agents()
 	// An open watch holds the apiserver's shutdown up.
 	stopWatch()
 	if err := rep.write(out); err != nil {

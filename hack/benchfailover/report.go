@@ -81,6 +81,8 @@ type report struct {
 	Runs           []run
 	// Leases is how each leader election's Lease was renewed over the runs.
 	Leases []sandbox.LeaderRenewals
+	// AgentLeases is how each agent's Lease was renewed over the runs.
+	AgentLeases []sandbox.LeaderRenewals
 }
 
 // leaderRole names a leader election of the release by what it elects.
@@ -243,6 +245,12 @@ func (rep *report) markdown(base string) string {
 	if len(rep.Leases) > 0 {
 		fmt.Fprintf(&b, "\nThe leader elections' Leases over the runs (the time between two renewals by one holder, which renews every retryPeriod and stops leading when no renewal succeeded for renewDeadline):\n\n")
 		for _, l := range rep.Leases {
+			fmt.Fprintf(&b, "- %s\n", l)
+		}
+	}
+	if len(rep.AgentLeases) > 0 {
+		fmt.Fprintf(&b, "\nThe agents' Leases over the runs (the time between two renewals by one agent, which renews every node.leaseRenewInterval; its node is lost when none reached the controller for node.leaseDuration + controller.nodeGracePeriod; a faulted node's agent renewing again counts as a new holder, not a gap):\n\n")
+		for _, l := range rep.AgentLeases {
 			fmt.Fprintf(&b, "- %s\n", l)
 		}
 	}

@@ -138,6 +138,21 @@ func (l *leaseLog) report() []LeaderRenewals {
 // namespace (every Lease there but the agents') until ctx ends; report says
 // what each showed so far.
 func (s *Sandbox) WatchLeaderLeases(ctx context.Context) (report func() []LeaderRenewals, err error) {
+	return s.watchLeases(ctx, func(name string) bool { return !strings.HasPrefix(name, v1.AgentLeasePrefix) })
+}
+
+// WatchAgentLeases follows the agents' Leases (one per node) the same way: how
+// long each agent took between two renewals, the figure to hold against the
+// Lease duration and the controller's grace period, past which its node is lost
+// (docs/controller.md, "Detection"). A node crashed or cut off shows as a new
+// holder when its agent renews again, not as a gap.
+func (s *Sandbox) WatchAgentLeases(ctx context.Context) (report func() []LeaderRenewals, err error) {
+	return s.watchLeases(ctx, func(name string) bool { return strings.HasPrefix(name, v1.AgentLeasePrefix) })
+}
+
+// watchLeases follows the Leases in the release's namespace whose name keep
+// accepts.
+func (s *Sandbox) watchLeases(ctx context.Context, keep func(name string) bool) (report func() []LeaderRenewals, err error) {
 	cs, err := kubernetes.NewForConfig(s.Kube.Env.Config)
 	if err != nil {
 		return nil, err
@@ -145,7 +160,7 @@ func (s *Sandbox) WatchLeaderLeases(ctx context.Context) (report func() []Leader
 	leases := cs.CoordinationV1().Leases(ReleaseNamespace)
 	var log leaseLog
 	see := func(l *coordinationv1.Lease) {
-		if strings.HasPrefix(l.Name, v1.AgentLeasePrefix) || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil {
+		if !keep(l.Name) || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil {
 			return
 		}
 		// A holder's identity can outlive its leadership (the sidecars'

@@ -170,16 +170,33 @@ func nonZero(d time.Duration) *time.Duration {
 }
 
 // CacheOptions restricts the cache's Secrets and Leases to the controller's namespace:
-// the controller reads no other Secret, and every agent Lease lives there.
+// the controller reads no other Secret, and every agent Lease lives there. The cache
+// keeps no managedFields (every write is an apply or a patch built afresh, never an
+// object read back), and of a Node only what the controller reads: its metadata and
+// spec (labels, cordon, taints), not the status a kubelet fills with images and
+// conditions — the largest objects in a cluster, and one per node.
 func CacheOptions(namespace string) cache.Options {
 	if namespace == "" {
 		namespace = v1.DefaultNamespace
 	}
 	only := map[string]cache.Config{namespace: {}}
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}:        {Namespaces: only},
-		&coordinationv1.Lease{}: {Namespaces: only},
-	}}
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:        {Namespaces: only},
+			&coordinationv1.Lease{}: {Namespaces: only},
+			&corev1.Node{}:          {Transform: nodeMetaAndSpec},
+		},
+	}
+}
+
+// nodeMetaAndSpec is the cache's transform of a Node: managedFields and status dropped.
+func nodeMetaAndSpec(o any) (any, error) {
+	if n, ok := o.(*corev1.Node); ok {
+		n.ManagedFields = nil
+		n.Status = corev1.NodeStatus{}
+	}
+	return o, nil
 }
 
 // NewManager builds a controller-runtime manager for cfg with the controller's

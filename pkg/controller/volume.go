@@ -150,15 +150,17 @@ func (c *Controller) read(ctx context.Context, rv *v1.ReplicatedVolume) (*volume
 	if err := c.readConfiguration(ctx, v); err != nil {
 		return nil, err
 	}
+	// Every node and Lease, read in place from the cache (never modified): a pass of
+	// one volume must not copy the whole cluster's nodes.
 	var nodes corev1.NodeList
-	if err := c.reader.List(ctx, &nodes); err != nil {
+	if err := c.reader.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for i := range nodes.Items {
 		v.nodes[nodes.Items[i].Name] = &nodes.Items[i]
 	}
 	var leases coordinationv1.LeaseList
-	if err := c.reader.List(ctx, &leases, client.InNamespace(c.opts.Namespace)); err != nil {
+	if err := c.reader.List(ctx, &leases, client.InNamespace(c.opts.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for i := range leases.Items {
