@@ -189,9 +189,10 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, o sandbox.FailoverOptions
 		}
 	}
 	slices.Sort(rr.Leaders)
+	faultAt := time.Now().UTC() // Failover injects the fault first
 	ferr := sb.Failover(ctx, r, 2*time.Minute)
 	rr.fill(r)
-	if err := sb.CopyReleaseLogs(logs); err != nil {
+	if err := keepLogs(sb, logs, faultAt, r); err != nil {
 		fmt.Fprintf(os.Stderr, "benchfailover: %s: keeping the logs: %v\n", o.Name, err)
 	}
 	if ferr != nil {
@@ -220,6 +221,24 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, o sandbox.FailoverOptions
 		}
 	}
 	return rr, nil
+}
+
+// keepLogs copies the release's container logs into dir, with run.txt: when the
+// fault came (this machine's clock, which the logs' stamps share) and the run's
+// milestones, to lay the logs against.
+func keepLogs(sb *sandbox.Sandbox, dir string, faultAt time.Time, r *sandbox.FailoverResult) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := sb.CopyReleaseLogs(dir); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "fault %s %s on %s, class %s, to %s\n", faultAt.Format(time.RFC3339Nano), r.Fault, r.From, r.Class, r.To)
+	for _, st := range r.Steps {
+		fmt.Fprintln(&b, st)
+	}
+	return os.WriteFile(filepath.Join(dir, "run.txt"), []byte(b.String()), 0o644)
 }
 
 // recoverNode puts a failed run's node back: healed or booted again, the
