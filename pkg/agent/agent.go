@@ -165,6 +165,9 @@ type Agent struct {
 	// standAloneTried: when each resource's StandAlone connections were last
 	// tried again (reconnectStandAlone).
 	standAloneTried map[string]time.Time
+	// staleQuorum: the resources whose diskless member shows quorum:no beside
+	// an UpToDate peer, and when it is recomputed next (recomputeStaleQuorum).
+	staleQuorum map[string]*staleQuorum
 	// unconfirmed: why each member that holds its volume's revision
 	// unconfirmed does so, as last logged (sayUnconfirmed).
 	unconfirmed *reasonLog
@@ -211,6 +214,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		collectNow: make(chan struct{}, 1),
 
 		standAloneTried: map[string]time.Time{},
+		staleQuorum:     map[string]*staleQuorum{},
 		unconfirmed:     newReasonLog(),
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)

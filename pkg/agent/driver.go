@@ -88,6 +88,10 @@ func (t deadlineDriver) FailIOWithoutQuorum(ctx context.Context, name string) er
 	return t.run(ctx, func(ctx context.Context) error { return t.d.FailIOWithoutQuorum(ctx, name) })
 }
 
+func (t deadlineDriver) RecomputeQuorum(ctx context.Context, name string, q drbd.Quorum) error {
+	return t.run(ctx, func(ctx context.Context) error { return t.d.RecomputeQuorum(ctx, name, q) })
+}
+
 func (t deadlineDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return t.run(ctx, func(ctx context.Context) error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }

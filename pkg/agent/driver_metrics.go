@@ -85,6 +85,10 @@ func (t timedDriver) FailIOWithoutQuorum(ctx context.Context, name string) error
 	return t.run("resource-options", func() error { return t.d.FailIOWithoutQuorum(ctx, name) })
 }
 
+func (t timedDriver) RecomputeQuorum(ctx context.Context, name string, q drbd.Quorum) error {
+	return t.run("resource-options", func() error { return t.d.RecomputeQuorum(ctx, name, q) })
+}
+
 func (t timedDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return t.run("forget-peer", func() error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }

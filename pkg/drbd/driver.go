@@ -59,6 +59,20 @@ type Driver interface {
 	// request with an error while it has no quorum under io-error). Only
 	// that option changes; the configuration file is left as it is.
 	FailIOWithoutQuorum(ctx context.Context, name string) error
+	// RecomputeQuorum makes DRBD compute the resource's quorum afresh:
+	// `drbdsetup resource-options <name> --quorum=<q±1>`, then `--quorum=<q>`,
+	// where q is the explicit count the resource runs with. DRBD 9.2 computes
+	// quorum only in a state change that changes something, and a state
+	// change of the option forces one (drbd_main.c set_resource_options,
+	// CS_FORCE_RECALC). A node without a disk is quorate through a connected
+	// UpToDate peer whose last state report said it has quorum, and a report
+	// that changes only that is no state change: the node shows quorum:no
+	// until something else changes (docs/drbd-quorum.md, "A peer's quorum
+	// reaches a diskless node late"). The intermediate count must decide as q
+	// does: callers use it where no node can count that many votes (a
+	// diskless member's q=32). Only the quorum option changes; the
+	// configuration file is left as it is.
+	RecomputeQuorum(ctx context.Context, name string, q Quorum) error
 	ForgetPeer(ctx context.Context, name string, peerNodeID int) error
 	Verify(ctx context.Context, name string, peerNodeID int) error
 	// Status is `drbdsetup status --json --verbose --statistics <name>`;

@@ -377,6 +377,24 @@ func (d *ExecDriver) FailIOWithoutQuorum(ctx context.Context, name string) error
 	return err
 }
 
+// RecomputeQuorum sets the quorum option to a neighbouring count and back
+// with drbdsetup (see Driver); each change is a state change of its own.
+func (d *ExecDriver) RecomputeQuorum(ctx context.Context, name string, q Quorum) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	via, err := q.Neighbour()
+	if err != nil {
+		return err
+	}
+	for _, v := range []Quorum{via, q} {
+		if _, err := d.setup(ctx, "resource-options", name, "--quorum="+v.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (d *ExecDriver) setup(ctx context.Context, args ...string) (Result, error) {
 	return d.run(ctx, d.cfg.Timeout, append([]string{d.cfg.Drbdsetup}, args...)...)
 }

@@ -39,6 +39,19 @@ func (q Quorum) IsCount() (int, bool) {
 	return 0, false
 }
 
+// Neighbour is the explicit count next to q (q-1, or 2 for q=1), for
+// RecomputeQuorum. A q that is not a count has none.
+func (q Quorum) Neighbour() (Quorum, error) {
+	k, ok := q.IsCount()
+	if !ok {
+		return 0, fmt.Errorf("quorum %s: recomputing quorum needs an explicit count 1..%d", q, MaxQuorumCount)
+	}
+	if k == 1 {
+		return QuorumCount(2), nil
+	}
+	return QuorumCount(k - 1), nil
+}
+
 // Valid reports whether q is one of the values DRBD accepts.
 func (q Quorum) Valid() bool {
 	_, isCount := q.IsCount()

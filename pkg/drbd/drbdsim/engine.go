@@ -217,15 +217,25 @@ func (c *Cluster) settleOnce() {
 			if view == r.quorumView {
 				continue
 			}
-			r.quorumView = view
+			flagsOnly := c.quorumBasis(r) == r.quorumBasis
+			c.noteQuorumView(r)
 			q := c.computeQuorum(r)
-			if q.Quorate != r.quorate {
-				r.quorate = q.Quorate
+			if flagsOnly && q.Quorate && !r.quorate {
+				// Only a peer's report of its own quorum changed: DRBD sets
+				// the peer's quorate flag (drbd_receiver.c receive_state,
+				// PEER_QUORATE) in a state change that changes nothing else,
+				// which try_state_change ends as SS_NOTHING_TO_DO before
+				// sanitize_state computes quorum (drbd_state.c). A node
+				// without a disk that gains quorum only through that report
+				// keeps showing quorum:no until its next real state change
+				// or a forced recompute (RecomputeQuorum): test/vm/FINDINGS.md,
+				// "The product on real DRBD", 13. The loss the same code
+				// leaves stale (quorum:yes after the peer reported no) was
+				// not observed on DRBD and is not modelled.
+				continue
+			}
+			if r.showQuorum(q.Quorate) {
 				changed = true
-				r.publish()
-				if !q.Quorate && r.role == rolePrimary {
-					r.helper("quorum-lost", true)
-				}
 			}
 		}
 		if !changed {
@@ -328,7 +338,7 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 	for _, x := range []*resource{r, pr} {
 		x.publishOnly(onlyPaths)
 		x.quorate = c.computeQuorum(x).Quorate
-		x.quorumView = c.quorumView(x)
+		c.noteQuorumView(x)
 		x.publish()
 	}
 	c.pending = append(c.pending, r)
@@ -460,12 +470,12 @@ func (c *Cluster) lose(r *resource, k *conn, how string) {
 	if how == connTearDown {
 		// A graceful departure is the peer's state change, not ours: the
 		// displayed quorum is not recomputed (it may go stale).
-		r.quorumView = c.quorumView(r)
+		c.noteQuorumView(r)
 	} else {
 		q := c.computeQuorum(r)
 		lost = r.quorate && !q.Quorate
 		r.quorate = q.Quorate
-		r.quorumView = c.quorumView(r)
+		c.noteQuorumView(r)
 	}
 	// DRBD's order: the state change (connection, device, peer-device),
 	// the quorum-lost helper, the path, the disconnected helper.
@@ -865,6 +875,42 @@ func (n *Node) QuorumView(name string) string {
 func (c *Cluster) quorumView(r *resource) string {
 	in := c.quorumInput(r)
 	return fmt.Sprint(in.Quorum, in.MinRedundancy, in.Self, in.Peers)
+}
+
+// quorumBasis is quorumView without the connected peers' reports of their own
+// quorum: what a state change of r's own would show as changed.
+func (c *Cluster) quorumBasis(r *resource) string {
+	in := c.quorumInput(r)
+	for i := range in.Peers {
+		in.Peers[i].Quorate = false
+	}
+	return fmt.Sprint(in.Quorum, in.MinRedundancy, in.Self, in.Peers)
+}
+
+// forceQuorumRecompute is a state change that computes r's quorum whatever
+// else changes (DRBD's CS_FORCE_RECALC).
+func (c *Cluster) forceQuorumRecompute(r *resource) {
+	c.noteQuorumView(r)
+	r.showQuorum(c.computeQuorum(r).Quorate)
+}
+
+// showQuorum makes quorate the quorum r shows, with the events of the change
+// and a Primary's quorum-lost helper; it reports whether anything changed.
+func (r *resource) showQuorum(quorate bool) bool {
+	if quorate == r.quorate {
+		return false
+	}
+	r.quorate = quorate
+	r.publish()
+	if !quorate && r.role == rolePrimary {
+		r.helper("quorum-lost", true)
+	}
+	return true
+}
+
+// noteQuorumView records the view r's displayed quorum now stands for.
+func (c *Cluster) noteQuorumView(r *resource) {
+	r.quorumView, r.quorumBasis = c.quorumView(r), c.quorumBasis(r)
 }
 
 func (c *Cluster) quorumInput(r *resource) quorum.Input {

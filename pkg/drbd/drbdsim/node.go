@@ -739,7 +739,7 @@ func (c *Cluster) disconnect(r *resource, k *conn) {
 	k.peerQuorate = false
 	k.rsTotal = 0
 	r.quorate = c.computeQuorum(r).Quorate
-	r.quorumView = c.quorumView(r)
+	c.noteQuorumView(r)
 	r.publishOnly(allButPath)
 	r.publishOnly(onlyPaths)
 	r.peerHelper(k, "disconnected")
@@ -821,6 +821,31 @@ func (n *Node) FailIOWithoutQuorum(ctx context.Context, name string) error {
 	}
 	r.cfg.Options.Resource.OnNoQuorum = drbd.OnNoQuorumIOError
 	n.c.settleResource(name)
+	return nil
+}
+
+// RecomputeQuorum is `drbdsetup resource-options <name> --quorum=<q±1>`,
+// then `--quorum=<q>` (drbd.Driver): each change of the option is a state
+// change that computes quorum afresh (drbd_main.c set_resource_options,
+// CS_FORCE_RECALC), with the peers' last reports of their own quorum.
+func (n *Node) RecomputeQuorum(ctx context.Context, name string, q drbd.Quorum) error {
+	via, err := q.Neighbour()
+	if err != nil {
+		return err
+	}
+	if err := n.begin(ctx, "resource-options", name, "--quorum="+via.String()); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r := n.res[name]
+	if r == nil {
+		return unknownRes("resource-options", name)
+	}
+	for _, v := range []drbd.Quorum{via, q} {
+		r.cfg.Options.Resource.Quorum = v
+		n.c.forceQuorumRecompute(r)
+		n.c.settleResource(name)
+	}
 	return nil
 }
 

@@ -185,6 +185,8 @@ type resource struct {
 	quorate bool
 	// quorumView: the view quorate was last computed from (quorumView()).
 	quorumView string
+	// quorumBasis: quorumView without the peers' quorate flags (quorumBasis()).
+	quorumBasis string
 	// members: node-ids reachable at the last cluster-wide agreement this
 	// node took part in while quorate (docs/drbd-quorum.md).
 	members map[int]bool

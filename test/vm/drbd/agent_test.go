@@ -116,6 +116,8 @@ func (a *agent) call(w http.ResponseWriter, r *http.Request) {
 		err = a.d.ResumeIO(ctx, req.Name)
 	case "FailIOWithoutQuorum":
 		err = a.d.FailIOWithoutQuorum(ctx, req.Name)
+	case "RecomputeQuorum":
+		err = a.d.RecomputeQuorum(ctx, req.Name, req.Quorum)
 	case "ForgetPeer":
 		err = a.d.ForgetPeer(ctx, req.Name, req.PeerNodeID)
 	case "Verify":

@@ -67,6 +67,15 @@ func (a *agent) nodeStart(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintln(w, "started")
 }
 
+// The guests' agent Leases as the chart sets them (deploy/meshvol.yaml:
+// --lease-duration 6s, --lease-renew-interval 2s), and the controller's grace
+// after them (product_test.go, startController).
+const (
+	productLease = 6 * time.Second
+	productRenew = 2 * time.Second
+	productGrace = 10 * time.Second
+)
+
 func (p *nodeProc) start(name, kubeconfig string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -78,7 +87,8 @@ func (p *nodeProc) start(name, kubeconfig string) error {
 	// TestProductNodeCheck waits for once the module is loaded.
 	cmd := exec.Command(meshvolBinary, "node", "--node-name", name, "--kubeconfig", kubeconfig,
 		"--csi-endpoint", "unix://"+guestCSISocket, "--metrics-bind-address", "0", "-v", "1",
-		"--prerequisite-check-interval", productCheckInterval.String())
+		"--prerequisite-check-interval", productCheckInterval.String(),
+		"--lease-duration", productLease.String(), "--lease-renew-interval", productRenew.String())
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return err

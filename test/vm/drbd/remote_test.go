@@ -128,6 +128,10 @@ func (r *remote) FailIOWithoutQuorum(ctx context.Context, name string) error {
 	return r.simple(ctx, callReq{Method: "FailIOWithoutQuorum", Name: name})
 }
 
+func (r *remote) RecomputeQuorum(ctx context.Context, name string, q drbd.Quorum) error {
+	return r.simple(ctx, callReq{Method: "RecomputeQuorum", Name: name, Quorum: q})
+}
+
 func (r *remote) ForgetPeer(ctx context.Context, name string, peerNodeID int) error {
 	return r.simple(ctx, callReq{Method: "ForgetPeer", Name: name, PeerNodeID: peerNodeID})
 }

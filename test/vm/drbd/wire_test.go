@@ -31,6 +31,7 @@ type callReq struct {
 	Force      drbd.ForceReason
 	MaxPeers   int
 	PeerNodeID int
+	Quorum     drbd.Quorum
 }
 
 // callResp is a method's result.
