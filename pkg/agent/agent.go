@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -104,8 +105,10 @@ type Config struct {
 	// again with adjust. Default 30 s.
 	StandAloneRetryInterval time.Duration
 	// GCInterval is how often orphaned resources and volumes are looked for.
-	// Default 1 min.
-	GCInterval time.Duration
+	// Default 1 min. A pass is skipped while nothing it reads has changed since
+	// a pass that found nothing (runGC), up to GCFullInterval (default 10 min).
+	GCInterval     time.Duration
+	GCFullInterval time.Duration
 	// MetricsAddr serves Prometheus metrics; "" or "0" disables them.
 	MetricsAddr string
 
@@ -136,6 +139,7 @@ func (c *Config) defaults() error {
 	def(&c.ProgressInterval, 5*time.Second)
 	def(&c.RetryInterval, 2*time.Second)
 	def(&c.GCInterval, time.Minute)
+	def(&c.GCFullInterval, 10*time.Minute)
 	def(&c.StandAloneRetryInterval, 30*time.Second)
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = "0"
@@ -171,14 +175,29 @@ type Agent struct {
 	// unconfirmed: why each member that holds its volume's revision
 	// unconfirmed does so, as last logged (sayUnconfirmed).
 	unconfirmed *reasonLog
+	// held: the replicas whose report is held back, and what it says (holdBack).
+	held map[types.UID]heldReport
+	// released: the deleted replicas (name → UID) whose finalizer this agent has
+	// released, until the cache shows them gone (releaseReplica).
+	released map[string]types.UID
 
 	// downs spaces out the take-downs refused while a device is held open.
 	downs *takeDownGate
 	// collectNow asks the collector for a pass now: a replica of this node
 	// is gone, and what it ran may be left to take down.
 	collectNow chan struct{}
+	// changes counts what may leave something for the collector: the kernel's
+	// changes, the reconciles of replicas, backing volumes created or deleted
+	// (runGC skips a pass while it stands still).
+	changes atomic.Uint64
 
 	poolMetrics poolStats // the pools' last measured capacity, for metrics.go
+}
+
+// heldReport: since when a report of what was held back (holdBack).
+type heldReport struct {
+	what  string
+	since time.Time
 }
 
 type writtenStatus struct {
@@ -216,6 +235,8 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		standAloneTried: map[string]time.Time{},
 		staleQuorum:     map[string]*staleQuorum{},
 		unconfirmed:     newReasonLog(),
+		held:            map[types.UID]heldReport{},
+		released:        map[string]types.UID{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {
@@ -327,6 +348,7 @@ func (a *Agent) runObserver(ctx context.Context, kernel chan<- event.TypedGeneri
 	go func() {
 		defer close(done)
 		for c := range a.obs.Changes() {
+			a.changes.Add(1)
 			select {
 			case kernel <- event.TypedGenericEvent[string]{Object: c.Resource}:
 			case <-ctx.Done():

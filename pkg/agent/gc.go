@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,6 +26,15 @@ import (
 // a node back from a partition learns so only now), and again when the
 // take-down of a resource was refused, once it may be tried again (the
 // device of a stale Primary stays held until its pod is gone).
+//
+// A pass reads every replica, resource and backing volume of the node, so a
+// pass every GCInterval would cost an idle node work in proportion to its
+// replicas. A pass whose inputs have not changed since the last one found
+// nothing to do finds nothing again, so the clock's pass is skipped when
+// neither the kernel (an Observer change), nor the replicas (a reconcile, which
+// every replica event comes with, or a backing volume created or deleted),
+// nor the pools have changed since (a.changes, collectInputs); a full pass
+// still runs every GCFullInterval, in case a change came by a way not counted.
 func (a *Agent) runGC(ctx context.Context) error {
 	if !a.cache.WaitForCacheSync(ctx) {
 		return nil
@@ -31,7 +42,8 @@ func (a *Agent) runGC(ctx context.Context) error {
 	due := time.Now()
 	t := time.NewTimer(0)
 	defer t.Stop()
-	var last time.Time
+	var last, lastPass time.Time
+	var clean *collectInputs // the inputs of the last pass, when it found nothing to do
 	for {
 		select {
 		case <-ctx.Done():
@@ -48,14 +60,53 @@ func (a *Agent) runGC(ctx context.Context) error {
 		}
 		last = time.Now()
 		next := a.cfg.GCInterval
-		if !a.obs.Synced() {
+		in := a.collectInputs(ctx)
+		switch {
+		case !a.obs.Synced():
 			next = min(next, collectSpacing)
-		} else if retry := a.collect(ctx); retry > 0 {
-			next = min(next, retry)
+			clean = nil
+		case clean != nil && *clean == in && last.Sub(lastPass) < a.cfg.GCFullInterval:
+			// Nothing changed since a pass that found nothing to do.
+		default:
+			lastPass = last
+			collectorPasses.Inc()
+			retry, acted := a.collect(ctx)
+			clean = nil
+			switch {
+			case retry > 0:
+				next = min(next, retry)
+			case !acted: // what a pass takes down or deletes is a change of its own
+				clean = &in
+			}
 		}
 		due = last.Add(next)
 		t.Reset(next)
 	}
+}
+
+// collectInputs is what a collector pass depends on, cheaply: how many changes of the
+// kernel and of the replicas the agent has seen, and the pools' specs (generations: a
+// status the controller writes as capacity drifts is no change to the collector).
+type collectInputs struct {
+	changes uint64
+	pools   string
+}
+
+// collectInputs reads the inputs before a pass: a change counted after it is seen by
+// the next one.
+func (a *Agent) collectInputs(ctx context.Context) collectInputs {
+	in := collectInputs{changes: a.changes.Load()}
+	var rsps v1.ReplicatedStoragePoolList
+	if err := a.cache.List(ctx, &rsps, client.UnsafeDisableDeepCopy); err != nil {
+		in.pools = "unknown: " + err.Error()
+		return in
+	}
+	var b strings.Builder
+	for i := range rsps.Items {
+		b.WriteString(rsps.Items[i].Name + "@" + strconv.FormatInt(rsps.Items[i].Generation, 10) + " ")
+	}
+	in.pools = b.String()
+	return in
 }
 
 // collectSpacing is the least time between two collector passes asked for
@@ -76,7 +127,8 @@ func (a *Agent) requestCollect() {
 // cache, so a replica created meanwhile is never mistaken for a missing one.
 // It returns when to look again for a take-down that was refused, 0 if
 // none was.
-func (a *Agent) collect(ctx context.Context) (retry time.Duration) {
+// acted says whether it took anything down or deleted anything.
+func (a *Agent) collect(ctx context.Context) (retry time.Duration, acted bool) {
 	// The event stream's view of the kernel, not `drbdsetup status all`: the
 	// collector runs only while the Observer is synced, and a resource the
 	// stream has not shown yet was created for a replica already in the cache.
@@ -88,7 +140,7 @@ func (a *Agent) collect(ctx context.Context) (retry time.Duration) {
 	var pools []poolVols
 	var rsps v1.ReplicatedStoragePoolList
 	if err := a.cache.List(ctx, &rsps); err != nil {
-		return 0
+		return 0, false
 	}
 	for i := range rsps.Items {
 		p, err := a.providerFor(&rsps.Items[i])
@@ -105,7 +157,7 @@ func (a *Agent) collect(ctx context.Context) (retry time.Duration) {
 	var rvrs v1.ReplicatedVolumeReplicaList
 	// Read only, without copies: the sweep reads every replica of the node.
 	if err := a.cache.List(ctx, &rvrs, client.MatchingLabels{v1.LabelNode: a.cfg.NodeName}, client.UnsafeDisableDeepCopy); err != nil {
-		return 0
+		return 0, false
 	}
 	volumes, replicas := map[string]bool{}, map[string]bool{}
 	for i := range rvrs.Items {
@@ -121,6 +173,7 @@ func (a *Agent) collect(ctx context.Context) (retry time.Duration) {
 			continue
 		}
 		a.log.Info("gc: no replica of this node owns DRBD resource; taking it down", "resource", r)
+		acted = true
 		if err := a.takeDown(ctx, r); err != nil {
 			a.log.Error(err, "gc: taking down", "resource", r)
 			retry = minRetry(retry, retryAfter(err, 0))
@@ -136,6 +189,7 @@ func (a *Agent) collect(ctx context.Context) (retry time.Duration) {
 				continue
 			}
 			a.log.Info("gc: no replica owns backing volume; deleting it", "pool", pv.name, "replica", replica)
+			acted = true
 			if err := p.Delete(ctx, replica); err != nil {
 				a.log.Error(err, "gc: deleting backing volume", "replica", replica)
 				continue
@@ -143,7 +197,7 @@ func (a *Agent) collect(ctx context.Context) (retry time.Duration) {
 			a.markCapacity()
 		}
 	}
-	return retry
+	return retry, acted
 }
 
 // minRetry is the sooner of two retries, 0 meaning none.

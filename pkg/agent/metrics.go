@@ -31,10 +31,14 @@ var (
 		Name: "meshvol_agent_drbd_command_failures_total",
 		Help: "DRBD commands of the node agent that returned an error (including a timeout), by command.",
 	}, []string{"command"})
+	collectorPasses = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "meshvol_agent_collector_passes_total",
+		Help: "Passes of the node agent's collector of orphaned DRBD resources and backing volumes that read every replica, resource and backing volume of the node (a pass with nothing changed since the last is skipped).",
+	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(drbdCommandSeconds, drbdCommandFailures)
+	metrics.Registry.MustRegister(drbdCommandSeconds, drbdCommandFailures, collectorPasses)
 }
 
 // observeCommand records one DRBD command's duration and outcome. The failure counter

@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd"
@@ -42,14 +43,24 @@ type step struct {
 }
 
 func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	a.changes.Add(1)
 	rvr := &v1.ReplicatedVolumeReplica{}
 	if err := a.cache.Get(ctx, req.NamespacedName, rvr); err != nil {
 		if apierrors.IsNotFound(err) {
 			// Gone: whatever it ran here is no replica's now (runGC).
 			a.requestCollect()
 			a.unconfirmed.forget(req.Name)
+			a.mu.Lock()
+			delete(a.released, req.Name)
+			a.mu.Unlock()
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	a.mu.Lock()
+	released := a.released[rvr.Name] == rvr.UID
+	a.mu.Unlock()
+	if released {
+		return ctrl.Result{}, nil // torn down and its finalizer released: its deletion event comes next
 	}
 	if rvr.Spec.NodeName != a.cfg.NodeName {
 		return ctrl.Result{}, nil // labelled for this node but placed elsewhere: not ours
@@ -77,7 +88,7 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		// a write per replica of every volume formed, saved.
 		return ctrl.Result{}, nil
 	}
-	after, err := a.writeStatus(ctx, rvr, s.st, awaitsDayZero(rv, &s.st))
+	after, err := a.writeStatus(ctx, rvr, s.st, reportPacing{dayZero: awaitsDayZero(rv, &s.st), goingAway: goingAway(rv)})
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -635,6 +646,24 @@ func awaitsDayZero(rv *v1.ReplicatedVolume, st *v1.ReplicatedVolumeReplicaStatus
 	return rv != nil && rv.Spec.DataSource == nil && formationActive(rv) && st.DiskState == v1.DiskStateInconsistent
 }
 
+// goingAway: rv is being deleted and nothing of it is attached, so its teardown comes
+// next (docs/controller.md, "Deletion"). As the members take their resources down, each
+// sees its peers go, and its replica deleted (which moves its generation), before its
+// own cache shows the teardown: such reports are held back (holdBack), and usually the
+// teardown comes first and makes them unread (tornDown). A revision confirmed is
+// reported at once.
+func goingAway(rv *v1.ReplicatedVolume) bool {
+	if rv == nil || rv.DeletionTimestamp == nil {
+		return false
+	}
+	for _, m := range rv.Status.Datamesh.Members {
+		if m.Attached {
+			return false
+		}
+	}
+	return true
+}
+
 func formationActive(rv *v1.ReplicatedVolume) bool {
 	for _, t := range rv.Status.DatameshTransitions {
 		if t.Type == v1.TransitionFormation {
@@ -885,18 +914,31 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 	a.mu.Lock()
 	delete(a.volumes, rvr.UID)
 	delete(a.written, rvr.UID)
+	delete(a.held, rvr.UID)
 	delete(a.freed, rvr.UID)
 	a.mu.Unlock()
-	if !controllerutil.ContainsFinalizer(rvr, v1.FinalizerAgent) {
+	i := slices.Index(rvr.Finalizers, v1.FinalizerAgent)
+	if i < 0 {
 		return nil
 	}
-	// A JSON merge patch of metadata.finalizers with the resourceVersion as a
-	// precondition: the list is replaced whole, so it must be the list we read.
-	patched := rvr.DeepCopy()
-	controllerutil.RemoveFinalizer(patched, v1.FinalizerAgent)
-	if err := a.client.Patch(ctx, patched, client.MergeFromWithOptions(rvr, client.MergeFromWithOptimisticLock{})); err != nil {
+	// A JSON patch that removes this entry of metadata.finalizers only if it is
+	// still the agent's (test): no one else's finalizer is touched, and a status
+	// written meanwhile (which moves the resourceVersion) does not refuse it.
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": fmt.Sprintf("/metadata/finalizers/%d", i), "value": v1.FinalizerAgent},
+		{"op": "remove", "path": fmt.Sprintf("/metadata/finalizers/%d", i)},
+	})
+	if err != nil {
+		return err
+	}
+	if err := a.client.Patch(ctx, rvr.DeepCopy(), client.RawPatch(types.JSONPatchType, patch)); err != nil {
 		return client.IgnoreNotFound(err)
 	}
+	// Until the cache shows the replica gone, a reconcile of it would release it
+	// again: a request refused for nothing (reconcile, released).
+	a.mu.Lock()
+	a.released[rvr.Name] = rvr.UID
+	a.mu.Unlock()
 	a.log.Info("replica torn down; finalizer released", "replica", rvr.Name)
 	return nil
 }
@@ -941,7 +983,7 @@ func (a *Agent) fillKernel(ctx context.Context, st *v1.ReplicatedVolumeReplicaSt
 // what this agent last wrote. A change in resync progress alone waits until
 // ProgressInterval has passed since the last write; the returned duration
 // says when to come back for it.
-func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus, peersAreProgress bool) (time.Duration, error) {
+func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, st v1.ReplicatedVolumeReplicaStatus, pace reportPacing) (time.Duration, error) {
 	if sameStatus(st, rvr.Status) {
 		return 0, nil
 	}
@@ -952,8 +994,19 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 		return 0, nil
 	}
 	progress := withoutProgress
-	if peersAreProgress {
+	if pace.dayZero || pace.goingAway {
 		progress = withoutPeers
+	}
+	switch {
+	case pace.dayZero && st.DatameshRevision > rvr.Status.DatameshRevision:
+		// holdBack: a day-0 member's confirmation while its disk is Inconsistent.
+		if wait := a.holdBack(rvr.UID, "revision "+strconv.FormatInt(st.DatameshRevision, 10)); wait > 0 {
+			return wait, nil
+		}
+	case pace.goingAway && sameStatus(withoutPeersOrGeneration(st), withoutPeersOrGeneration(rvr.Status)):
+		if wait := a.holdBack(rvr.UID, "going away"); wait > 0 {
+			return wait, nil
+		}
 	}
 	if ok && sameStatus(progress(st), progress(last.status)) {
 		if wait := a.cfg.ProgressInterval - time.Since(last.at); wait > 0 {
@@ -976,8 +1029,42 @@ func (a *Agent) writeStatus(ctx context.Context, rvr *v1.ReplicatedVolumeReplica
 	}
 	a.mu.Lock()
 	a.written[rvr.UID] = writtenStatus{status: st, at: time.Now()}
+	delete(a.held, rvr.UID)
 	a.mu.Unlock()
 	return 0, nil
+}
+
+// reportPacing says which of a replica's reports may wait (writeStatus).
+type reportPacing struct {
+	// dayZero: a Diskful member of a day-0 formation whose disk is still
+	// Inconsistent (awaitsDayZero).
+	dayZero bool
+	// goingAway: a member of a deleted volume whose teardown comes next (goingAway).
+	goingAway bool
+}
+
+// holdBack says how long to hold back a report of what, up to ProgressInterval from
+// the first time the agent had it to send (docs/controller.md, "Write budget"):
+//
+//   - A day-0 member's confirmation of the formation's revision while its disk is still
+//     Inconsistent. The day-0 clear needs nothing from the controller (the lowest member
+//     decides from its own kernel's connections, dayZero), and the formation's next step
+//     waits for every disk UpToDate anyway, so the confirmation alone moves nothing:
+//     held, it goes out with the UpToDate that follows within a second or two, one
+//     write per member instead of two, and the controller completes both formation
+//     steps in one status write. A formation whose clear does not come shows the
+//     confirmed revision within ProgressInterval, as resync progress does.
+//   - A report of a deleted, unattached volume's member that moves only its peers or
+//     its observed generation: its teardown is next and makes the report unread.
+func (a *Agent) holdBack(uid types.UID, what string) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h, ok := a.held[uid]
+	if !ok || h.what != what {
+		h = heldReport{what: what, since: time.Now()}
+		a.held[uid] = h
+	}
+	return a.cfg.ProgressInterval - time.Since(h.since)
 }
 
 func (a *Agent) addressStrings() []string {
@@ -990,6 +1077,7 @@ func (a *Agent) addressStrings() []string {
 }
 
 func (a *Agent) markCapacity() {
+	a.changes.Add(1)
 	a.mu.Lock()
 	a.capDirty = true
 	a.mu.Unlock()

@@ -132,6 +132,13 @@ func withoutPeers(st v1.ReplicatedVolumeReplicaStatus) v1.ReplicatedVolumeReplic
 	return st
 }
 
+// withoutPeersOrGeneration blanks the peers and the observed generation (goingAway).
+func withoutPeersOrGeneration(st v1.ReplicatedVolumeReplicaStatus) v1.ReplicatedVolumeReplicaStatus {
+	st = withoutPeers(st)
+	st.ObservedGeneration = 0
+	return st
+}
+
 // applyBody is the server-side apply request body for an RVR's status: only
 // the fields the agent owns. Leaving a field out hands it back (deletes it),
 // which is how a field that no longer applies disappears.

@@ -287,7 +287,8 @@ type Controller struct {
 	engine    *datamesh.Engine // keeps nothing between calls: shared by every worker
 	allocOnce onceErr
 	recorder  record.EventRecorder
-	// volumeWrites and poolWrites: the status writes the caches have not shown yet.
+	// volumeWrites and poolWrites: the status writes the caches have not shown yet
+	// (and, for a volume, the release of its finalizer).
 	volumeWrites ownWrites
 	poolWrites   ownWrites
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -65,16 +66,21 @@ func (c *Controller) deletionCondition(v *volume, work *v1.ReplicatedVolume) {
 
 // tearDown runs steps 2 to 4 above once nothing is attached.
 func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (ctrl.Result, error) {
+	if len(v.rvrs) == 0 {
+		// No replica is left, so no agent reads the datamesh, and the volume goes with
+		// its finalizer: a status written now (the replicas gone from its summary) would
+		// go with it, and would move the resourceVersion that the finalizer's release is
+		// conditional on, failing it once more (docs/controller.md, "Write budget").
+		return ctrl.Result{}, c.releaseVolume(ctx, v.rv)
+	}
 	c.tearDownDatamesh(work)
 	var pending []string
 	for _, r := range v.rvrs {
 		pending = append(pending, r.Name)
 	}
 	sort.Strings(pending)
-	if len(pending) > 0 {
-		v.setCondition(work, v1.ConditionDeleting, true, reasonWaitingReplicas,
-			"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
-	}
+	v.setCondition(work, v1.ConditionDeleting, true, reasonWaitingReplicas,
+		"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	c.summarize(v, work, v.rvrs, "")
 	var requeue time.Duration
 	if wait := progressWait(v.rv, work, v.now); wait > 0 {
@@ -97,10 +103,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
 		return ctrl.Result{}, err
 	}
-	if len(pending) > 0 {
-		return ctrl.Result{RequeueAfter: requeue}, nil // the replicas' deletion brings the next reconcile
-	}
-	return ctrl.Result{}, c.releaseVolume(ctx, v.rv)
+	return ctrl.Result{RequeueAfter: requeue}, nil // the replicas' deletion brings the next reconcile
 }
 
 // tearDownDatamesh is step 2 on work: no members, no transitions, one new revision.
@@ -123,17 +126,54 @@ func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
 // deleteReplicas is step 3: every replica not yet being deleted is.
 func (c *Controller) deleteReplicas(ctx context.Context, v *volume) error {
 	var deleted []string
+	var todo []*v1.ReplicatedVolumeReplica
 	for _, r := range v.rvrs {
-		if r.DeletionTimestamp != nil {
-			continue
+		if r.DeletionTimestamp == nil {
+			todo = append(todo, r)
+			deleted = append(deleted, r.Name)
 		}
+	}
+	if len(todo) > 1 && c.labelSelectsExactly(ctx, v) {
+		// One request for all of them (the apiserver's deletecollection), not one per
+		// replica (docs/controller.md, "Write budget"): the label selects exactly the
+		// volume's replicas, as the cache shows them.
+		if err := c.client.DeleteAllOf(ctx, &v1.ReplicatedVolumeReplica{}, client.MatchingLabels{v1.LabelVolume: v.rv.Name}); err != nil {
+			return fmt.Errorf("deleting the replicas of %s: %w", v.rv.Name, err)
+		}
+		todo = nil
+	}
+	for _, r := range todo {
 		if err := c.deleteReplica(ctx, r); err != nil {
 			return fmt.Errorf("deleting replica %s: %w", r.Name, err)
 		}
-		deleted = append(deleted, r.Name)
 	}
 	c.waitForCache(ctx, deleted, false)
 	return nil
+}
+
+// labelSelectsExactly: the replicas labelled with the volume's name are the volume's
+// replicas (by spec.replicatedVolumeName, which cannot change) and no others, so a
+// deletion by that label deletes no other volume's replica. The controller sets the
+// label when it creates a replica; one edited by hand is deleted by name instead.
+func (c *Controller) labelSelectsExactly(ctx context.Context, v *volume) bool {
+	var labelled v1.ReplicatedVolumeReplicaList
+	if err := c.reader.List(ctx, &labelled, client.MatchingLabels{v1.LabelVolume: v.rv.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return false
+	}
+	if len(labelled.Items) != len(v.rvrs) {
+		return false
+	}
+	ours := make(map[types.UID]bool, len(v.rvrs))
+	for _, r := range v.rvrs {
+		ours[r.UID] = true
+	}
+	for i := range labelled.Items {
+		r := &labelled.Items[i]
+		if !ours[r.UID] || r.Spec.ReplicatedVolumeName != v.rv.Name {
+			return false
+		}
+	}
+	return true
 }
 
 // releaseVolume is step 4, once no replica is left: the Secret, the port and minor,
@@ -147,7 +187,14 @@ func (c *Controller) releaseVolume(ctx context.Context, rv *v1.ReplicatedVolume)
 	}
 	c.alloc.Release(rv.Name)
 	if slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)); err != nil {
+		err := applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)
+		if err == nil {
+			// Reconciles queued meanwhile (the replicas' and the Secret's deletions)
+			// would find the RV still in the cache and release it again, a request
+			// refused for nothing: they wait for the cache (volumeWrites).
+			c.volumeWrites.wrote(rv.Name, rv.ResourceVersion)
+		}
+		if err := ignoreStale(err); err != nil {
 			return fmt.Errorf("removing finalizer: %w", err)
 		}
 	}

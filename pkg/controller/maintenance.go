@@ -28,7 +28,9 @@ import (
 // ReplicatedNodeMaintenance. The phase is a function of what the caches hold now, like a
 // volume's: the pre-checks ask DRBD's own quorum rule (pkg/drbd/quorum) whether every
 // volume with a member on the node keeps quorum, with its quorum-minimum-redundancy (the
-// guaranteed redundancy), on the members left; attached volumes hold the node in
+// guaranteed redundancy), on the members left, after the agreement DRBD runs among them
+// once the node is gone (survivesWithout); a volume that would not is copied elsewhere
+// first, raised to a layout that does; attached volumes hold the node in
 // Draining until their pods move; then the node may go down. While a maintenance is
 // active its node's members are never force-removed (lostMembers), so a node away for
 // maintenance leaves its volumes Degraded, not replaced (nodesAway). Once ReadyForMaintenance the
@@ -87,6 +89,10 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 	for _, v := range f.volumes {
 		ok, reason := survivesWithout(v.rv, v.rvrs, node, f.live)
 		switch {
+		case ok && slices.Contains(st.CopiedVolumes, v.rv.Name):
+			if w := raiseRunning(v); w != "" {
+				copying = append(copying, w)
+			}
 		case ok:
 		case slices.Contains(st.CopiedVolumes, v.rv.Name):
 			if refused := copyRefused(v.rv); refused != "" {
@@ -101,7 +107,7 @@ func judgeMaintenance(f maintenanceFacts) v1.ReplicatedNodeMaintenanceStatus {
 				why = append(why, v.rv.Name+": "+reason+"; "+whyNot)
 			} else {
 				newCopies = append(newCopies, v.rv.Name)
-				copying = append(copying, v.rv.Name+": a copy elsewhere is asked for ("+reason+")")
+				copying = append(copying, copyAsked(v, reason))
 			}
 		}
 	}
@@ -176,24 +182,74 @@ func judgeEnd(f maintenanceFacts, st *v1.ReplicatedNodeMaintenanceStatus) bool {
 }
 
 // copyImpossible says why no copy elsewhere can make the volume survive without node
-// ("" when one can): the copy raises the volume's layout by one failure to tolerate
-// (the engine's Input.ExtraFTT), which needs a resolved configuration that the layout
-// rules allow one more failure for, and every member on another node up, since the
-// copy's join waits for each of them.
+// ("" when one can): the copy raises the volume's layout to one that keeps quorum while
+// one of its Diskful nodes is away (the engine's Input.ExtraFTT,
+// layout.Layout.RaisedForMaintenance), which needs a resolved configuration with a
+// layout above it, and every member on another node up, since the copy's join waits
+// for each of them.
 func copyImpossible(v volumeOnNode, node string, live func(string) bool) string {
 	c := v.rv.Status.Configuration
 	if c == nil {
 		return "its configuration is not resolved, so no copy elsewhere is asked for"
 	}
-	raised := layout.Layout{FTT: int(c.FailuresToTolerate) + 1, GMDR: int(c.GuaranteedMinimumDataRedundancy)}
-	if raised.Validate() != nil {
-		return fmt.Sprintf("a copy elsewhere cannot help: its layout (FTT=%d, GMDR=%d) may tolerate no more failures (FTT is at most GMDR+1)",
-			c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy)
+	if _, ok := configLayout(c).RaisedForMaintenance(); !ok {
+		return fmt.Sprintf("a copy elsewhere cannot help: no layout is above its own (FTT=%d, GMDR=%d; both are at most %d)",
+			c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy, layout.MaxFTT)
 	}
 	for _, mem := range v.rv.Status.Datamesh.Members {
 		if r := v.rvrs[mem.Name]; mem.NodeName != node && (r == nil || !live(mem.NodeName) || !reportingAgent(r)) {
 			return "a copy elsewhere waits for every other member to be up, and " + mem.Name + " on node " + mem.NodeName + " is not"
 		}
+	}
+	return ""
+}
+
+// configLayout is the layout of a volume's resolved configuration.
+func configLayout(c *v1.ReplicatedVolumeConfiguration) layout.Layout {
+	return layout.Layout{FTT: int(c.FailuresToTolerate), GMDR: int(c.GuaranteedMinimumDataRedundancy)}
+}
+
+// copyAsked is the progress line of a volume whose copy elsewhere is asked for now:
+// the layout it is raised to, and the cost, a full sync of each new Diskful replica
+// (docs/operating.md, "Copying a volume elsewhere before its node goes").
+func copyAsked(v volumeOnNode, reason string) string {
+	from := configLayout(v.rv.Status.Configuration)
+	to, _ := from.RaisedForMaintenance()
+	return fmt.Sprintf("%s: a copy elsewhere is asked for, %s raised to %s while the maintenance lasts (a full sync of each new Diskful replica), since %s",
+		v.rv.Name, from, to, reason)
+}
+
+// raiseRunning says what a copied volume that keeps quorum without the node still
+// lacks of its raised layout ("" when it is reached): a step in flight when the node
+// goes waits for the node's confirmation until it is back — the TieBreaker leaving a
+// 2D+1TB raised to 3D, say —, and attaching the volume meanwhile would wait behind it.
+func raiseRunning(v volumeOnNode) string {
+	if ts := v.rv.Status.DatameshTransitions; len(ts) > 0 {
+		var running []string
+		for _, t := range ts {
+			running = append(running, strings.TrimSpace(string(t.Type)+" "+t.ReplicaName))
+		}
+		return v.rv.Name + ": waiting for its steps in flight: " + strings.Join(running, ", ")
+	}
+	c := v.rv.Status.Configuration
+	if c == nil {
+		return ""
+	}
+	raised, ok := configLayout(c).RaisedForMaintenance()
+	if !ok {
+		return ""
+	}
+	var d, tb int
+	for _, m := range v.rv.Status.Datamesh.Members {
+		switch m.Type {
+		case v1.MemberTypeDiskful:
+			d++
+		case v1.MemberTypeTieBreaker:
+			tb++
+		}
+	}
+	if wantTB := layout.TieBreakerMin(raised.DiskfulCount(), raised.FTT); d != raised.DiskfulCount() || tb != wantTB {
+		return fmt.Sprintf("%s: raised to %s, it has %d Diskful and %d TieBreaker members", v.rv.Name, raised, d, tb)
 	}
 	return ""
 }
@@ -310,8 +366,14 @@ func peersWait(v volumeOnNode, mem v1.DatameshMember, live func(string) bool) []
 
 // survivesWithout asks DRBD's quorum rule, from the view of each UpToDate Diskful
 // member left (not on node, agent live and reporting), whether it keeps quorum with
-// the volume's q and qmr when node's members are gone. ok when one does; otherwise the
-// reason of the first one asked, in DRBD's words.
+// the volume's q and qmr while node's members are gone: at the moment they go, and
+// after the agreement DRBD runs among the nodes left a moment later, which takes every
+// node they do not reach out of their electorate (quorum.AfterLostPeer;
+// docs/drbd-quorum.md, "The members set"). Judged at the moment alone, a 2D+1TB passes
+// through the tiebreaker and then loses quorum on its one Diskful survivor. No member
+// is judged as a Primary, whom DRBD lets keep its quorum through that agreement: the
+// next connection loss among the survivors runs another one. ok when one member keeps
+// quorum; otherwise the reason of the first one asked, in DRBD's words.
 func survivesWithout(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeReplica, node string, live func(string) bool) (bool, string) {
 	dm := &rv.Status.Datamesh
 	if !slices.ContainsFunc(dm.Members, func(m v1.DatameshMember) bool { return m.NodeName == node }) {
@@ -338,12 +400,15 @@ func survivesWithout(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolu
 		}
 		q := rvrs[self.Name].Status.Quorum
 		in.QuorateNow = q != nil && *q
-		r := quorum.Compute(&in)
+		r := quorum.AfterLostPeer(&in)
 		if r.Quorate {
 			return true, ""
 		}
 		if why == "" {
 			why = "on " + self.NodeName + ", " + r.Reason()
+			if quorum.Compute(&in).Quorate {
+				why += " once DRBD's agreement among the nodes left takes node " + node + " out of the electorate"
+			}
 		}
 	}
 	if why == "" {

@@ -50,6 +50,7 @@ func TestJudgeMaintenance(t *testing.T) {
 			Status: v1.ReplicatedNodeMaintenanceStatus{Phase: phase, Message: "kept"}}
 	}
 	twoD1TB := func() volumeOnNode { return mvol("v2d", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}) }
+	threeD := func() volumeOnNode { return mvol("v3d", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": d}) }
 	threeDSyncing := mvol("v3d", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": d})
 	threeDSyncing.rvrs["v3d-c"].Status.DiskState = v1.DiskStateInconsistent
 	oneD := mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d})
@@ -80,13 +81,18 @@ func TestJudgeMaintenance(t *testing.T) {
 		blocking []string
 		attached []string
 	}{
-		{"2D+1TB keeps quorum through the tiebreaker", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true},
+		{"3D keeps quorum after the agreement", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{threeD()}, live: allLive, nodeLive: true},
 			v1.MaintenanceReadyForMaintenance, "Node a may be taken down", nil, nil},
-		{"attached volumes hold the node in Draining", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, attached: []string{"v2d"}, live: allLive, nodeLive: true},
-			v1.MaintenanceDraining, "Waiting for the volumes attached on node a to detach: v2d; their pods must be moved by their owners (kubectl drain a)", nil, []string{"v2d"}},
+		// At the moment node a goes, b keeps quorum through the tiebreaker; the
+		// agreement among b and c takes a out of b's electorate, and q=2 is then
+		// one voter more than b. Without a configuration, no copy is asked for.
+		{"2D+1TB loses quorum after the agreement", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true},
+			v1.MaintenanceBlocked, "v2d: on b, 1 of 1 nodes visible, need 2 for quorum once DRBD's agreement among the nodes left takes node a out of the electorate; its configuration is not resolved", []string{"v2d"}, nil},
+		{"attached volumes hold the node in Draining", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{threeD()}, attached: []string{"v3d"}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "Waiting for the volumes attached on node a to detach: v3d; their pods must be moved by their owners (kubectl drain a)", nil, []string{"v3d"}},
 		{"2D+1TB whose tiebreaker is down", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, live: except("c"), nodeLive: true},
 			v1.MaintenanceBlocked, "v2d: on b, 1 of 2 nodes visible, need 2 for quorum", []string{"v2d"}, nil},
-		{"3D with a syncing member: qmr 2 needs two UpToDate", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{threeDSyncing, twoD1TB()}, live: allLive, nodeLive: true},
+		{"3D with a syncing member: qmr 2 needs two UpToDate", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{threeDSyncing, mvol("v3e", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": d})}, live: allLive, nodeLive: true},
 			v1.MaintenanceBlocked, "v3d: on b, 1 of 3 nodes up_to_date, need 2 for quorum-minimum-redundancy", []string{"v3d"}, nil},
 		{"the only copy", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD}, live: allLive, nodeLive: true},
 			v1.MaintenanceBlocked, "v1d: no UpToDate Diskful replica with a live agent is left outside node a", []string{"v1d"}, nil},
@@ -152,7 +158,7 @@ func TestJudgeMaintenance(t *testing.T) {
 		})
 	}
 	// The first ReadyForMaintenance starts the downtime.
-	if st := judgeMaintenance(maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB()}, live: allLive, nodeLive: true, now: t0}); st.AwaySince == nil || !st.AwaySince.Time.Equal(t0) {
+	if st := judgeMaintenance(maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{threeD()}, live: allLive, nodeLive: true, now: t0}); st.AwaySince == nil || !st.AwaySince.Time.Equal(t0) {
 		t.Errorf("ReadyForMaintenance: away since %v, want %s", st.AwaySince, t0)
 	}
 	// A replica on a returning node that runs an old revision is not back yet.
@@ -177,9 +183,11 @@ func withConfig(v volumeOnNode, ftt, gmdr int32) volumeOnNode {
 }
 
 // TestJudgeMaintenanceCopies: a volume that would lose quorum or its guaranteed
-// redundancy with the node gone is copied elsewhere first (status.copiedVolumes, which
-// the volume reconciler turns into one more failure to tolerate), the maintenance
-// Draining until the copy is UpToDate; where no copy can help, it stays Blocked.
+// redundancy with the node gone — judged after DRBD's lost-peer agreement — is copied
+// elsewhere first (status.copiedVolumes, which the volume reconciler turns into the
+// raised layout of layout.Layout.RaisedForMaintenance), the maintenance Draining until
+// the copy is UpToDate and the raise's steps are done; where no copy can help, it
+// stays Blocked.
 func TestJudgeMaintenanceCopies(t *testing.T) {
 	d, tb := v1.MemberTypeDiskful, v1.MemberTypeTieBreaker
 	allLive := func(string) bool { return true }
@@ -192,15 +200,35 @@ func TestJudgeMaintenanceCopies(t *testing.T) {
 	joining := withConfig(mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d}), 0, 0)
 	joining.rvrs["v1d-b"] = &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: "v1d-b"},
 		Spec: v1.ReplicatedVolumeReplicaSpec{ReplicatedVolumeName: "v1d", NodeName: "b", Type: v1.ReplicaTypeDiskful}}
-	// Raised to 2D+1TB: the copy on b syncs from a.
-	syncing := withConfig(mvol("v1d", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 0, 0)
+	// Raised to 3D: the copies on b and c sync from a.
+	syncing := withConfig(mvol("v1d", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": d}), 0, 0)
 	syncing.rvrs["v1d-b"].Status.DiskState = v1.DiskStateInconsistent
 	syncing.rvrs["v1d-b"].Status.Peers = []v1.PeerStatus{{Name: "v1d-a", Resync: &v1.ResyncProgress{PercentDone: 30}}}
-	copied := withConfig(mvol("v1d", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 0, 0)
+	copied := withConfig(mvol("v1d", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": d}), 0, 0)
+	// Raised to 2D+1TB only, as before the lost-peer agreement was known: not enough.
+	copiedTo2D1TB := withConfig(mvol("v1d", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 0, 0)
+	twoD1TB := withConfig(mvol("v2t", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 1, 0)
+	// Attached (Primary) on b: DRBD would let b keep its quorum through the agreement,
+	// but not through the next connection loss among b and c.
+	twoD1TBAttached := withConfig(mvol("v2t", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 1, 0)
+	for i := range twoD1TBAttached.rv.Status.Datamesh.Members {
+		m := &twoD1TBAttached.rv.Status.Datamesh.Members[i]
+		m.Attached = m.NodeName == "b"
+	}
+	// 2D+1TB raised to 3D: the third Diskful is in, the TieBreaker still leaving, then
+	// gone from the steps but still a member.
+	tbLeaving := withConfig(mvol("v2t", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": tb, "e": d}), 1, 0)
+	tbLeaving.rv.Status.DatameshTransitions = []v1.DatameshTransition{{Type: v1.TransitionRemoveReplica, ReplicaName: "v2t-c"}}
+	notRaised := withConfig(mvol("v2t", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "c": tb, "e": d}), 1, 0)
+	raised := withConfig(mvol("v2t", 2, 2, map[string]v1.MemberType{"a": d, "b": d, "e": d}), 1, 0)
+	// 5D with two members elsewhere still syncing: qmr 3 fails, and no layout is above
+	// 5D.
 	unplaceable := withConfig(mvol("v1d", 1, 1, map[string]v1.MemberType{"a": d}), 0, 0)
 	unplaceable.rv.Status.Conditions = []metav1.Condition{{Type: v1.ConditionScheduled, Status: metav1.ConditionFalse, Reason: "NoEligibleNodes", Message: "no eligible node is free"}}
 	twoD := withConfig(mvol("v2d", 2, 2, map[string]v1.MemberType{"a": d, "b": d}), 0, 1)
-	noMore := withConfig(mvol("v2t", 2, 1, map[string]v1.MemberType{"a": d, "b": d, "c": tb}), 1, 0)
+	noMore := withConfig(mvol("v5d", 3, 3, map[string]v1.MemberType{"a": d, "b": d, "c": d, "e": d, "f": d}), 2, 2)
+	noMore.rvrs["v5d-e"].Status.DiskState = v1.DiskStateInconsistent
+	noMore.rvrs["v5d-f"].Status.DiskState = v1.DiskStateInconsistent
 	except := func(down string) func(string) bool { return func(n string) bool { return n != down } }
 	for _, tc := range []struct {
 		name   string
@@ -210,9 +238,21 @@ func TestJudgeMaintenanceCopies(t *testing.T) {
 		copied []string
 	}{
 		{"1D: a copy is asked for", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD}, live: allLive, nodeLive: true},
-			v1.MaintenanceDraining, "Copying the volumes that need node a to another node first: v1d: a copy elsewhere is asked for (no UpToDate Diskful replica", []string{"v1d"}},
+			v1.MaintenanceDraining, "Copying the volumes that need node a to another node first: v1d: a copy elsewhere is asked for, 1D raised to 3D while the maintenance lasts (a full sync of each new Diskful replica), since no UpToDate Diskful replica", []string{"v1d"}},
 		{"2D (GMDR 1): a copy is asked for", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD}, live: allLive, nodeLive: true},
-			v1.MaintenanceDraining, "v2d: a copy elsewhere is asked for (on b, 1 of 2 nodes visible, need 2 for quorum)", []string{"v2d"}},
+			v1.MaintenanceDraining, "v2d: a copy elsewhere is asked for, 2D raised to 3D while the maintenance lasts (a full sync of each new Diskful replica), since on b, 1 of 2 nodes visible, need 2 for quorum", []string{"v2d"}},
+		{"2D+1TB: a copy is asked for, the lost-peer agreement", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TB}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v2t: a copy elsewhere is asked for, 2D+1TB raised to 3D while the maintenance lasts (a full sync of each new Diskful replica), since on b, 1 of 1 nodes visible, need 2 for quorum once DRBD's agreement among the nodes left takes node a out of the electorate", []string{"v2t"}},
+		{"2D+1TB attached on a survivor: a Primary's quorum is not counted on", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD1TBAttached}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v2t: a copy elsewhere is asked for, 2D+1TB raised to 3D", []string{"v2t"}},
+		{"the raise's steps still run", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v2t"), volumes: []volumeOnNode{tbLeaving}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v2t: waiting for its steps in flight: RemoveReplica v2t-c", []string{"v2t"}},
+		{"the raised layout is not reached", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v2t"), volumes: []volumeOnNode{notRaised}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v2t: raised to 3D, it has 3 Diskful and 1 TieBreaker members", []string{"v2t"}},
+		{"the raised layout is reached", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v2t"), volumes: []volumeOnNode{raised}, live: allLive, nodeLive: true},
+			v1.MaintenanceReadyForMaintenance, "Node a may be taken down", []string{"v2t"}},
+		{"a copy that is 2D+1TB is not enough", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v1d"), volumes: []volumeOnNode{copiedTo2D1TB}, live: allLive, nodeLive: true},
+			v1.MaintenanceDraining, "v1d: on b, 1 of 1 nodes visible, need 2 for quorum once DRBD's agreement", []string{"v1d"}},
 		{"the copy joins", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v1d"), volumes: []volumeOnNode{joining}, live: allLive, nodeLive: true},
 			v1.MaintenanceDraining, "v1d: copy v1d-b on node b joining", []string{"v1d"}},
 		{"the copy syncs", maintenanceFacts{m: maint(v1.MaintenanceDraining, false, "v1d"), volumes: []volumeOnNode{syncing}, live: allLive, nodeLive: true},
@@ -229,10 +269,10 @@ func TestJudgeMaintenanceCopies(t *testing.T) {
 			v1.MaintenanceBlocked, "v1d: no UpToDate Diskful replica with a live agent is left outside node a; no node can take a copy: no eligible node is free", []string{"v1d"}},
 		{"a member elsewhere is down", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{twoD}, live: except("b"), nodeLive: true},
 			v1.MaintenanceBlocked, "a copy elsewhere waits for every other member to be up, and v2d-b on node b is not", nil},
-		{"the layout tolerates no more failures", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{noMore}, live: except("c"), nodeLive: true},
-			v1.MaintenanceBlocked, "v2t: on b, 1 of 2 nodes visible, need 2 for quorum; a copy elsewhere cannot help: its layout (FTT=1, GMDR=0) may tolerate no more failures", nil},
-		{"one volume that cannot be copied blocks the others' copies", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD, noMore}, live: except("c"), nodeLive: true},
-			v1.MaintenanceBlocked, "v2t: on b", nil},
+		{"no layout is above 5D", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{noMore}, live: allLive, nodeLive: true},
+			v1.MaintenanceBlocked, "2 of 5 nodes up_to_date, need 3 for quorum-minimum-redundancy; a copy elsewhere cannot help: no layout is above its own (FTT=2, GMDR=2; both are at most 2)", nil},
+		{"one volume that cannot be copied blocks the others' copies", maintenanceFacts{m: maint("", false), volumes: []volumeOnNode{oneD, noMore}, live: allLive, nodeLive: true},
+			v1.MaintenanceBlocked, "v5d: on ", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := judgeMaintenance(tc.f)

@@ -499,8 +499,10 @@ func (v *volume) setCondition(work *v1.ReplicatedVolume, t string, ok bool, reas
 	return changed
 }
 
-// extraFTT: a volume copied for a node maintenance tolerates one more failure until
-// the maintenance ends (docs/operating.md, "Node maintenance").
+// extraFTT: a volume copied for a node maintenance is raised, until the maintenance
+// ends, to a layout that keeps quorum while one of its Diskful nodes is away
+// (layout.Layout.RaisedForMaintenance; docs/operating.md, "Copying a volume elsewhere
+// before its node goes").
 func (v *volume) extraFTT() int {
 	if v.copied {
 		return 1

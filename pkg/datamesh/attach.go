@@ -453,6 +453,22 @@ func (rc *reconcile) promotionRefused(mi int) string {
 	return ""
 }
 
+// promotionFailed says why the agent of member mi failed its last promotion for any
+// reason (DRBDRole=False, PromoteFailed or PromoteNoQuorum), or "".
+func (rc *reconcile) promotionFailed(mi int) string {
+	r := rc.rvrOfMember(mi)
+	if r == nil || agentNotReady(r) {
+		return ""
+	}
+	for k := range r.Status.Conditions {
+		if c := &r.Status.Conditions[k]; c.Type == v1.ConditionDRBDRole && c.Status != metav1.ConditionTrue &&
+			(c.Reason == v1.ReasonPromoteFailed || c.Reason == v1.ReasonPromoteNoQuorum) {
+			return "DRBD refused to promote replica " + r.Name + ": " + c.Message
+		}
+	}
+	return ""
+}
+
 // lossPending: a lost member's force removal is asked for or in flight, or the q↓
 // after one is due — the steps that give a survivor its quorum back.
 func (rc *reconcile) lossPending() bool {
@@ -478,7 +494,10 @@ func (rc *reconcile) lossPending() bool {
 // heals), and withdrawing would only churn revisions — unless no attachment asks for
 // it any more (its RVA deleted, the volume being deleted): then nothing would ever
 // detach the member, since a Detach waits for the Attach to complete, and the volume
-// could not be deleted while the quorum stays away.
+// could not be deleted while the quorum stays away. For that case any refusal the
+// agent reports will do (promotionFailed: also "(-2) Need access to UpToDate data", a
+// disk that came back Consistent with no UpToDate peer): the member is Secondary all
+// the same, and nobody wants it attached.
 func (rc *reconcile) withdrawAttaches() {
 	loss := rc.lossPending()
 	sv := rc.serveRVAs()
@@ -495,6 +514,9 @@ func (rc *reconcile) withdrawAttaches() {
 		}
 		why := rc.promotionRefused(mi)
 		unwanted := !sv.wantsNode(rc.in.RVAs, rc.st.Datamesh.Members[mi].NodeName)
+		if why == "" && unwanted {
+			why = rc.promotionFailed(mi)
+		}
 		if why == "" || (!loss && !unwanted && rc.stepAwaiting(mi) == "") {
 			continue
 		}

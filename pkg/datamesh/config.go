@@ -40,9 +40,12 @@ func (rc *reconcile) resolveConfiguration() error {
 		}
 		rc.hasCfg = true
 		rc.baseCfg = rc.cfg
-		if raised := rc.cfg; rc.in.ExtraFTT > 0 && !rc.formationActive() {
-			raised.FTT += rc.in.ExtraFTT
-			if raised.Validate() == nil {
+		if rc.in.ExtraFTT > 0 && !rc.formationActive() {
+			raised, ok := rc.cfg, true
+			for i := 0; i < rc.in.ExtraFTT && ok; i++ {
+				raised, ok = raised.RaisedForMaintenance()
+			}
+			if ok {
 				rc.cfg = raised
 			}
 		}

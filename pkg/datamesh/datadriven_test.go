@@ -417,6 +417,13 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		}
 		w.checkPrimaries(t)
 		return "ok"
+	case "disk":
+		// disk r1 state=Diskless: r1's agent reports its DRBD disk state (a disk that
+		// failed and was detached reports Diskless).
+		for _, n := range w.names(d) {
+			w.rvr(n).Status.DiskState = v1.DiskState(argStr(t, d, "state", ""))
+		}
+		return "ok"
 	case "uptodate", "outdated":
 		ds := v1.DiskStateUpToDate
 		if d.Cmd == "outdated" {
@@ -583,11 +590,14 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 	case "promote-refused":
 		// promote-refused r1 (the message as input): r1's agent reports that DRBD
 		// refused its promotion for want of quorum (DRBDRole=False, PromoteNoQuorum).
+		// promote-refused r1 reason=PromoteFailed: refused for another reason ("(-2)
+		// Need access to UpToDate data").
 		msg := "Promotion refused: drbd: no quorum"
 		if d.Input != "" {
 			msg = strings.TrimSpace(d.Input)
 		}
-		w.setConditionOn(t, d, metav1.Condition{Type: v1.ConditionDRBDRole, Status: metav1.ConditionFalse, Reason: v1.ReasonPromoteNoQuorum, Message: msg})
+		reason := argStr(t, d, "reason", v1.ReasonPromoteNoQuorum)
+		w.setConditionOn(t, d, metav1.Condition{Type: v1.ConditionDRBDRole, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 		return "ok"
 	case "agent":
 		// agent r2 ready=false [reason=LeaseExpired] [message="..."]: the controller's

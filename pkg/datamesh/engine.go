@@ -73,12 +73,16 @@ type Input struct {
 	ForceDetach []string
 	// ChangeQuorum, when set, asks for a standalone ChangeQuorum transition.
 	ChangeQuorum *QuorumChange
-	// ExtraFTT raises the failures to tolerate above status.configuration's for as
-	// long as it is set (a node maintenance copies a volume elsewhere before its node
-	// goes: docs/operating.md, "Node maintenance"). The engine then converges to the
-	// raised layout (1D → 2D+1TB, 2D → 3D) through its ordinary adds, and back through
-	// its ordinary removals once it is cleared. A raise the layout rules refuse
-	// (layout.Validate) and a raise during formation are ignored.
+	// ExtraFTT raises the layout above status.configuration's for as long as it is
+	// set, so that it tolerates ExtraFTT more Diskful nodes away as DRBD counts them
+	// once its lost-peer agreement has run (a node maintenance copies a volume
+	// elsewhere before its node goes: docs/operating.md, "Copying a volume elsewhere
+	// before its node goes"). Each step is layout.Layout.RaisedForMaintenance: one
+	// more failure to tolerate, one more guaranteed copy, or both (1D → 3D, 2D and
+	// 2D+1TB → 3D, 3D → 4D or 4D+1TB). The engine converges to the raised layout
+	// through its ordinary adds, and back through its ordinary removals once it is
+	// cleared. A raise with no layout above (5D) and a raise during formation are
+	// ignored.
 	ExtraFTT int
 }
 

@@ -7,14 +7,16 @@ import (
 )
 
 // TestExtraFTT: Input.ExtraFTT (a node maintenance copying a volume elsewhere first)
-// takes a formed 1D volume to 2D+1TB through the ordinary adds — the TieBreaker is
-// what lets the copy keep quorum once the first node goes — without touching
-// status.configuration, and clearing it takes the volume back to 1D through the
-// ordinary removals.
+// raises a formed volume to the layout that keeps quorum while one of its Diskful
+// nodes is away, after DRBD's lost-peer agreement (layout.Layout.RaisedForMaintenance),
+// through the ordinary adds and removals, without touching status.configuration; and
+// clearing it takes the volume back to its configured layout. 1D becomes 3D (2D+1TB
+// would lose quorum once the node is away), 2D+1TB becomes 3D (its TieBreaker goes
+// once the third Diskful is in), and 5D, with no layout above it, stays.
 func TestExtraFTT(t *testing.T) {
-	w := steadyWorld(t, 0, 0, 0)
+	var w *world
 	converge := func(what string) {
-		for i := 0; i < 20; i++ {
+		for i := 0; i < 30; i++ {
 			if _, err := w.process(t); err != nil {
 				t.Fatal(err)
 			}
@@ -23,40 +25,42 @@ func TestExtraFTT(t *testing.T) {
 		}
 		t.Logf("%s:\n%s", what, w.status(false))
 	}
-	shape := func() (d, tb int) {
+	check := func(what string, d, tb, q, qmr int) {
+		t.Helper()
+		var gotD, gotTB int
 		for _, m := range w.rv.Status.Datamesh.Members {
 			switch m.Type {
 			case v1.MemberTypeDiskful:
-				d++
+				gotD++
 			case v1.MemberTypeTieBreaker:
-				tb++
+				gotTB++
 			}
 		}
-		return d, tb
+		dm := w.rv.Status.Datamesh
+		if gotD != d || gotTB != tb || int(dm.Quorum) != q || int(dm.QuorumMinimumRedundancy) != qmr || len(w.rv.Status.DatameshTransitions) > 0 {
+			t.Fatalf("%s: %dD+%dTB q=%d qmr=%d, %d transitions; want %dD+%dTB q=%d qmr=%d, none\n%s", what, gotD, gotTB,
+				dm.Quorum, dm.QuorumMinimumRedundancy, len(w.rv.Status.DatameshTransitions), d, tb, q, qmr, w.status(true))
+		}
 	}
-	if d, tb := shape(); d != 1 || tb != 0 {
-		t.Fatalf("formed: %dD+%dTB, want 1D", d, tb)
-	}
-	w.extraFTT = 1
-	converge("raised")
-	if d, tb := shape(); d != 2 || tb != 1 || w.rv.Status.Datamesh.Quorum != 2 || w.rv.Status.Datamesh.QuorumMinimumRedundancy != 1 {
-		t.Fatalf("raised: %dD+%dTB q=%d qmr=%d, want 2D+1TB q=2 qmr=1\n%s", d, tb,
-			w.rv.Status.Datamesh.Quorum, w.rv.Status.Datamesh.QuorumMinimumRedundancy, w.status(true))
-	}
-	if c := w.rv.Status.Configuration; c.FailuresToTolerate != 0 || c.GuaranteedMinimumDataRedundancy != 0 {
-		t.Fatalf("status.configuration changed: %+v", c)
-	}
-	w.extraFTT = 0
-	converge("back")
-	if d, tb := shape(); d != 1 || tb != 0 || w.rv.Status.Datamesh.Quorum != 1 {
-		t.Fatalf("back: %dD+%dTB q=%d, want 1D q=1\n%s", d, tb, w.rv.Status.Datamesh.Quorum, w.status(true))
-	}
-	// A raise the layout rules refuse (2D+1TB is FTT 1, GMDR 0: FTT 2 needs GMDR 1) is
-	// ignored.
-	w = steadyWorld(t, 1, 0, 0)
-	w.extraFTT = 1
-	converge("refused raise")
-	if d, tb := shape(); d != 2 || tb != 1 {
-		t.Fatalf("refused raise: %dD+%dTB, want 2D+1TB", d, tb)
+	for _, c := range []struct {
+		ftt, gmdr                   int
+		d, tb, q, qmr               int // configured
+		raisedD, raisedTB, rq, rqmr int
+	}{
+		{0, 0, 1, 0, 1, 1, 3, 0, 2, 2},
+		{1, 0, 2, 1, 2, 1, 3, 0, 2, 2},
+		{2, 2, 5, 0, 3, 3, 5, 0, 3, 3},
+	} {
+		w = steadyWorld(t, c.ftt, c.gmdr, 0)
+		check("formed", c.d, c.tb, c.q, c.qmr)
+		w.extraFTT = 1
+		converge("raised")
+		check("raised", c.raisedD, c.raisedTB, c.rq, c.rqmr)
+		if cfg := w.rv.Status.Configuration; int(cfg.FailuresToTolerate) != c.ftt || int(cfg.GuaranteedMinimumDataRedundancy) != c.gmdr {
+			t.Fatalf("status.configuration changed: %+v", cfg)
+		}
+		w.extraFTT = 0
+		converge("back")
+		check("back", c.d, c.tb, c.q, c.qmr)
 	}
 }

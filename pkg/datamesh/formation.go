@@ -3,6 +3,7 @@ package datamesh
 import (
 	"slices"
 	"strconv"
+	"strings"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
@@ -23,6 +24,11 @@ import (
 //   - Restart: if a member's RVR is deleted or vanishes before formation ends, the
 //     datamesh is torn down (members cleared, q/qmr 0, effective layout reset to zero, one
 //     revision so agents unconfigure) and step 1 starts over with a replacement.
+//   - A Diskful member whose disk failed after it took its configuration (it reports
+//     Diskless or Failed) can never take part in the day-0 clear, so step 2 would wait
+//     for ever: its replica is deleted (Result.Wanted) and the restart above replaces
+//     it. Safe because nothing attaches before formation completes, so the volume has
+//     never held data (docs/datamesh.md "Formation").
 //
 // Formation is exclusive: no other transition starts, emergency ones included.
 
@@ -145,12 +151,13 @@ func (rc *reconcile) formation() (wanted []WantedReplica) {
 		for mi := range rc.st.Datamesh.Members {
 			r := rc.rvrOfMember(mi)
 			if r == nil || r.DeletionTimestamp != nil {
-				rc.restartFormation(ti, rc.st.Datamesh.Members[mi].Name)
+				rc.restartFormation(ti, rc.st.Datamesh.Members[mi].Name, r != nil && rc.formationDiskFailed(t, mi, r))
 				return rc.formation() // and look for replacements at once
 			}
 		}
+		wanted = rc.replaceFailedFormationDisks(ti)
 		rc.formationRequestMessages(ti)
-		return nil
+		return wanted
 	}
 	needD := rc.cfg.DiskfulCount()
 	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
@@ -196,7 +203,48 @@ func (rc *reconcile) formationPublish() {
 	rc.st.Datamesh.QuorumMinimumRedundancy = int32(layout.QMR(eff))
 }
 
-func (rc *reconcile) restartFormation(ti int, lost string) {
+// formationDiskFailed: member mi, a Diskful member of the formation in t whose replica
+// is r, took the formation's configuration (so its agent attached the disk) and now
+// reports no disk: DRBD detached it after an I/O error (DRBD's on-io-error detach), or
+// the disk was taken away. The agent confirms a revision only after its configuration
+// ran, so a member still attaching reports an older revision, not this.
+func (rc *reconcile) formationDiskFailed(t *v1.DatameshTransition, mi int, r *v1.ReplicatedVolumeReplica) bool {
+	m := &rc.st.Datamesh.Members[mi]
+	rev := t.Steps[0].DatameshRevision
+	if m.Type != v1.MemberTypeDiskful || r.Spec.Type != v1.ReplicaTypeDiskful || rev == 0 || r.Status.DatameshRevision < rev {
+		return false
+	}
+	return r.Status.DiskState == v1.DiskStateDiskless || r.Status.DiskState == v1.DiskStateFailed
+}
+
+// replaceFailedFormationDisks asks for the deletion of every Diskful member whose disk
+// failed during formation (formationDiskFailed) and says so on the active step. The
+// day-0 clear needs every Diskful member Inconsistent and connected (the agent's
+// dayZero), and an initial sync needs an UpToDate source, which a formation that
+// never cleared does not have: without a replacement the step waits for ever. The
+// volume has never held data (no Attach starts before formation completes), so
+// forming it again over a new replica loses nothing; the deletion restarts formation
+// (restartFormation) on the next pass.
+func (rc *reconcile) replaceFailedFormationDisks(ti int) (wanted []WantedReplica) {
+	t := &rc.st.DatameshTransitions[ti]
+	var failed []string
+	for mi := range rc.st.Datamesh.Members {
+		if r := rc.rvrOfMember(mi); r != nil && rc.formationDiskFailed(t, mi, r) {
+			failed = append(failed, r.Name)
+			wanted = append(wanted, WantedReplica{Action: WantDelete, Type: v1.ReplicaTypeDiskful, Replica: r.Name,
+				Reason: "its disk failed during formation (it reports " + string(r.Status.DiskState) +
+					"); the volume has never held data, so formation starts over with a replacement"})
+		}
+	}
+	if len(failed) > 0 {
+		si := activeStep(t)
+		rc.setStepMessage(ti, si, "The disk of "+strings.Join(failed, ", ")+" failed during formation: "+
+			"replacing it and forming again (the volume has never held data)")
+	}
+	return wanted
+}
+
+func (rc *reconcile) restartFormation(ti int, lost string, diskFailed bool) {
 	rc.st.Datamesh.Members = nil
 	rc.st.Datamesh.Quorum = 0
 	rc.st.Datamesh.QuorumMinimumRedundancy = 0
@@ -206,6 +254,12 @@ func (rc *reconcile) restartFormation(ti int, lost string) {
 	t := &rc.st.DatameshTransitions[ti]
 	for i := range t.Steps {
 		t.Steps[i] = v1.DatameshTransitionStep{Name: t.Steps[i].Name, Status: v1.StepPending}
+	}
+	if diskFailed {
+		t.Steps[0].Message = "Restarted: the disk of replica " + lost + " failed during formation"
+		rc.event(EventWarning, "FormationRestarted", "Formation restarted: the disk of replica "+lost+
+			" failed before the datamesh was formed; the volume has never held data, so it is formed again with a replacement")
+		return
 	}
 	t.Steps[0].Message = "Restarted: replica " + lost + " was lost during formation"
 	rc.event(EventWarning, "FormationRestarted", "Formation restarted: replica "+lost+" was lost before the datamesh was formed")

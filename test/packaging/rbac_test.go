@@ -75,7 +75,8 @@ var rbacMatrix = map[string][]access{
 		allow("create", meshvolGroup, "replicatedvolumes", "", ""), // the CSI controller service
 		allow("create", meshvolGroup, "replicatedvolumereplicas", "", ""),
 		allow("delete", meshvolGroup, "replicatedvolumereplicas", "", ""),
-		allow("patch", meshvolGroup, "replicatedvolumereplicas", "status", ""), // AgentReady only, by SSA
+		allow("deletecollection", meshvolGroup, "replicatedvolumereplicas", "", ""), // a deleted volume's replicas at once
+		allow("patch", meshvolGroup, "replicatedvolumereplicas", "status", ""),      // AgentReady only, by SSA
 		allow("create", meshvolGroup, "replicatedvolumeattachments", "", ""),
 		allow("patch", meshvolGroup, "replicatedstoragepools", "status", ""),
 		allow("create", "", "secrets", "", namespace),

@@ -3,6 +3,7 @@ package soak_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,6 +149,61 @@ func TestProtectionChangedDuringFormation(t *testing.T) {
 	if why := w.waitReady(v.name, time.Minute); why != "Ready" {
 		w.fail("%s", why)
 	}
+}
+
+// TestFormationAfterADiskFailure (seeds 37 and 41): a 2D+1TB volume forms while no DRBD
+// link is up, so its replicas take their configuration but cannot meet for the day-0
+// clear; the disk of one Diskful replica fails; then the network heals. The volume must
+// end Ready with UpToDate replicas that agree.
+//
+// What the seeds found: the failed replica reports Diskless, the day-0 clear needs every
+// Diskful member Inconsistent and connected, and no member is UpToDate to sync from, so
+// formation waited for ever ("D → UpToDate: 0/2 Diskful replicas UpToDate"). The engine
+// now deletes a Diskful member whose disk failed during formation and forms again over
+// the replacement: nothing attaches before formation completes, so the volume has never
+// held data (docs/datamesh.md, "Formation").
+func TestFormationAfterADiskFailure(t *testing.T) {
+	needs(t)
+	t.Parallel()
+	w := startRepro(t)
+	for _, n := range w.nodeNames() {
+		w.c.Partition(n) // every DRBD link cut; the control plane stays
+	}
+	w.step("every DRBD link cut")
+	v := w.createLayout(layouts[2]) // 2D+1TB
+	// Wait until every Diskful replica runs the formation's revision with its disk.
+	var failing string
+	for deadline := time.Now().Add(2 * time.Minute); failing == ""; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			w.fail("the Diskful replicas of %s did not take the formation's configuration", v.name)
+		}
+		var rvrs v1.ReplicatedVolumeReplicaList
+		if err := w.c.Client.List(w.ctx, &rvrs, client.MatchingLabels{v1.LabelVolume: v.name}); err != nil {
+			t.Fatal(err)
+		}
+		var ready []string
+		for _, r := range rvrs.Items {
+			if r.Spec.Type == v1.ReplicaTypeDiskful && r.Status.DatameshRevision > 0 && r.Status.DiskState == v1.DiskStateInconsistent {
+				ready = append(ready, r.Spec.NodeName)
+			}
+		}
+		if len(ready) == 2 {
+			slices.Sort(ready)
+			failing = ready[0]
+		}
+	}
+	if err := w.c.FailDisk(failing, v.name); err != nil {
+		t.Fatal(err)
+	}
+	w.failedDisks[v.name+"/"+failing] = true
+	w.step("fail the disk of %s on %s", v.name, failing)
+	time.Sleep(2 * time.Second) // the failure reported while the links are still cut
+	w.c.Heal()
+	w.step("heal the network")
+	if why := w.waitReady(v.name, 2*time.Minute); why != "Ready" {
+		w.fail("%s after a disk failure during formation: %s", v.name, why)
+	}
+	w.sameReplicas(v)
 }
 
 // TestLoweringProtectionKeepsTheCurrentCopy (seed 6): a 2D volume attached on a third

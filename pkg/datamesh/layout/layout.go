@@ -83,6 +83,9 @@ func (e *ValidationError) Error() string { return e.Field + ": " + e.Rule }
 // 3D (1,1), 4D (1,2), 4D+1TB (2,1), 5D (2,2); (2,0) is the only pair in range
 // that is refused. TestLayoutProof checks each against the DRBD quorum rule.
 func (l Layout) Validate() error {
+	if l.valid() {
+		return nil
+	}
 	if l.FTT < 0 || l.FTT > MaxFTT {
 		return &ValidationError{Field: "failuresToTolerate",
 			Rule: fmt.Sprintf("must be between 0 and %d, got %d", MaxFTT, l.FTT)}
@@ -98,6 +101,11 @@ func (l Layout) Validate() error {
 				"%dD has q=%d and %d failures leave %d", l.FTT, l.GMDR, d, d/2+1, l.FTT, d-l.FTT)}
 	}
 	return nil
+}
+
+// valid is Validate's verdict without its message: it does not allocate.
+func (l Layout) valid() bool {
+	return l.FTT >= 0 && l.FTT <= MaxFTT && l.GMDR >= 0 && l.GMDR <= MaxGMDR && l.FTT <= l.GMDR+1
 }
 
 // DiskfulCount is the number of D the layout needs: one copy, plus GMDR

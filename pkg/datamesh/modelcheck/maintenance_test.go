@@ -14,7 +14,8 @@ import (
 // return behind a partition and agents restart, and every invariant of
 // docs/modelcheck.md holds on every state and every drained leaf. TestModelCheck
 // explores maintenance among every other request; this spends the whole budget on it,
-// so that the raise (1D → 2D+1TB, 2D → 3D) and the removal back are reached at depth
+// so that the raise (layout.Layout.RaisedForMaintenance: 1D and 2D+1TB → 3D, 2D → 3D,
+// 3D → 4D+1TB) and the removal back are reached at depth
 // within the CI's time. It also checks that the search reached the raised layout —
 // more Diskful members than the configuration asks for — so that a checker change
 // that stops passing ExtraFTT to the engine fails here, not silently.
@@ -28,8 +29,9 @@ func TestMaintenanceUnderFaults(t *testing.T) {
 		// raised: the Diskful members of the raised layout.
 		raised int
 	}{
-		{StartLayouts[0], v1alpha1.TopologyZonal, 2},      // 1D → 2D+1TB
+		{StartLayouts[0], v1alpha1.TopologyZonal, 3},      // 1D → 3D
 		{StartLayouts[1], v1alpha1.TopologyTransZonal, 3}, // 2D → 3D
+		{StartLayouts[2], v1alpha1.TopologyZonal, 3},      // 2D+1TB → 3D
 		{StartLayouts[3], v1alpha1.TopologyZonal, 4},      // 3D → 4D+1TB
 	} {
 		t.Run(tc.layout.Name, func(t *testing.T) {

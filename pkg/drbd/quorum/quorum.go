@@ -272,7 +272,29 @@ func (r Result) Reason() string {
 
 // Compute applies DRBD 9.2's quorum rule to one node's view (see the package
 // comment and docs/drbd-quorum.md, "The rule"). It does not allocate.
-func Compute(in *Input) Result {
+func Compute(in *Input) Result { return compute(in, in.QuorateNow, false) }
+
+// AfterLostPeer is the node's quorum once a peer it saw (now absent in in.Peers) is
+// gone without a goodbye and the empty cluster-wide state change DRBD runs for it
+// has run (docs/drbd-quorum.md, "The members set"): the node's quorum at the loss
+// (Compute), and, if it is quorate then, its quorum after the agreement, which makes
+// every voter it cannot reach leave its members set (Peer.LeftMembers for each absent
+// one), judged as quorate now. It is the quorum the node keeps while the peer stays
+// away. It does not model DRBD's refusal of that change while it would take a
+// Primary's quorum: a Primary keeps its quorum through this agreement, but not through
+// the next one, which any connection loss among the survivors starts. It does not
+// allocate.
+func AfterLostPeer(in *Input) Result {
+	r := Compute(in)
+	if !r.Quorate {
+		return r
+	}
+	return compute(in, true, true)
+}
+
+// compute is Compute with the node's current quorum given apart, and allLeft: every
+// absent peer is outside the node's members set.
+func compute(in *Input, quorateNow, allLeft bool) Result {
 	var r Result
 
 	// Sort the node itself. With an attached disk it is a voter; without one
@@ -307,7 +329,7 @@ func Compute(in *Input) Result {
 			r.MissingDiskless++
 		case p.Outdated:
 			r.Outdated++
-		case p.LeftMembers && in.QuorateNow:
+		case (p.LeftMembers || allLeft) && quorateNow:
 			// Only a quorate node sets its members set against the
 			// others (drbd_state.c: quorumless_nodes =
 			// have_quorum[NOW] ? ~members : 0); one without quorum counts
@@ -353,7 +375,7 @@ func Compute(in *Input) Result {
 	// quorum may keep it. voters != 0 as in the kernel: a node that knows no
 	// voter at all has nothing to break a tie between.
 	if r.Voters != 0 && r.Voters%2 == 0 && r.Visible() == r.QuorumAt-1 &&
-		r.Diskless >= Majority.At(r.Diskless+r.MissingDiskless) && in.QuorateNow {
+		r.Diskless >= Majority.At(r.Diskless+r.MissingDiskless) && quorateNow {
 		r.Quorate, r.Path = true, PathTiebreaker
 	}
 	return r

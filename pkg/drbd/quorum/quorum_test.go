@@ -1,6 +1,7 @@
 package quorum
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -597,4 +598,54 @@ func TestTiebreakerKeepsNeverGains(t *testing.T) {
 		t.Fatal("no view where the tiebreaker keeps quorum: the test exercises nothing")
 	}
 	t.Logf("%d views keep quorum only through the tiebreaker", kept)
+}
+
+// TestAfterLostPeer: the quorum a survivor keeps once the lost-peer agreement has
+// taken the gone voter out of its members set (docs/drbd-quorum.md, "The members
+// set"). meshvol's 2D+1TB (quorum 2): the Diskful survivor keeps quorum at the loss
+// through the tiebreaker, and loses it after the agreement (one voter of an odd
+// electorate); 3D (quorum 2, qmr 2) keeps it (two voters of two); quorum majority
+// keeps it (the electorate shrinks); so does an even electorate left one short, through
+// the tiebreaker; a node without quorum at the loss takes part in no agreement and
+// stays without.
+func TestAfterLostPeer(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		in       Input
+		atLoss   bool
+		after    bool
+		wantPath Path
+		reason   string
+	}{
+		{"2D+1TB, q=2", Input{Quorum: Count(2), MinRedundancy: Count(1), Self: DiskUpToDate, Peers: peers(gone, tb), QuorateNow: true},
+			true, false, PathNone, "1 of 1 nodes visible, need 2 for quorum"},
+		{"3D, q=2 qmr=2", Input{Quorum: Count(2), MinRedundancy: Count(2), Self: DiskUpToDate, Peers: peers(utd, gone), QuorateNow: true},
+			true, true, PathCount, "2 of 2 nodes visible, need 2 for quorum"},
+		{"2D+1TB, quorum majority", Input{Quorum: Majority, Self: DiskUpToDate, Peers: peers(gone, tb), QuorateNow: true},
+			true, true, PathCount, "1 of 1 nodes visible, need 1 for quorum"},
+		{"4D+1TB, q=3, two gone", Input{Quorum: Count(3), MinRedundancy: Count(2), Self: DiskUpToDate, Peers: peers(utd, gone, gone, tb), QuorateNow: true},
+			true, true, PathTiebreaker, "2 of 2 nodes visible, need 3 for quorum; kept by tiebreaker (1 of 1 diskless nodes connected)"},
+		{"5D, q=3, two gone", Input{Quorum: Count(3), MinRedundancy: Count(3), Self: DiskUpToDate, Peers: peers(utd, utd, gone, gone), QuorateNow: true},
+			true, true, PathCount, "3 of 3 nodes visible, need 3 for quorum"},
+		{"not quorate at the loss", Input{Quorum: Count(2), MinRedundancy: Count(1), Self: DiskUpToDate, Peers: peers(gone, tb), QuorateNow: false},
+			false, false, PathNone, "1 of 2 nodes visible, need 2 for quorum"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := c.in
+			if r := Compute(&in); r.Quorate != c.atLoss {
+				t.Fatalf("at the loss: quorate=%v (%s), want %v", r.Quorate, r.Reason(), c.atLoss)
+			}
+			r := AfterLostPeer(&in)
+			if r.Quorate != c.after || r.Path != c.wantPath || r.Reason() != c.reason {
+				t.Fatalf("after the agreement: quorate=%v path=%v %q, want %v %v %q", r.Quorate, r.Path, r.Reason(), c.after, c.wantPath, c.reason)
+			}
+			if !reflect.DeepEqual(in, c.in) {
+				t.Fatalf("AfterLostPeer changed its input: %+v", in)
+			}
+		})
+	}
+	in := Input{Quorum: Count(2), MinRedundancy: Count(1), Self: DiskUpToDate, Peers: peers(utd, gone, tb), QuorateNow: true}
+	if n := testing.AllocsPerRun(1000, func() { _ = AfterLostPeer(&in) }); n != 0 {
+		t.Fatalf("AfterLostPeer allocates %v times per call", n)
+	}
 }

@@ -26,15 +26,16 @@ import (
 // phase (docs/operating.md, "Node maintenance"): draining the node of a 1D
 // volume's only copy while every other node is cordoned (no node can take a copy)
 // is refused, naming it, and leaves nothing behind; draining a
-// Diskful node of an attached 2D+1TB volume waits in Draining until the volume
-// detaches, then says the node may go down; the volume's user moves to the other
-// Diskful node, as a drained node's pods do; the node crashes and stays away past
-// the grace period without its member being force-removed or replaced (eight
-// other nodes could take one), and a drain of another node is refused (one node at
-// a time); it returns, resyncs, and the maintenance completes. (Attached on the
-// survivor, the volume keeps DRBD's quorum without the node; a volume attached
-// nowhere does not: docs/operating.md, "A volume attached nowhere while a node is
-// away".)
+// Diskful node of an attached 2D+1TB volume first copies it to a third Diskful
+// node (2D+1TB loses DRBD's quorum without the node once the lost-peer agreement has
+// run: docs/operating.md, "A volume attached nowhere while a node is away"), then
+// waits in Draining until the volume detaches, then says the node may go down; the
+// node crashes and stays away past the grace period without its member being
+// force-removed or replaced (other nodes could take one) — the volume Ready, its
+// configuration's two Diskful replicas UpToDate on other nodes —, the volume attached
+// nowhere keeps quorum on its survivors and is then attached on one of them, and a
+// drain of another node is refused (one node at a time); it returns, resyncs, the
+// maintenance completes and the volume goes back to 2D+1TB.
 // Then the TieBreaker's node, drained with --max-downtime 5s, stays down past it:
 // the maintenance Fails, the node is lost and its member force-removed, and
 // uncordon reports the failure.
@@ -77,10 +78,13 @@ func TestNodeMaintenance(t *testing.T) {
 		defer wg.Done()
 		drainErr = r.pluginTo(kc, &drainOut, "drain", node, "--timeout", "3m")
 	}()
+	copying := "Draining: Copying the volumes that need node " + node + " to another node first: " + vol +
+		": a copy elsewhere is asked for, 2D+1TB raised to 3D while the maintenance lasts (a full sync of each new Diskful replica)"
 	draining := "Draining: Waiting for the volumes attached on node " + node + " to detach: " + vol
 	// The volume detaches only once the maintenance is Draining on it (or the
-	// controller would judge the node free at once) and the plugin has printed that.
-	r.eventually("kubectl meshvol drain "+node+" following Draining on "+vol, time.Minute, func() string {
+	// controller would judge the node free at once) and the plugin has printed that;
+	// the copy comes first.
+	r.eventually("kubectl meshvol drain "+node+" following Draining on "+vol, 2*time.Minute, func() string {
 		m := &v1.ReplicatedNodeMaintenance{}
 		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: node}, m); err != nil {
 			return err.Error()
@@ -88,8 +92,8 @@ func TestNodeMaintenance(t *testing.T) {
 		if m.Status.Phase != v1.MaintenanceDraining || !slices.Equal(m.Status.AttachedVolumes, []string{vol}) {
 			return string(m.Status.Phase) + ": " + m.Status.Message
 		}
-		if out := drainOut.String(); !strings.Contains(out, draining) {
-			return "the plugin has not printed Draining yet:\n" + out
+		if out := drainOut.String(); !strings.Contains(out, draining) || !strings.Contains(out, copying) {
+			return "the plugin has not printed the copy and Draining yet:\n" + out
 		}
 		return ""
 	})
@@ -103,21 +107,41 @@ func TestNodeMaintenance(t *testing.T) {
 		t.Fatalf("drain %s: %v\n%s", node, drainErr, drainOut.String())
 	}
 
-	// The user moves to the other Diskful node; then the node goes down, and past
-	// the grace period its member stays, Degraded.
-	survivor := diskful[1]
-	r.attach(vol, survivor)
+	// ReadyForMaintenance was judged on the raised layout: 3D, the copy UpToDate.
+	// Its replicas are all the volume may have while the node is away.
+	cur := r.rv(vol)
+	if cur.Status.Layout != "3D" {
+		t.Fatalf("ReadyForMaintenance with %s at layout %s, want 3D: %s", vol, cur.Status.Layout, phase(cur))
+	}
+	var placed, survivors []string
+	for _, rvr := range r.rvrs(vol) {
+		placed = append(placed, rvr.Spec.NodeName)
+		if rvr.Spec.NodeName != node && rvr.Spec.Type == v1.ReplicaTypeDiskful {
+			survivors = append(survivors, rvr.Spec.NodeName)
+		}
+		if rvr.Spec.NodeName != node && rvr.Spec.Type == v1.ReplicaTypeDiskful && rvr.Status.DiskState != v1.DiskStateUpToDate {
+			t.Errorf("ReadyForMaintenance with %s on %s %s", rvr.Name, rvr.Spec.NodeName, rvr.Status.DiskState)
+		}
+	}
+	if len(survivors) != 2 {
+		t.Fatalf("ReadyForMaintenance with Diskful replicas of %s outside %s on %v, want two", vol, node, survivors)
+	}
+	timeline.WriteString("(" + vol + " copied: layout 3D, Diskful on " + strings.Join(survivors, ", ") + " besides " + node + ")\n")
+
+	// The node goes down with the volume attached nowhere, and past the grace period
+	// its member stays. The volume is Ready, not Degraded: the copy gives it the two
+	// UpToDate Diskful replicas its configuration asks for while the node is away.
 	r.must(r.c.CrashNode(node))
 	crashed := time.Now()
 	t.Cleanup(func() { _ = r.c.RestartNode(node) })
 	replica := v1.ReplicaName(vol, node)
-	r.eventually(vol+" Degraded with "+node+" judged lost", 2*time.Minute, func() string {
+	r.eventually(vol+" Ready with "+node+" judged lost", 2*time.Minute, func() string {
 		cur := r.rv(vol)
 		rvr := &v1.ReplicatedVolumeReplica{}
 		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: replica}, rvr); err != nil {
 			return err.Error()
 		}
-		if cur.Status.Phase != v1.VolumePhaseDegraded || rvr.Status.Conditions == nil {
+		if cur.Status.Phase != v1.VolumePhaseReady || rvr.Status.Conditions == nil {
 			return phase(cur)
 		}
 		for _, c := range rvr.Status.Conditions {
@@ -131,7 +155,7 @@ func TestNodeMaintenance(t *testing.T) {
 	// (TestPluginShowsDegraded2D1TB sees the ForceLeave request at once): give it
 	// five times that.
 	time.Sleep(10 * time.Second)
-	cur := r.rv(vol)
+	cur = r.rv(vol)
 	if !slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == replica }) {
 		t.Errorf("the member on %s, away for maintenance, was removed: %s", node, phase(cur))
 	}
@@ -141,12 +165,26 @@ func TestNodeMaintenance(t *testing.T) {
 		}
 	}
 	for _, rvr := range r.rvrs(vol) {
-		if !slices.Contains(all, rvr.Spec.NodeName) {
+		if !slices.Contains(placed, rvr.Spec.NodeName) {
 			t.Errorf("a replacement replica %s was placed on %s while %s is away for maintenance", rvr.Name, rvr.Spec.NodeName, node)
 		}
 	}
 	timeline.WriteString("(node " + node + " crashed; " + time.Since(crashed).Round(time.Second).String() + " later: phase " +
 		string(cur.Status.Phase) + ", member " + replica + " kept, no ForceLeave, no replacement)\n")
+
+	// Attached nowhere, the survivors keep quorum long after DRBD's lost-peer
+	// agreement among them, and the volume attaches on one: the promotion works.
+	if slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Attached }) {
+		t.Fatalf("%s is attached while %s is away: %+v", vol, node, cur.Status.Datamesh.Members)
+	}
+	for _, n := range survivors {
+		if why := r.quorate(vol, n); why != "" {
+			t.Errorf("%s on %s, attached nowhere, %s away: %s", vol, n, node, why)
+		}
+	}
+	survivor := survivors[1]
+	r.attach(vol, survivor)
+	timeline.WriteString("(" + vol + " attached nowhere: quorate on " + strings.Join(survivors, " and ") + "; attached on " + survivor + ", Primary)\n")
 
 	// Refused: one node at a time.
 	tb := ""
@@ -177,11 +215,23 @@ func TestNodeMaintenance(t *testing.T) {
 	if l := r.nodeLabel(node); l != "" {
 		t.Errorf("uncordon left node %s cordoned (%s=%q)", node, v1.LabelCordon, l)
 	}
-	r.ready(vol, 2*time.Minute)
+	r.eventually(vol+" back to 2D+1TB", 3*time.Minute, func() string {
+		cur := r.rv(vol)
+		if cur.Status.Phase != v1.VolumePhaseReady || len(cur.Status.DatameshTransitions) > 0 || cur.Status.Layout != "2D+1TB" {
+			return phase(cur)
+		}
+		return ""
+	})
 	r.must(r.cl.Delete(r.ctx, m))
 
 	// Failed: the TieBreaker's node, drained with --max-downtime, stays away past it;
-	// it is lost then, and its member is force-removed as any lost node's.
+	// it is lost then, and its member is force-removed as any lost node's. Back to
+	// 2D+1TB, the volume's TieBreaker may be on another node than before the copy.
+	for _, mem := range r.rv(vol).Status.Datamesh.Members {
+		if mem.Type == v1.MemberTypeTieBreaker {
+			tb = mem.NodeName
+		}
+	}
 	out, err = r.pluginErr(kc, "drain", tb, "--max-downtime", "5s", "--timeout", "2m")
 	timeline.WriteString("$ kubectl meshvol drain " + tb + " --max-downtime 5s\n" + out)
 	if err != nil || !strings.Contains(out, "ReadyForMaintenance: Node "+tb+" may be taken down") {
@@ -244,12 +294,12 @@ func (r *rig) nodeLabel(node string) string {
 
 // TestNodeMaintenanceCopies drains the node of a 1D volume's only copy when other
 // nodes may take one (docs/operating.md, "Copying a volume elsewhere before its node
-// goes"): the maintenance is Draining, naming the copy, while the volume becomes
-// 2D+1TB, and ReadyForMaintenance only once the copy is UpToDate; the volume's user
-// moves to the copy's node, the node crashes and the copy keeps quorum; the node
-// returns, the maintenance completes, and the volume goes back to one Diskful
-// replica. (A copy attached nowhere loses DRBD's quorum while the node is away:
-// docs/operating.md, "A volume attached nowhere while a node is away".)
+// goes"): the maintenance is Draining, naming the copy, while the volume becomes 3D
+// (2D+1TB would lose DRBD's quorum once the node is away: "A volume attached nowhere
+// while a node is away"), and ReadyForMaintenance only once the copies are UpToDate;
+// the node crashes, the copies keep quorum with the volume attached nowhere, and the
+// volume attaches on a copy's node; the node returns, the maintenance completes, and
+// the volume goes back to one Diskful replica.
 func TestNodeMaintenanceCopies(t *testing.T) {
 	r := newRig(t)
 	kc := r.kubeconfig()
@@ -258,7 +308,8 @@ func TestNodeMaintenanceCopies(t *testing.T) {
 	node := r.ready(vol, 2*time.Minute).Status.Datamesh.Members[0].NodeName
 
 	out, err := r.pluginErr(kc, "drain", node, "--timeout", "3m")
-	if err != nil || !strings.Contains(out, "Draining: Copying the volumes that need node "+node+" to another node first: "+vol) ||
+	if err != nil || !strings.Contains(out, "Draining: Copying the volumes that need node "+node+" to another node first: "+vol+
+		": a copy elsewhere is asked for, 1D raised to 3D while the maintenance lasts (a full sync of each new Diskful replica)") ||
 		!strings.Contains(out, "ReadyForMaintenance: Node "+node+" may be taken down") {
 		t.Fatalf("drain %s: %v\n%s", node, err, out)
 	}
@@ -270,7 +321,7 @@ func TestNodeMaintenanceCopies(t *testing.T) {
 	if !slices.Equal(m.Status.CopiedVolumes, []string{vol}) {
 		t.Errorf("maintenance %s: copiedVolumes %v, want [%s]", node, m.Status.CopiedVolumes, vol)
 	}
-	copyNode := ""
+	var copyNodes []string
 	cur := r.rv(vol)
 	for _, mem := range cur.Status.Datamesh.Members {
 		if mem.Type != v1.MemberTypeDiskful || mem.NodeName == node {
@@ -281,25 +332,36 @@ func TestNodeMaintenanceCopies(t *testing.T) {
 		if rvr.Status.DiskState != v1.DiskStateUpToDate {
 			t.Errorf("ReadyForMaintenance with the copy %s %s", mem.Name, rvr.Status.DiskState)
 		}
-		copyNode = mem.NodeName
+		copyNodes = append(copyNodes, mem.NodeName)
 	}
-	if copyNode == "" || cur.Status.Layout != "2D+1TB" {
+	if len(copyNodes) != 2 || cur.Status.Layout != "3D" {
 		t.Fatalf("ReadyForMaintenance without a copy elsewhere: %s, members %+v", phase(cur), cur.Status.Datamesh.Members)
 	}
 
-	// The user moves to the copy's node; away, the copy keeps quorum without the node.
-	r.attach(vol, copyNode)
+	// Away, attached nowhere, the copies keep quorum without the node, long after
+	// DRBD's lost-peer agreement among them (the controller judges the node away only
+	// past its grace period); then the volume attaches on a copy's node.
 	r.must(r.c.CrashNode(node))
 	t.Cleanup(func() { _ = r.c.RestartNode(node) })
 	replica := v1.ReplicaName(vol, node)
-	r.eventually(node+" judged away, "+vol+" quorate on "+copyNode, 2*time.Minute, func() string {
+	r.eventually(node+" judged away, "+vol+" quorate on "+strings.Join(copyNodes, " and "), 2*time.Minute, func() string {
 		rvr := &v1.ReplicatedVolumeReplica{}
 		r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: replica}, rvr))
 		if c := meta.FindStatusCondition(rvr.Status.Conditions, v1.ConditionAgentReady); c == nil || c.Status != metav1.ConditionFalse {
 			return "the controller has not judged " + node + " away yet"
 		}
-		return r.quorate(vol, copyNode)
+		for _, n := range copyNodes {
+			if why := r.quorate(vol, n); why != "" {
+				return n + ": " + why
+			}
+		}
+		return ""
 	})
+	if cur := r.rv(vol); slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Attached }) {
+		t.Fatalf("%s is attached while %s is away: %+v", vol, node, cur.Status.Datamesh.Members)
+	}
+	copyNode := copyNodes[0]
+	r.attach(vol, copyNode)
 
 	// Back: Completed, then the volume goes back to 1D.
 	r.must(r.c.RestartNode(node))

@@ -15,7 +15,13 @@ import (
 // formationBudget is the most apiserver writes, the controller's and the agents'
 // together (Events included), one 3D formation may take: docs/controller.md, "Write
 // budget", says what each is for.
-const formationBudget = 16
+const formationBudget = 15
+
+// deleteBudget is the same for deleting a formed, detached 3D volume: the goal is 8
+// (docs/scale.md) and a delete takes 7–8; one more is left for a report whose
+// timing the load decides (an agent's hold that runs out), so that the check
+// does not fail by timing alone.
+const deleteBudget = 9
 
 // Scenario 8: apiserver writes per operation, counted at the HTTP layer for
 // the controller and all agents: a 3D formation (at most formationBudget), an
@@ -24,15 +30,15 @@ const formationBudget = 16
 func TestWritesPerOperation(t *testing.T) {
 	r := newRig(t)
 	class := r.class(1, 1, v1.TopologyIgnored)
-	time.Sleep(2 * time.Second) // let placement views settle after the class
+	r.settled() // let placement views settle after the class
 	before := r.c.Writes.Snapshot()
 	r.volume("writes-3d", class, 1)
 	rv := r.ready("writes-3d", 2*time.Minute)
+	r.settled()
 	formation, _ := r.c.Writes.Since(before)
 	// The pool's status follows the capacity the agents report with their Leases:
 	// the formation's backing volumes move it once the drift passes the pool's
-	// threshold, whenever the next reports come, in this window or a later one. It
-	// is counted apart (docs/controller.md, "Write budget").
+	// threshold. It is counted apart (docs/controller.md, "Write budget").
 	n := withoutLeases(formation) - formation[poolStatusWrites]
 	t.Logf("3D formation: %d writes besides Lease renewals and the pool's status (%d)\n%s", n, formation[poolStatusWrites], localcluster.Format(formation))
 	if n > formationBudget {
@@ -42,13 +48,23 @@ func TestWritesPerOperation(t *testing.T) {
 	node := rv.Status.Datamesh.Members[0].NodeName
 	before = r.c.Writes.Snapshot()
 	r.attach("writes-3d", node)
-	attach, na := r.c.Writes.Since(before)
-	t.Logf("attach: %d writes\n%s", na, localcluster.Format(attach))
+	r.settled()
+	attach, _ := r.c.Writes.Since(before)
+	t.Logf("attach: %d writes besides Lease renewals\n%s", withoutLeases(attach), localcluster.Format(attach))
 
-	r.poolStatusSettled(3 * time.Second)
 	before = r.c.Writes.Snapshot()
+	idleBefore := idleWork(t)
 	time.Sleep(time.Minute)
 	steady, _ := r.c.Writes.Since(before)
+	// An idle node does nothing in proportion to its replicas: the collector of
+	// orphans passes over every replica of its node only after something changed
+	// (pkg/agent runGC), at most once per agent after the attach's last change and
+	// once more per reconcile in the minute, not every GCInterval (5 s here).
+	work := idleWork(t).minus(idleBefore)
+	t.Logf("steady minute: %d agent reconciles, %d DRBD commands, %d collector passes", work.reconciles, work.commands, work.passes)
+	if most := len(r.c.Nodes) + work.reconciles; work.passes > most {
+		t.Errorf("the agents' collector passed %d times in a steady minute, more than once per agent and per reconcile (%d)", work.passes, most)
+	}
 	nonLease := withoutLeases(steady)
 	t.Logf("steady minute: %d writes besides Lease renewals\n%s", nonLease, localcluster.Format(steady))
 	if nonLease > 0 {
@@ -82,12 +98,18 @@ func TestWritesPerOperation(t *testing.T) {
 	}
 	before = r.c.Writes.Snapshot()
 	r.detach("writes-3d", node)
+	r.settled()
 	detach, _ := r.c.Writes.Since(before)
 	t.Logf("detach: %d writes besides Lease renewals\n%s", withoutLeases(detach), localcluster.Format(detach))
 	before = r.c.Writes.Snapshot()
 	r.deleteVolume("writes-3d")
+	r.settled()
 	deletion, _ := r.c.Writes.Since(before)
-	t.Logf("delete: %d writes besides Lease renewals\n%s", withoutLeases(deletion), localcluster.Format(deletion))
+	n = withoutLeases(deletion) - deletion[poolStatusWrites]
+	t.Logf("delete: %d writes besides Lease renewals and the pool's status (%d)\n%s", n, deletion[poolStatusWrites], localcluster.Format(deletion))
+	if n > deleteBudget {
+		t.Errorf("a 3D delete took %d writes, more than its budget of %d (docs/controller.md, \"Write budget\")", n, deleteBudget)
+	}
 }
 
 // volumeReconciles is how many times the in-process controllers' volume reconciler
@@ -115,16 +137,52 @@ func volumeReconciles(t *testing.T) int {
 	return n
 }
 
+// idle is what the agents did, counted by their metrics.
+type idle struct{ reconciles, commands, passes int }
+
+func (i idle) minus(b idle) idle {
+	return idle{i.reconciles - b.reconciles, i.commands - b.commands, i.passes - b.passes}
+}
+
+func idleWork(t *testing.T) idle {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out idle
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "controller_runtime_reconcile_total":
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "controller" && l.GetValue() == "meshvol-agent" {
+						out.reconciles += int(m.GetCounter().GetValue())
+					}
+				}
+			case "meshvol_agent_drbd_command_duration_seconds":
+				out.commands += int(m.GetHistogram().GetSampleCount())
+			case "meshvol_agent_collector_passes_total":
+				out.passes += int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return out
+}
+
 // poolStatusWrites is the Writes key of the controller's writes of a pool's status.
 const poolStatusWrites = "controller PATCH replicatedstoragepools/status"
 
-// poolStatusSettled waits until the pool's status has not been written for quiet:
-// the capacity reports that follow an operation's backing volumes have come in.
-func (r *rig) poolStatusSettled(quiet time.Duration) {
+// settled waits until nothing but Lease renewals has been written for 3 s (the
+// agents' ProgressInterval here is 2 s): what an operation set off — an Event the
+// recorder sends after it, a report paced as progress, the pool's status following
+// the capacity its backing volumes moved — is counted with it, not with the next.
+func (r *rig) settled() {
 	r.t.Helper()
+	const quiet = 3 * time.Second
 	before, last := r.c.Writes.Snapshot(), time.Now()
-	r.eventually("the pool's status settled", time.Minute, func() string {
-		if since, _ := r.c.Writes.Since(before); since[poolStatusWrites] > 0 {
+	r.eventually("the writes settled", time.Minute, func() string {
+		if since, _ := r.c.Writes.Since(before); withoutLeases(since) > 0 {
 			before, last = r.c.Writes.Snapshot(), time.Now()
 		}
 		if d := time.Since(last); d < quiet {
