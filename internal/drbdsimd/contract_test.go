@@ -113,6 +113,7 @@ func TestLoneResourceThroughStandIns(t *testing.T) {
 	defer cancel()
 	lone := h.Resource("node1")
 	lone.Peers = nil
+	lone.Options.Resource.Quorum = drbd.QuorumCount(1) // as meshvol renders a 1D volume
 	d := h.Driver("node1")
 	steps := []struct {
 		name string
@@ -123,6 +124,9 @@ func TestLoneResourceThroughStandIns(t *testing.T) {
 		{"up", func() error { return d.Up(ctx, lone.Name) }},
 		{"new-current-uuid", func() error { return d.NewCurrentUUIDClearBitmap(ctx, lone.Name) }},
 		{"primary", func() error { return d.Primary(ctx, lone.Name, drbd.NoForce) }},
+		// The agent's recompute of a stale quorum (two resource-options --quorum
+		// changes), as the installed image's stand-ins must serve it.
+		{"recompute-quorum", func() error { return d.RecomputeQuorum(ctx, lone.Name, lone.Options.Resource.Quorum) }},
 	}
 	for _, s := range steps {
 		if err := s.do(); err != nil {

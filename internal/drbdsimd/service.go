@@ -349,6 +349,13 @@ func (s *Service) drbdsetup(ctx context.Context, node string, args []string, std
 		err = n.ForgetPeer(ctx, args[1], id)
 	case len(args) == 3 && args[0] == "resource-options" && args[2] == "--on-no-quorum="+string(drbd.OnNoQuorumIOError):
 		err = n.FailIOWithoutQuorum(ctx, args[1])
+	case len(args) == 3 && args[0] == "resource-options" && strings.HasPrefix(args[2], "--quorum="):
+		// The agent's RecomputeQuorum: two option changes, each recomputing quorum.
+		q, perr := drbd.ParseQuorum(strings.TrimPrefix(args[2], "--quorum="))
+		if perr != nil {
+			return unsupported(stderr, "drbdsetup", args)
+		}
+		err = n.SetQuorum(ctx, args[1], q)
 	case len(args) == 4 && args[0] == "verify" && args[3] == strconv.Itoa(drbd.VolumeNumber):
 		id, perr := strconv.Atoi(args[2])
 		if perr != nil {

@@ -833,7 +833,22 @@ func (n *Node) RecomputeQuorum(ctx context.Context, name string, q drbd.Quorum) 
 	if err != nil {
 		return err
 	}
-	if err := n.begin(ctx, "resource-options", name, "--quorum="+via.String()); err != nil {
+	for _, v := range []drbd.Quorum{via, q} {
+		if err := n.SetQuorum(ctx, name, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetQuorum is `drbdsetup resource-options NAME --quorum=Q`, one of the two commands
+// RecomputeQuorum runs (and the one the daemon's stand-in serves, internal/drbdsimd):
+// DRBD recomputes quorum on any change of the option (CS_FORCE_RECALC).
+func (n *Node) SetQuorum(ctx context.Context, name string, q drbd.Quorum) error {
+	if !q.Valid() {
+		return fmt.Errorf("resource-options %s: quorum %q is not valid", name, q.String())
+	}
+	if err := n.begin(ctx, "resource-options", name, "--quorum="+q.String()); err != nil {
 		return err
 	}
 	defer n.c.mu.Unlock()
@@ -841,11 +856,9 @@ func (n *Node) RecomputeQuorum(ctx context.Context, name string, q drbd.Quorum) 
 	if r == nil {
 		return unknownRes("resource-options", name)
 	}
-	for _, v := range []drbd.Quorum{via, q} {
-		r.cfg.Options.Resource.Quorum = v
-		n.c.forceQuorumRecompute(r)
-		n.c.settleResource(name)
-	}
+	r.cfg.Options.Resource.Quorum = q
+	n.c.forceQuorumRecompute(r)
+	n.c.settleResource(name)
 	return nil
 }
 

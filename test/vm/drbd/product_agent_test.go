@@ -35,6 +35,9 @@ type nodeProc struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// stops counts nodeStop's calls: a restart after an exit of its own is
+	// called off when a stop came meanwhile.
+	stops int
 }
 
 var meshvolNode nodeProc
@@ -95,10 +98,40 @@ func (p *nodeProc) start(name, kubeconfig string) error {
 	}
 	p.cmd, p.done = cmd, make(chan struct{})
 	go func(done chan struct{}) {
-		_ = cmd.Wait()
+		err := cmd.Wait()
 		close(done)
+		p.restartIfExited(cmd, err, name, kubeconfig)
 	}(p.done)
 	return nil
+}
+
+// restartIfExited starts `meshvol node` again when cmd, the running one, ended
+// by itself rather than by nodeStop, as the kubelet restarts the node agent's
+// container (the chart's DaemonSet: restartPolicy Always): under emulation on a
+// loaded machine its start-up gave up once on a TLS handshake to the apiserver
+// that timed out, and the tier waited ten minutes for that node's pool
+// capacity (test/vm/README.md, the runs of the 27th's late evening).
+func (p *nodeProc) restartIfExited(cmd *exec.Cmd, err error, name, kubeconfig string) {
+	p.mu.Lock()
+	exited, stops := p.cmd == cmd, p.stops
+	if exited {
+		p.cmd = nil
+	}
+	p.mu.Unlock()
+	if !exited {
+		return // nodeStop ended it
+	}
+	fmt.Fprintf(os.Stderr, "meshvol-vm: meshvol node exited by itself (%v); starting it again in 2 s\n", err)
+	time.Sleep(2 * time.Second)
+	p.mu.Lock()
+	stopped := p.stops != stops
+	p.mu.Unlock()
+	if stopped {
+		return
+	}
+	if err := p.start(name, kubeconfig); err != nil {
+		fmt.Fprintf(os.Stderr, "meshvol-vm: starting meshvol node again: %v\n", err)
+	}
 }
 
 // nodeStop ends `meshvol node` with ?signal=KILL (a crash of the agent alone)
@@ -111,6 +144,7 @@ func (a *agent) nodeStop(w http.ResponseWriter, r *http.Request) {
 	meshvolNode.mu.Lock()
 	cmd, done := meshvolNode.cmd, meshvolNode.done
 	meshvolNode.cmd = nil
+	meshvolNode.stops++
 	meshvolNode.mu.Unlock()
 	if cmd == nil {
 		fmt.Fprintln(w, "not running")
