@@ -24,13 +24,8 @@ func TestUnwantedAttachWithdrawnOnAnyRefusal(t *testing.T) {
 			w := newWorld()
 			c := w.rv.Spec.ManualConfiguration
 			c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy = 0, 0
-			for i := 0; i < 5; i++ {
-				if _, err := w.process(t); err != nil {
-					t.Fatal(err)
-				}
-				if w.place() == "" {
-					break
-				}
+			if err := w.createReplicas(t); err != nil {
+				t.Fatal(err)
 			}
 			w.settleAll(t)
 			a := &v1.ReplicatedVolumeAttachment{}

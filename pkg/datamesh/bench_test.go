@@ -26,13 +26,8 @@ func steadyWorld(tb testing.TB, ftt, gmdr, access int) *world {
 	}
 	c := w.rv.Spec.ManualConfiguration
 	c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy = int32(ftt), int32(gmdr)
-	for i := 0; i < 5; i++ {
-		if _, err := w.process(tb); err != nil {
-			tb.Fatal(err)
-		}
-		if w.place() == "" {
-			break
-		}
+	if err := w.createReplicas(tb); err != nil {
+		tb.Fatal(err)
 	}
 	w.settleAll(tb)
 	for i := 0; i < access; i++ {

@@ -435,13 +435,8 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 		return "ok"
 	case "form":
 		// form: create the configured layout's replicas (r1.. on n1..), then settle.
-		for i := 0; i < 5; i++ {
-			if _, err := w.process(t); err != nil {
-				return "error: " + err.Error()
-			}
-			if w.place() == "" {
-				break
-			}
+		if err := w.createReplicas(t); err != nil {
+			return "error: " + err.Error()
 		}
 		return w.cmd(t, &datadriven.TestData{Cmd: "settle", CmdArgs: d.CmdArgs})
 	case "place":
@@ -674,6 +669,20 @@ func (w *world) cmd(t *testing.T, d *datadriven.TestData) string {
 	}
 	t.Fatalf("unknown command %q", d.Cmd)
 	return ""
+}
+
+// createReplicas runs the engine and creates the replicas it asks to place until it
+// asks for none (the configured layout's replicas, r1.. on n1..), at most five rounds.
+func (w *world) createReplicas(t testing.TB) error {
+	for i := 0; i < 5; i++ {
+		if _, err := w.process(t); err != nil {
+			return err
+		}
+		if w.place() == "" {
+			return nil
+		}
+	}
+	return nil
 }
 
 // place realises the last Result.Wanted the way placement would: new replicas get the

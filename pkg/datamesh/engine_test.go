@@ -232,13 +232,8 @@ func TestLeavingReplicaLabel(t *testing.T) {
 	w := newWorld()
 	w.rv.Spec.ManualConfiguration.FailuresToTolerate = 1
 	w.rv.Spec.ManualConfiguration.GuaranteedMinimumDataRedundancy = 1
-	for i := 0; i < 5; i++ {
-		if _, err := w.process(t); err != nil {
-			t.Fatal(err)
-		}
-		if w.place() == "" {
-			break
-		}
+	if err := w.createReplicas(t); err != nil {
+		t.Fatal(err)
 	}
 	w.settleAll(t)
 	w.addRVR("r4", "n4", v1.ReplicaTypeAccess)

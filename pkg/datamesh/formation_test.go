@@ -21,13 +21,8 @@ func TestFormationReplacesOnlyAFailedDisk(t *testing.T) {
 			w := newWorld()
 			c := w.rv.Spec.ManualConfiguration
 			c.FailuresToTolerate, c.GuaranteedMinimumDataRedundancy = l.ftt, l.gmdr
-			for i := 0; i < 5; i++ {
-				if _, err := w.process(t); err != nil {
-					t.Fatal(err)
-				}
-				if w.place() == "" {
-					break
-				}
+			if err := w.createReplicas(t); err != nil {
+				t.Fatal(err)
 			}
 			var diskful []*v1.ReplicatedVolumeReplica
 			for _, r := range w.rvrs {
