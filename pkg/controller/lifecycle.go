@@ -85,9 +85,10 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 		}
 		own = nil
 	}
+	lv := agentlease.Judge(own, now, c.opts.AgentGracePeriod)
 	var fleet agentlease.Fleet
-	if agentlease.Judge(own, now, c.opts.AgentGracePeriod).Live {
-		fleet = c.disrupt.liveSeen(now)
+	if lv.Live {
+		fleet = c.disrupt.liveSeen(now) // a live Lease is judged the same within any fleet
 	} else {
 		// Only a Lease that is not live needs the others: whether every agent is
 		// silent at once decides how this one is judged.
@@ -96,8 +97,8 @@ func (c *Controller) reconcileNode(ctx context.Context, req reconcile.Request) (
 			return ctrl.Result{}, err
 		}
 		fleet = c.disrupt.observe(leases, now)
+		lv = fleet.Judge(own, now, c.opts.AgentGracePeriod)
 	}
-	lv := fleet.Judge(own, now, c.opts.AgentGracePeriod)
 	if !lv.Live {
 		for _, r := range c.volumesOnNode(ctx, node, false) {
 			c.wakeVolume(r.Name)
