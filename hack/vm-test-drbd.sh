@@ -156,10 +156,42 @@ done
 
 test_rc=0
 product_env=()
-[[ $suite == product ]] && product_env=(MESHVOL_VM_PRODUCT="$ROOT/$RUN/payload/meshvol/meshvol")
+results=("$RUN/result.txt")
+if [[ $suite == product ]]; then
+	product_env=(MESHVOL_VM_PRODUCT="$ROOT/$RUN/payload/meshvol/meshvol")
+	# The scenario list's drbdsim pass runs beside the guests' tests, in
+	# its own process (TestProductOnDrbdsim, test/vm/drbd/product_boot_test.go):
+	# in the tier's process it held up the tests on the guests until it
+	# ended. Its record goes to sim-record.json, which TestProduct compares
+	# with the guests' run once both have ended; sim-record.json.rc says
+	# that the pass has ended. It runs in the namespace (its own mount
+	# namespace: its ext4 mounts stay there) with its own control plane.
+	# With VM_RUN the tier's process runs it when the pattern asks.
+	if [[ -z ${VM_RUN:-} ]]; then
+		product_env+=(MESHVOL_VM_SIM_RECORD="$ROOT/$RUN/sim-record.json")
+		results+=("$RUN/sim-result.txt")
+		(
+			rc=0
+			nsx env MESHVOL_VM_SIM_RECORD="$ROOT/$RUN/sim-record.json" "$RUN/payload/meshvol/drbd.test" -test.v \
+				-test.timeout "${VM_TEST_TIMEOUT:-50m}" -test.run '^TestProductOnDrbdsim$' >"$RUN/sim-result.txt" 2>&1 || rc=$?
+			echo "$rc" >"$RUN/sim-record.json.rc"
+		) &
+		sim_pid=$!
+	fi
+fi
 nsx env MESHVOL_VM_DRBD="$spec" MESHVOL_VM_DRBD_OUT="$RUN" MESHVOL_VM_CONTRACT_RUNS="${VM_CONTRACT_RUNS:-1}" "${product_env[@]}" \
 	"$RUN/payload/meshvol/drbd.test" -test.v -test.timeout "${VM_TEST_TIMEOUT:-50m}" \
 	${VM_RUN:+-test.run "$VM_RUN"} 2>&1 | tee "$RUN/result.txt" || test_rc=$?
+if [[ -n ${sim_pid:-} ]]; then
+	# TestProduct waited for it unless the tier failed before; then it is
+	# waited for here (killed, it would leave its control plane behind; it
+	# has its own time limit).
+	wait "$sim_pid" || true
+	sim_rc=$(cat "$RUN/sim-record.json.rc" 2>/dev/null || echo "none")
+	echo "vm-test-drbd: the drbdsim pass (its own process, output in $RUN/sim-result.txt) ended with exit code $sim_rc"
+	grep -E '^(=== RUN|--- |\s+--- |product-vm:|FAIL|PASS|ok )' "$RUN/sim-result.txt" | grep -v '^=== RUN' || true
+	if [[ $sim_rc != 0 ]] && ((test_rc == 0)); then test_rc=1; fi
+fi
 
 # The test binary has saved each guest's kernel log and asked it to power
 # off; nothing in a guest outlives the run (its disks are this run's fresh
@@ -169,9 +201,9 @@ cleanup
 pids=()
 for n in "${nodes[@]}"; do tr -d '\r' <"$RUN/$n.agent.log" >"$RUN/$n.agent.txt" 2>/dev/null || true; done
 
-passed=$(grep -c -E '^[[:space:]]*--- PASS:' "$RUN/result.txt" || true)
-failed=$(grep -c -E '^[[:space:]]*--- FAIL:' "$RUN/result.txt" || true)
-skipped=$(grep -c -E '^[[:space:]]*--- SKIP:' "$RUN/result.txt" || true)
+passed=$(cat "${results[@]}" | grep -c -E '^[[:space:]]*--- PASS:' || true)
+failed=$(cat "${results[@]}" | grep -c -E '^[[:space:]]*--- FAIL:' || true)
+skipped=$(cat "${results[@]}" | grep -c -E '^[[:space:]]*--- SKIP:' || true)
 if ((test_rc != 0)) && ((failed == 0)); then
 	failed=1 # the binary failed outside a test (setup, timeout, panic)
 	for n in "${nodes[@]}"; do

@@ -448,20 +448,23 @@ func (p *product) RestartAgent(ctx context.Context, node string) error {
 // `make test` does) and on the guests, and prints both runs and their
 // differences step by step (also to scenario-compare.txt in the run's
 // directory).
-// The drbdsim pass is TestProductOnDrbdsim's, which ran while the guests
-// booted; TestProduct runs it here only when that test did not run (a -run
-// pattern that left it out).
+// The drbdsim pass is TestProductOnDrbdsim's, in its own process beside
+// this one (MESHVOL_VM_SIM_RECORD) or earlier in this one; TestProduct runs
+// it here only when neither ran (a -run pattern that left it out).
 func TestProduct(t *testing.T) {
 	waitProduct(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 	sim, real := simRecord, (*scenario.Record)(nil)
-	if sim == nil {
+	if sim == nil && simRecordPath() == "" {
 		t.Run("drbdsim", func(t *testing.T) { sim = runOnDrbdsim(ctx, t) })
 	}
 	t.Run("real", func(t *testing.T) {
 		real = scenario.Run(ctx, t, prod, scenario.Options{Wait: 10 * time.Minute})
 	})
+	if sim == nil && simRecordPath() != "" {
+		sim = waitSimRecord(ctx, t)
+	}
 	var w io.Writer = os.Stdout
 	if f, err := os.Create(filepath.Join(prod.out, "scenario-compare.txt")); err == nil {
 		defer f.Close()
