@@ -73,6 +73,17 @@ func (rc *reconcile) membership(open, quorumBusy bool) {
 				rc.setRequestMessage(req.Name, "Waiting for the "+string(g)+" transition of replica "+other+" to complete (changes of the diskless member set run one at a time)")
 				continue
 			}
+			if other := rc.zoneGuardedLeaveInFlight(); other != "" {
+				// A voter's leave passed the zone guards on the diskless members they
+				// counted (DRBD's tiebreaker needs a majority of them outside a lost zone:
+				// docs/layouts.md §8.6); a diskless member joining or leaving before it
+				// completes would make that count wrong while it runs (the deep model
+				// check, 2D+1TB TransZonal with shadow support: D → sD and an Access join
+				// in the same zone as the other D, started in one pass; docs/datamesh.md
+				// "Guards").
+				rc.setRequestMessage(req.Name, "Waiting for the "+string(v1.GroupVotingMembership)+" transition of replica "+other+" to complete (its zone guards counted the diskless members)")
+				continue
+			}
 		}
 		if p.From == StateTB || p.To == StateTB {
 			if other := rc.tieBreakerTransition(); other != "" {
@@ -423,6 +434,29 @@ func (rc *reconcile) disklessChangeInFlight() (string, v1.TransitionGroup) {
 		}
 	}
 	return "", ""
+}
+
+// zoneGuardedLeaveInFlight names the replica of a voter's leave in flight (a
+// non-force transition from a voter to a non-voter or out) of a TransZonal volume, or
+// "": its ZoneFTT guard judged the loss of each zone with the diskless members of the
+// datamesh it started in. The leaves whose plan changes the diskless set themselves
+// (D → D∅ → …) already hold diskless changes back (disklessChangeInFlight); this covers
+// the ones that do not, the shadow D → sD.
+func (rc *reconcile) zoneGuardedLeaveInFlight() string {
+	if cfg := rc.st.Configuration; cfg == nil || cfg.Topology != v1.TopologyTransZonal {
+		return ""
+	}
+	ts := rc.st.DatameshTransitions
+	for i := range ts {
+		t := &ts[i]
+		if !isMembership(t.Type) || t.Type == v1.TransitionForceRemoveReplica {
+			continue
+		}
+		if p, ok := rc.planOf(t); ok && p.From.IsVoter() && !p.To.IsVoter() {
+			return t.ReplicaName
+		}
+	}
+	return ""
 }
 
 // tieBreakerTransition names the replica of a membership transition in flight that adds,

@@ -57,6 +57,17 @@ func TestFoundTracesKeepTheirInvariants(t *testing.T) {
 			place("Delete", 1), process(), act(ActApply, 0), act(ActApply, 1), act(ActLose, 1), act(ActForceLeave, 1),
 			request(Action{Req: ReqConfig, Slot: -1, FTT: 1, GMDR: 0}), process(), act(ActApply, 0),
 		}},
+		// D6 (R-zone-guard): a lost D returns and reports again, its replacement joins;
+		// then in one reconcile the returned D steps down to shadow (D → sD, its zone
+		// guards passed on the members they saw) and an Access replica joins in the
+		// other D's zone, which takes the TieBreaker's diskless majority from that zone's
+		// loss. The join waits for the leave (zone_guard_diskless_join.txt).
+		{"D6", StartLayouts[2], v1alpha1.TopologyTransZonal, true, []replayStep{
+			act(ActRestart, 0), act(ActLose, 0), act(ActForceLeave, 0), process(), act(ActReturn, 0), act(ActRejoin, 0),
+			process(), act(ActApply, 0), act(ActApply, 1), act(ActApply, 2),
+			request(Action{Req: ReqRetype, Slot: 0, Type: v1alpha1.ReplicaTypeShadowDiskful}), process(), placeWanted(0),
+			request(Action{Req: ReqAdd, Slot: 4, Type: v1alpha1.ReplicaTypeAccess}),
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewScenario(tc.layout, tc.shadow, tc.topo, Bounds{Depth: 64, Requests: 4, Losses: 1, Returns: 1, Restarts: 1, Spare: 2})
