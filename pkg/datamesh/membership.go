@@ -80,7 +80,7 @@ func (rc *reconcile) membership(open, quorumBusy bool) {
 				// completes would make that count wrong while it runs (the deep model
 				// check, 2D+1TB TransZonal with shadow support: D → sD and an Access join
 				// in the same zone as the other D, started in one pass; docs/datamesh.md
-				// "Guards").
+				// "Parallelism").
 				rc.setRequestMessage(req.Name, "Waiting for the "+string(v1.GroupVotingMembership)+" transition of replica "+other+" to complete (its zone guards counted the diskless members)")
 				continue
 			}
