@@ -393,8 +393,7 @@ func (s *Sandbox) waitRelease(ctx context.Context, timeout time.Duration) error 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			out, _ := s.Kube.Kubectl(ctx, "-n", ReleaseNamespace, "get", "pods", "-o", "wide")
-			return fmt.Errorf("sandbox: the release is not Ready within %s: %s\n%s", timeout, strings.Join(state, ", "), out)
+			return fmt.Errorf("sandbox: the release is not Ready within %s: %s\n%s", timeout, strings.Join(state, ", "), s.whyNotReady(ctx))
 		}
 		select {
 		case <-ctx.Done():
@@ -402,6 +401,50 @@ func (s *Sandbox) waitRelease(ctx context.Context, timeout time.Duration) error 
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// whyNotReady says what keeps the release's pods from Ready, for the error
+// of a release that is not: the pods, each node's Ready condition and taints
+// (the scheduler's and the kubelet's view: a node NotReady or tainted keeps
+// the controller's pods, which tolerate nothing, Pending), and the events of
+// every pod that is not Ready (FailedScheduling, FailedMount, a sandbox that
+// containerd could not create).
+func (s *Sandbox) whyNotReady(ctx context.Context) string {
+	var b strings.Builder
+	out, _ := s.Kube.Kubectl(ctx, "-n", ReleaseNamespace, "get", "pods", "-o", "wide")
+	b.WriteString(out)
+	var nodes corev1.NodeList
+	if err := s.Client.List(ctx, &nodes); err != nil {
+		fmt.Fprintf(&b, "nodes: %v\n", err)
+	}
+	for _, n := range nodes.Items {
+		ready := "no Ready condition"
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				ready = fmt.Sprintf("Ready=%s (%s: %s, since %s)", c.Status, c.Reason, c.Message, c.LastTransitionTime.UTC().Format(time.TimeOnly))
+			}
+		}
+		var taints []string
+		for _, t := range n.Spec.Taints {
+			taints = append(taints, t.ToString())
+		}
+		fmt.Fprintf(&b, "node %s: %s; unschedulable %t; taints [%s]\n", n.Name, ready, n.Spec.Unschedulable, strings.Join(taints, ", "))
+	}
+	var pods corev1.PodList
+	if err := s.Client.List(ctx, &pods, client.InNamespace(ReleaseNamespace)); err != nil {
+		fmt.Fprintf(&b, "pods: %v\n", err)
+	}
+	for _, p := range pods.Items {
+		if podReady(&p) {
+			continue
+		}
+		out, _ := s.Kube.Kubectl(ctx, "-n", ReleaseNamespace, "describe", "pod", p.Name)
+		if i := strings.Index(out, "\nEvents:"); i >= 0 {
+			out = out[i+1:] // the events say why; the rest is the manifest
+		}
+		fmt.Fprintf(&b, "pod %s on %q, not Ready: %s", p.Name, p.Spec.NodeName, out)
+	}
+	return b.String()
 }
 
 // ReleasePods lists the release's pods of a component (controller, node).

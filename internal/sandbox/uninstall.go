@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
 )
 
 // Uninstall is what `helm uninstall` of the release did.
@@ -156,6 +158,18 @@ func (s *Sandbox) releaseLeft(ctx context.Context, objs []*unstructured.Unstruct
 		} {
 			if _, err := os.Lstat(sock); err == nil {
 				left = append(left, "socket "+sock)
+			}
+		}
+		// The controller's taints of a node it judged lost (docs/controller.md, "Node
+		// lifecycle"): only the controller takes them off again, so one left after it
+		// is gone keeps the controller's own pods, which tolerate neither, off the node
+		// when it is installed again.
+		var node corev1.Node
+		if err := s.Client.Get(ctx, client.ObjectKey{Name: n.Name}, &node); err == nil {
+			for _, t := range node.Spec.Taints {
+				if t.Key == controller.TaintLost.Key || t.Key == controller.TaintOutOfService.Key {
+					left = append(left, "taint "+t.ToString()+" on node "+n.Name)
+				}
 			}
 		}
 		var cn storagev1.CSINode

@@ -16,12 +16,14 @@ import (
 
 const reasonAccessNodeUnavailable = "AccessNodeUnavailable"
 
-// writeAttachments writes each RVA's status from the engine's verdict (phase, the
-// Attached condition, and the attached replica's device path), and releases the
-// finalizer of a deleted RVA once its node is confirmed detached.
-func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.ReplicatedVolume, atts []datamesh.AttachmentStatus, accessRefused map[string]string) error {
+// writeAttachments writes each RVA's status from the engine's verdict (out.attachments:
+// phase, the Attached condition, and the attached replica's device path), and releases
+// the finalizer of a deleted RVA once its node is detached (detachedOn). work's status
+// is the one just published.
+func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.ReplicatedVolume, out engineOutput) error {
+	accessRefused := out.accessRefused
 	verdicts := map[string]datamesh.AttachmentStatus{}
-	for _, a := range atts {
+	for _, a := range out.attachments {
 		verdicts[a.Name] = a
 	}
 	for _, rva := range v.rvas {
@@ -57,7 +59,7 @@ func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.R
 				return fmt.Errorf("writing status of attachment %s: %w", rva.Name, err)
 			}
 		}
-		if rva.DeletionTimestamp != nil && slices.Contains(rva.Finalizers, v1.FinalizerController) && detachedOn(work, rva.Spec.NodeName) {
+		if rva.DeletionTimestamp != nil && slices.Contains(rva.Finalizers, v1.FinalizerController) && detachedOn(work, rva.Spec.NodeName, out.lost) {
 			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", rva.Name, rva.ResourceVersion, false, rva.Finalizers)); err != nil {
 				return fmt.Errorf("removing finalizer of attachment %s: %w", rva.Name, err)
 			}
@@ -67,8 +69,17 @@ func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.R
 }
 
 // detachedOn: no member on node is attached and no Attach, Detach or ForceDetach of one
-// is in flight: the node cannot be Primary any more.
-func detachedOn(rv *v1.ReplicatedVolume, node string) bool {
+// is in flight: the node cannot be Primary any more, or it is lost and the datamesh has
+// stopped counting it as attached.
+//
+// A ForceDetach of a member in lost — one this pass named ForceLeave: its node lost and
+// no live replica reaching it — counts as detached once it is published, before the
+// survivors confirm it: the lost node confirms nothing anyway, and what keeps it from
+// writing is DRBD's quorum, not the attachment's release. Releasing the RVA then lets
+// ControllerUnpublishVolume return and Kubernetes attach elsewhere, while the engine's
+// Attach of the new node still waits for the force detach, the force removal and its
+// q↓ (docs/controller.md, "Releasing a lost node's attachment").
+func detachedOn(rv *v1.ReplicatedVolume, node string, lost []string) bool {
 	for _, m := range rv.Status.Datamesh.Members {
 		if m.NodeName != node {
 			continue
@@ -77,8 +88,16 @@ func detachedOn(rv *v1.ReplicatedVolume, node string) bool {
 			return false
 		}
 		for _, t := range rv.Status.DatameshTransitions {
-			if t.ReplicaName == m.Name && (t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach || t.Type == v1.TransitionForceDetach) {
+			if t.ReplicaName != m.Name {
+				continue
+			}
+			switch t.Type {
+			case v1.TransitionAttach, v1.TransitionDetach:
 				return false
+			case v1.TransitionForceDetach:
+				if !slices.Contains(lost, m.Name) {
+					return false
+				}
 			}
 		}
 	}

@@ -403,6 +403,9 @@ type engineOutput struct {
 	events      []datamesh.Event
 	// accessRefused: node → why placement put no Access replica there.
 	accessRefused map[string]string
+	// lost: the members the controller fed the engine as ForceLeave (their node lost
+	// and no live replica reaching them), for writeAttachments.
+	lost []string
 }
 
 // invalidInputError is the engine's refusal of its input (a status written by someone
@@ -427,7 +430,7 @@ func (c *Controller) runEngine(ctx context.Context, v *volume, work *v1.Replicat
 		log.Info("replica's node is lost: force-leave", "rvr", n)
 	}
 	return engineOutput{wanted: res.Wanted, attachments: res.Attachments,
-		events: res.Events, accessRefused: map[string]string{}}, nil
+		events: res.Events, accessRefused: map[string]string{}, lost: forceLeave}, nil
 }
 
 // refuseInput publishes the engine's refusal of its input as Configured=False on the
@@ -466,7 +469,7 @@ func (c *Controller) publish(ctx context.Context, v *volume, work *v1.Replicated
 	for _, e := range out.events {
 		c.recorder.Event(v.rv, string(e.Type), e.Reason, e.Message)
 	}
-	if err := c.writeAttachments(ctx, v, work, out.attachments, out.accessRefused); err != nil {
+	if err := c.writeAttachments(ctx, v, work, out); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {

@@ -149,7 +149,12 @@ func (rc *reconcile) wantRemovals(d, tb int, wanted []WantedReplica) []WantedRep
 // through DRBD's tiebreaker, which never gives quorum back once lost.
 //
 // Only a datamesh that lost voters is degraded this way: every other step moves the
-// effective FTT with the voters it adds or removes (AfterMembershipChange).
+// effective FTT with the voters it adds or removes (AfterMembershipChange). The one
+// other way the members come to provide less than the effective FTT is a removal that a
+// lowered configuration allowed and that finishes after the configuration was raised
+// again (AfterMembershipChange does not move past the configuration): its copy went
+// with its disk, so the effective FTT falls here to what is left, and the layout asks
+// for the replacement (docs/datamesh.md, "q, qmr and the effective layout").
 func (rc *reconcile) quorumAfterForceRemoval(c counts) bool {
 	if oq, _ := rc.override(); oq > 0 {
 		return false

@@ -17,6 +17,11 @@ package layout
 //     if alive behind a partition, is then alone and cannot be quorate, while a q
 //     lowered at once would let it keep the old quorum with a replica that has
 //     not applied the removal;
+//   - a removal that a lowered configuration allowed may finish after the
+//     configuration was raised again (its disk already detached): the engine then
+//     lowers the effective FTT to what the members left provide once nothing is in
+//     flight, as after a force removal, and the layout asks for the replacement
+//     (docs/datamesh.md, "q, qmr and the effective layout");
 //   - formation sets it to the configuration (Formed); a formation restart
 //     tears the datamesh down and resets it to zero (Reset).
 //

@@ -68,6 +68,15 @@ func TestFoundTracesKeepTheirInvariants(t *testing.T) {
 			request(Action{Req: ReqRetype, Slot: 0, Type: v1alpha1.ReplicaTypeShadowDiskful}), process(), placeWanted(0),
 			request(Action{Req: ReqAdd, Slot: 4, Type: v1alpha1.ReplicaTypeAccess}),
 		}},
+		// D7 (R-ratchet, the checker's rule): 3D (1,1) lowered to FTT 0 starts removing
+		// a D (D → D∅ applied, its copy given up); the configuration is raised back to
+		// FTT 1 before D∅ → ✕. The removal finishes, the effective FTT falls to what the
+		// two D provide, and the replacement the layout asks for brings it back
+		// (ratchet_raise_mid_removal.txt; wantEffectiveFTT below).
+		{"D7", StartLayouts[3], v1alpha1.TopologyZonal, false, []replayStep{
+			request(Action{Req: ReqConfig, Slot: -1, FTT: 0, GMDR: 1}), process(), placeWanted(0), process(), act(ActApply, 2),
+			request(Action{Req: ReqConfig, Slot: -1, FTT: 1, GMDR: 1}), process(), act(ActApply, 0), act(ActApply, 1), act(ActApply, 2),
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewScenario(tc.layout, tc.shadow, tc.topo, Bounds{Depth: 64, Requests: 4, Losses: 1, Returns: 1, Restarts: 1, Spare: 2})
@@ -96,10 +105,19 @@ func TestFoundTracesKeepTheirInvariants(t *testing.T) {
 			}
 			end, vs := c.drain(w, false)
 			report("drained", vs, end)
+			if want, ok := wantEffectiveFTT[tc.name]; ok {
+				if el := end.RV.Status.EffectiveLayout; el == nil || el.FailuresToTolerate != want {
+					t.Errorf("drained: effective layout %+v, want FTT %d (the replacement restores it)\n%s", el, want, end.String(s))
+				}
+			}
 			t.Logf("%s: %d actions replayed:\n  %v\nend:\n%s", tc.name, len(trace), trace, end.String(s))
 		})
 	}
 }
+
+// wantEffectiveFTT is the effective FTT a replayed trace must end with, where the
+// finding was about the protection the volume returns to.
+var wantEffectiveFTT = map[string]int32{"D7": 1}
 
 // replayStep picks the next action in world w, or reports that the trace's action is
 // not possible there.

@@ -58,6 +58,15 @@ func checkRules(s *Scenario, w *World, floor v1alpha1.Layout, prev, next *v1alph
 		if lostFTT >= 0 {
 			fttFloor = min(fttFloor, lostFTT)
 		}
+		// A removal the configuration allowed when it was lower may finish after the
+		// configuration was raised again (its copy is given up once its disk is
+		// detached): the effective FTT then falls to what the members provide, not
+		// below what the configuration history allows (floor), and the layout asks for
+		// the replacement (docs/datamesh.md, "q, qmr and the effective layout").
+		if floor.FailuresToTolerate < fttFloor {
+			provided := providedFTT(dm.Members, max(dm.QuorumMinimumRedundancy-1, 0))
+			fttFloor = min(fttFloor, max(floor.FailuresToTolerate, provided))
+		}
 		if ne.FailuresToTolerate < fttFloor ||
 			ne.GuaranteedMinimumDataRedundancy < min(pe.GuaranteedMinimumDataRedundancy, target.GuaranteedMinimumDataRedundancy) {
 			add(InvRatchet, "effective layout fell from FTT=%d,GMDR=%d to FTT=%d,GMDR=%d with the configuration at FTT=%d,GMDR=%d",
