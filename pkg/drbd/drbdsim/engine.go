@@ -701,6 +701,13 @@ func (c *Cluster) startSync(src *resource, ks *conn, dst *resource, kd *conn, fu
 	src.bmWrites++
 	dst.bmWrites++
 	ks.repl, kd.repl = replWFBitMapS, replWFBitMapT
+	// A sync target is at most Outdated from the bitmap exchange on (DRBD 9.2's
+	// sanitize_state: L_WF_BITMAP_T caps the disk at D_OUTDATED): a disk that came
+	// back UpToDate from its metadata stops counting as current the moment the
+	// handshake finds a newer peer.
+	if dst.disk == DiskUpToDate || dst.disk == DiskConsistent {
+		dst.setDisk(DiskOutdated)
+	}
 	ks.wfUntil, kd.wfUntil = c.now.Add(c.opts.BitmapExchange), c.now.Add(c.opts.BitmapExchange)
 	ks.rsTotal, kd.rsTotal = sp.bits.count(), sp.bits.count()
 }

@@ -326,14 +326,12 @@ func (r *resource) attach(md *metadata) error {
 	r.md, r.file = md, f
 	r.disk = DiskAttaching
 	r.publish()
-	// DRBD restores the persisted state; a replica that was UpToDate is
-	// only Consistent until a peer (or a promotion) confirms it.
-	switch md.disk {
-	case DiskUpToDate:
-		r.disk = DiskConsistent
-	default:
-		r.disk = md.disk
-	}
+	// DRBD restores the persisted state. A disk that was UpToDate comes back
+	// UpToDate: DRBD 9.2's disk_state_from_md keeps it so unless a peer carries
+	// the peer-fencing flag, which only a fencing policy other than dont-care
+	// sets, and meshvol renders none (test/vm/FINDINGS.md 7). A handshake with a
+	// peer that wrote since then makes it the sync target as usual.
+	r.disk = md.disk
 	for id, pm := range md.peers {
 		if pm.outdated {
 			r.outdated()[id] = true

@@ -383,6 +383,7 @@ func TestCrashFailoverAndReturn(t *testing.T) {
 	if st.Connections[0].PeerDevices[0].ReplicationState != "WFBitMapT" {
 		t.Fatalf("node1 after restart: %v", st.Connections[0].PeerDevices[0])
 	}
+	rg.wantDisk("node1", "Outdated", "in the bitmap exchange (sanitize_state caps a sync target's disk)")
 	if oos := st.Connections[0].PeerDevices[0].OutOfSync; oos != 1024 {
 		t.Fatalf("node1 out of sync %d KiB, want 1024 (only what node2 wrote)", oos)
 	}
@@ -610,5 +611,66 @@ func TestOutdatedResyncedOnConnectToDisklessPrimary(t *testing.T) {
 	rg.c.Advance(30 * time.Second) // connect-int, the bitmap exchange and the resync
 	rg.wantDisk("node1", "UpToDate", "connected to the diskless Primary and to UpToDate node2")
 	// node1, UpToDate and quorate, holds node3's acknowledged write.
+	rg.noLostWrites()
+}
+
+// A crashed replica's disk comes back UpToDate when it attaches, as on DRBD 9.2.18
+// without a fencing policy (drbd_state.c, disk_state_from_md: may_be_up_to_date skips
+// every peer without MDF_PEER_FENCING, and meshvol renders no fencing policy;
+// test/vm/FINDINGS.md 7), and it stops counting as current the moment a handshake
+// finds a newer peer: from the bitmap exchange on a sync target is at most Outdated
+// (sanitize_state, L_WF_BITMAP_T). So a lone copy that restarts can be promoted, and
+// an UpToDate replica never serves without an acknowledged write.
+func TestReturningDiskComesBackUpToDate(t *testing.T) {
+	rg, _ := formedWithPrimary(t)
+	rg.must(rg.write("node1", 0, 8192))
+	n2 := rg.c.Node("node2")
+	n2.Crash()
+	rg.c.Cut("node2", "node1")
+	rg.c.Cut("node2", "node3")
+	n2.Restart()
+	rg.must(n2.Up(rg.ctx, "r0"))
+	rg.wantDisk("node2", "UpToDate", "after its restart, alone")
+	rg.noLostWrites()
+
+	// node1 writes on without it (the tiebreaker keeps its quorum): node2 is now a
+	// stale UpToDate disk without quorum, which nothing may read from.
+	rg.must(rg.write("node1", 1<<20, 8192))
+	rg.wantQuorum("node2", false)
+	if stale := rg.c.StaleUpToDate("r0"); len(stale) != 1 || !strings.HasPrefix(stale[0], "node2:") {
+		t.Fatalf("stale UpToDate replicas: %v, want node2's only", stale)
+	}
+	rg.noLostWrites()
+
+	rg.c.Connect("node2", "node1")
+	rg.c.Connect("node2", "node3")
+	// The next connect attempt (connect-int) finds node1 newer: node2 is its sync
+	// target, Outdated from the bitmap exchange on.
+	inExchange := false
+	for range 200 {
+		rg.c.Advance(100 * time.Millisecond)
+		st := rg.state("node2")
+		for _, c := range st.Connections {
+			for _, pd := range c.PeerDevices {
+				if pd.ReplicationState == "WFBitMapT" {
+					inExchange = true
+					if d := st.Devices[0].DiskState; d != "Outdated" {
+						t.Fatalf("node2 in the bitmap exchange: disk %s, want Outdated", d)
+					}
+				}
+			}
+		}
+		rg.noLostWrites()
+		if inExchange && st.Devices[0].DiskState == "UpToDate" {
+			break
+		}
+	}
+	if !inExchange {
+		t.Fatalf("node2 never became node1's sync target: %+v", rg.state("node2"))
+	}
+	rg.wantDisk("node2", "UpToDate", "after its resync")
+	if stale := rg.c.StaleUpToDate("r0"); len(stale) != 0 {
+		t.Fatalf("stale UpToDate replicas after the resync: %v", stale)
+	}
 	rg.noLostWrites()
 }

@@ -110,7 +110,7 @@ type metadata struct {
 	current   uint64
 	history   []uint64
 	// disk is the persisted consistency: Inconsistent, Outdated, or
-	// UpToDate (shown as Consistent on attach until a peer confirms).
+	// UpToDate (restored as it was on attach).
 	disk  DiskState
 	peers map[int]*peerMD
 }
