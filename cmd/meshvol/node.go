@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -117,12 +118,13 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	exec := drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout})
+	drbdLog := driverLog(log)
+	exec := drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, Log: drbdLog})
 	features, err := exec.ProbeFeatures(ctx)
 	if err != nil {
 		log.Error(err, "probing DRBD features; assuming upstream DRBD 9.2")
 	}
-	exec = drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, Features: features})
+	exec = drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, Features: features, Log: drbdLog})
 	hmac, verify := kernelAlgorithms("/proc/crypto")
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -325,4 +327,14 @@ func kernelAlgorithms(path string) (hmac, verify []string) {
 		}
 	}
 	return hmac, verify
+}
+
+// driverLog is the DRBD driver's log in the node's own: without it the driver
+// logged nowhere, and a drbd-utils command killed at --command-timeout left
+// only the step's error, not which command hung or for how long. slog's
+// levels map to logr's: a killed command (Warn) and a forced promotion
+// (Warn) at the default verbosity, every command with its duration (Debug)
+// at -v 4.
+func driverLog(log logr.Logger) *slog.Logger {
+	return slog.New(logr.ToSlogHandler(log.WithName("drbd")))
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/meshvol/meshvol/pkg/agent"
 	"github.com/meshvol/meshvol/pkg/nodecheck"
@@ -137,6 +138,29 @@ func TestPrerequisiteCheckInterval(t *testing.T) {
 		var out, errb bytes.Buffer
 		if code := run([]string{"node", "--node-name", "n1", "--prerequisite-check-interval", v}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--prerequisite-check-interval") {
 			t.Errorf("--prerequisite-check-interval %s: exit %d, stderr %q; want 2 naming the flag", v, code, errb.String())
+		}
+	}
+}
+
+// TestDriverLogReachesTheNodeLog: what the DRBD driver logs — a command killed
+// at its timeout — appears in the node's log at the default verbosity, and
+// the per-command debug lines only at -v 4.
+func TestDriverLogReachesTheNodeLog(t *testing.T) {
+	for _, v := range []int{0, 4} {
+		var lines []string
+		log := funcr.New(func(prefix, args string) { lines = append(lines, prefix+" "+args) }, funcr.Options{Verbosity: v})
+		d := driverLog(log)
+		d.Warn("drbd command timed out and was killed", "argv", []string{"drbdadm", "adjust", "r0"}, "timeout", 30*time.Second)
+		d.Debug("drbd command", "argv", []string{"drbdsetup", "status"}, "took", time.Millisecond)
+		want := 1
+		if v >= 4 {
+			want = 2
+		}
+		if len(lines) != want {
+			t.Fatalf("-v %d: %d lines logged, want %d: %q", v, len(lines), want, lines)
+		}
+		if !strings.Contains(lines[0], "drbd") || !strings.Contains(lines[0], "timed out and was killed") || !strings.Contains(lines[0], "adjust") {
+			t.Errorf("-v %d: the killed command logged as %q, want its name, message and argv", v, lines[0])
 		}
 	}
 }

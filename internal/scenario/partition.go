@@ -32,7 +32,11 @@ func (r *run) startProgressWriter(t *testing.T, id string) *progressWriter {
 	base := path.Join(r.b.Dir(node), "writer-"+id)
 	w := &progressWriter{r: r, node: node, count: base + ".count", log: base + ".log", stopFile: base + ".stop"}
 	dir := path.Join(r.target(node, id), "partition-writer")
-	loop := fmt.Sprintf(`i=0; while [ ! -e %[2]s ]; do dd if=/dev/urandom of=%[1]s/f$((i %% 16)) bs=64k count=4 conv=fsync 2>/dev/null || { echo "failed: write $i" >>%[3]s; exit 1; }; i=$((i+1)); echo $i >%[4]s; done`,
+	// The count is written beside and renamed over the count file, so that a
+	// reader never sees it truncated and not yet written: `echo $i >count`
+	// empties the file first, and a reader in between read "" (seen on
+	// drbdsim, whose writes complete within microseconds).
+	loop := fmt.Sprintf(`i=0; while [ ! -e %[2]s ]; do dd if=/dev/urandom of=%[1]s/f$((i %% 16)) bs=64k count=4 conv=fsync 2>/dev/null || { echo "failed: write $i" >>%[3]s; exit 1; }; i=$((i+1)); echo $i >%[4]s.tmp && mv -f %[4]s.tmp %[4]s; done`,
 		dir, w.stopFile, w.log, w.count)
 	script := fmt.Sprintf(`mkdir -p %[1]s && rm -f %[2]s %[3]s %[4]s && echo 0 >%[4]s && (sh -c '%[5]s' >/dev/null 2>&1 </dev/null &)`, dir, w.stopFile, w.log, w.count, loop)
 	if out, err := r.b.Shell(r.ctx, node, script); err != nil {
