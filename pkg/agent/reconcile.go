@@ -167,7 +167,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		return r.failed(ctx, "freeing the backing volume of a replica retyped to "+string(r.rvr.Spec.Type), err)
 	}
 	s := a.confirm(ctx, r, member, vol)
-	for _, wait := range []time.Duration{a.reconnectStandAlone(ctx, want), a.recomputeStaleQuorum(ctx, want)} {
+	for _, wait := range []time.Duration{a.reconnectStandAlone(ctx, want), a.recomputeStaleQuorum(ctx, want, member.Attached)} {
 		if wait > 0 && (s.retry <= 0 || wait < s.retry) {
 			s.retry = wait
 		}

@@ -19,6 +19,14 @@ const (
 	// removal lowers q), and a recompute then changes nothing.
 	staleQuorumFirstRetry = 10 * time.Second
 	staleQuorumMaxRetry   = 2 * time.Minute
+	// staleQuorumAttachedRetry spaces them, without growing, while the datamesh
+	// attaches the member: a pod waits on its device (a write blocks while it has
+	// no quorum), and the peers regain quorum a few confirmation rounds after a
+	// loss (the force removal's q↓), a change this member does not see. Waiting
+	// out the growing interval there kept a failover's pod from starting for 20 s
+	// after its node was Primary (docs/controller.md, "Failover, measured"). A
+	// recompute is one drbdsetup call.
+	staleQuorumAttachedRetry = time.Second
 )
 
 // staleQuorum is one resource's episode of quorum:no while connected to an
@@ -43,7 +51,10 @@ type staleQuorum struct {
 // intermediate 31 decides the same, as no volume has 31 voters. The agent
 // cannot see the peers' quorum flags, so a member whose peers really have no
 // quorum is recomputed too, to no effect, at growing intervals.
-func (a *Agent) recomputeStaleQuorum(ctx context.Context, want *drbd.Resource) time.Duration {
+//
+// attached: the datamesh attaches the member; its recomputes are then
+// staleQuorumAttachedRetry apart, the first one at once.
+func (a *Agent) recomputeStaleQuorum(ctx context.Context, want *drbd.Resource, attached bool) time.Duration {
 	q := drbd.QuorumCount(layout.NonVoterQuorum)
 	snap, running := a.obs.Snapshot(want.Name)
 	stale := running && want.Disk == nil && want.Options.Resource.Quorum == q && withoutQuorumBesideUpToDate(snap)
@@ -63,15 +74,23 @@ func (a *Agent) recomputeStaleQuorum(ctx context.Context, want *drbd.Resource) t
 		ep = &staleQuorum{since: now, next: now.Add(staleQuorumGrace), every: staleQuorumFirstRetry}
 		a.staleQuorum[want.Name] = ep
 	}
+	if attached && ep.tries > 0 && ep.next.Sub(now) > staleQuorumAttachedRetry {
+		ep.next = now // attached since the last recompute: no growing wait
+	}
 	if now.Before(ep.next) {
 		wait := ep.next.Sub(now)
 		a.mu.Unlock()
 		return wait
 	}
 	ep.tries++
+	if attached {
+		ep.every = staleQuorumAttachedRetry
+	}
 	ep.next = now.Add(ep.every)
 	wait := ep.every
-	ep.every = min(2*ep.every, staleQuorumMaxRetry)
+	if !attached {
+		ep.every = min(2*ep.every, staleQuorumMaxRetry)
+	}
 	tries, since := ep.tries, ep.since
 	a.mu.Unlock()
 	a.log.Info("quorum:no while connected to an UpToDate peer; asking DRBD to recompute it (resource-options quorum)",

@@ -14,7 +14,16 @@ import (
 // stale flag: test/vm/FINDINGS.md, "The product on real DRBD", 13). Its agent
 // notices the member without quorum beside UpToDate peers and has DRBD
 // recompute it: the replica reports quorum again within seconds.
-func TestTieBreakerStaleQuorumRecomputed(t *testing.T) {
+func TestTieBreakerStaleQuorumRecomputed(t *testing.T) { staleTieBreaker(t, false) }
+
+// The same TieBreaker, left without quorum for long enough that its agent's
+// recomputes are 20 s apart, is then attached (the pod of a 2D+1TB volume moved
+// to its node after a loss): its agent recomputes at once and then every
+// second, so once the peers regain quorum, the TieBreaker shows it within
+// seconds, not at the next growing interval.
+func TestAttachedTieBreakerStaleQuorumRecomputedSoon(t *testing.T) { staleTieBreaker(t, true) }
+
+func staleTieBreaker(t *testing.T, attach bool) {
 	r := newRig(t, 3, nil)
 	r.c.Sim.SetConnectInt(500 * time.Millisecond)
 	names := []string{r.addReplica(0, v1.ReplicaTypeDiskful), r.addReplica(1, v1.ReplicaTypeDiskful), r.addReplica(2, v1.ReplicaTypeTieBreaker)}
@@ -69,6 +78,23 @@ func TestTieBreakerStaleQuorumRecomputed(t *testing.T) {
 		}
 		return ""
 	})
+	if attach {
+		// The recomputes at 3 s and 13 s find the peers without quorum; the
+		// next one would come 20 s later.
+		time.Sleep(14 * time.Second)
+		members[2].Attached = true
+		r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members = members })
+		r.c.Sim.Heal()
+		healed := time.Now()
+		r.eventually("the attached TieBreaker quorate soon after the heal", 5*time.Second, func() string {
+			if q, why := quorum(tb); !q {
+				return why
+			}
+			return ""
+		})
+		t.Logf("the attached TieBreaker quorate %s after its peers", time.Since(healed).Round(10*time.Millisecond))
+		return
+	}
 	r.c.Sim.Heal()
 	// Quorate again, Connected to both and shown quorum:yes within seconds:
 	// stale in the kernel until the agent has it recomputed.
