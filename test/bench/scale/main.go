@@ -216,6 +216,9 @@ func summary(r Result) string {
 	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, CPU s controller %.1f agents+sim %.1f apiserver %.1f, %.1f writes/volume (controller %.1f, agents %.1f; counters agree over the run: %v), delete %.1f s %.1f writes/volume (CPU s controller %.1f agents+sim %.1f apiserver %.1f), idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
 		r.Label, r.Class, r.N, r.Ready, r.ReadySeconds, r.P95, r.FormationCPU.Controller, r.FormationCPU.Agents, r.FormationCPU.APIServer, r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume,
 		r.Whole.Agree, r.DeleteSeconds, r.Delete.PerVolume, r.DeleteCPU.Controller, r.DeleteCPU.Agents, r.DeleteCPU.APIServer, r.IdleCPU.Controller, r.IdleCPU.Agents, r.Memory.ControllerRSS>>20, r.Memory.AgentsRSS>>20)
+	if r.Held {
+		s = strings.Replace(s, fmt.Sprintf(", delete %.1f s %.1f writes/volume (CPU s controller %.1f agents+sim %.1f apiserver %.1f)", r.DeleteSeconds, r.Delete.PerVolume, r.DeleteCPU.Controller, r.DeleteCPU.Agents, r.DeleteCPU.APIServer), ", held (not deleted)", 1)
+	}
 	rs := r.Restart
 	s += fmt.Sprintf(", controller restart: caches synced in %.1f s, every volume reconciled in %.1f s, %d writes besides Leases, %d RV updates, %d left Ready",
 		rs.SyncedSeconds, rs.PassSeconds, rs.Writes.AuditController+rs.Writes.AuditAgents-rs.Writes.Leases, rs.RVUpdates, rs.LeftReady)
