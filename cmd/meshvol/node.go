@@ -63,7 +63,8 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", v1.DefaultNamespace), "namespace of the per-volume Secrets and the agents' Leases (default $POD_NAMESPACE)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	confDir := fs.String("drbd-conf-dir", "/var/lib/meshvol/drbd.d", "where the agent writes one <volume>.res per DRBD resource")
-	cmdTimeout := fs.Duration("command-timeout", 30*time.Second, "deadline of every DRBD command; a command that hangs past it becomes a condition")
+	cmdTimeout := fs.Duration("command-timeout", 30*time.Second, "deadline of every DRBD command but create-md and resize; a command that hangs past it becomes a condition")
+	slowTimeout := fs.Duration("slow-command-timeout", 5*time.Minute, "deadline of DRBD's create-md and resize, whose time grows with the device; at least --command-timeout")
 	metrics := fs.String("metrics-bind-address", ":9501", `Prometheus metrics endpoint; "0" disables it`)
 	verbose := fs.Int("v", 0, "log verbosity")
 	csiEndpoint := fs.String("csi-endpoint", "", csiEndpointUsage)
@@ -96,6 +97,10 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "meshvol node: --lease-duration %s, --lease-renew-interval %s: the duration must be whole seconds (a Lease holds seconds) and the interval positive and at most half of it\n", *leaseDuration, *renewInterval)
 		return 2
 	}
+	if *slowTimeout < *cmdTimeout {
+		fmt.Fprintf(stderr, "meshvol node: --slow-command-timeout %s: must be at least --command-timeout (%s)\n", *slowTimeout, *cmdTimeout)
+		return 2
+	}
 	if *checkEvery <= 0 {
 		fmt.Fprintf(stderr, "meshvol node: --prerequisite-check-interval %s: must be positive\n", *checkEvery)
 		return 2
@@ -119,12 +124,12 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	drbdLog := driverLog(log)
-	exec := drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, Log: drbdLog})
+	exec := drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, SlowTimeout: *slowTimeout, Log: drbdLog})
 	features, err := exec.ProbeFeatures(ctx)
 	if err != nil {
 		log.Error(err, "probing DRBD features; assuming upstream DRBD 9.2")
 	}
-	exec = drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, Features: features, Log: drbdLog})
+	exec = drbd.NewExecDriver(drbd.ExecConfig{NodeName: *nodeName, ConfDir: *confDir, Timeout: *cmdTimeout, SlowTimeout: *slowTimeout, Features: features, Log: drbdLog})
 	hmac, verify := kernelAlgorithms("/proc/crypto")
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -134,22 +139,23 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	})
 	waitReg := serveRegistration(ctx, *regDir, *csiEndpoint, *regPath, logr.New(log.GetSink()))
 	err = agent.Run(ctx, restCfg, scheme, agent.Config{
-		NodeName:         *nodeName,
-		Zone:             *zone,
-		Addresses:        addrs,
-		Namespace:        *namespace,
-		Driver:           exec,
-		Features:         features,
-		Pools:            nodePools(*nodeName),
-		Prerequisites:    prerequisites(logr.New(log.GetSink()), *checkEvery),
-		HMACAlgorithms:   hmac,
-		VerifyAlgorithms: verify,
-		Version:          version.Get().Version,
-		CommandTimeout:   *cmdTimeout,
-		LeaseDuration:    *leaseDuration,
-		RenewInterval:    *renewInterval,
-		MetricsAddr:      *metrics,
-		Log:              logr.New(log.GetSink()),
+		NodeName:           *nodeName,
+		Zone:               *zone,
+		Addresses:          addrs,
+		Namespace:          *namespace,
+		Driver:             exec,
+		Features:           features,
+		Pools:              nodePools(*nodeName),
+		Prerequisites:      prerequisites(logr.New(log.GetSink()), *checkEvery),
+		HMACAlgorithms:     hmac,
+		VerifyAlgorithms:   verify,
+		Version:            version.Get().Version,
+		CommandTimeout:     *cmdTimeout,
+		SlowCommandTimeout: *slowTimeout,
+		LeaseDuration:      *leaseDuration,
+		RenewInterval:      *renewInterval,
+		MetricsAddr:        *metrics,
+		Log:                logr.New(log.GetSink()),
 	})
 	cancel()
 	if cerr := errors.Join(waitCSI(), waitReg()); cerr != nil {

@@ -61,6 +61,14 @@ func TestNodeLeaseFlags(t *testing.T) {
 	}
 }
 
+func TestNodeSlowCommandTimeoutFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"node", "--node-name", "n1", "--command-timeout", "1m", "--slow-command-timeout", "30s"}, &out, &errb)
+	if code != 2 || !strings.Contains(errb.String(), "--slow-command-timeout 30s: must be at least --command-timeout (1m0s)") {
+		t.Errorf("exit %d, stderr %q; want 2 naming both flags and the rule", code, errb.String())
+	}
+}
+
 // A prerequisite check that runs out of its time reports nothing new: its
 // unfinished findings (a killed `drbdadm --version`) are not missing
 // prerequisites; the previous findings stay and the next call checks again.

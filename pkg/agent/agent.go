@@ -89,8 +89,13 @@ type Config struct {
 	// Version is the agent's build version, published on the Lease.
 	Version string
 
-	// CommandTimeout bounds every driver call. Default 30 s.
+	// CommandTimeout bounds every driver call but create-md and resize.
+	// Default 30 s.
 	CommandTimeout time.Duration
+	// SlowCommandTimeout bounds create-md and resize, whose time grows with
+	// the device. Default 5 min, pkg/drbd's ExecConfig.SlowTimeout; never
+	// less than CommandTimeout.
+	SlowCommandTimeout time.Duration
 	// LeaseDuration and RenewInterval: default 10 s and 3 s (docs/contract.md).
 	LeaseDuration time.Duration
 	RenewInterval time.Duration
@@ -134,6 +139,8 @@ func (c *Config) defaults() error {
 		}
 	}
 	def(&c.CommandTimeout, 30*time.Second)
+	def(&c.SlowCommandTimeout, 5*time.Minute)
+	c.SlowCommandTimeout = max(c.SlowCommandTimeout, c.CommandTimeout)
 	def(&c.LeaseDuration, 10*time.Second)
 	def(&c.RenewInterval, 3*time.Second)
 	def(&c.ProgressInterval, 5*time.Second)
@@ -220,7 +227,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 	a := &Agent{
 		cfg:     cfg,
 		log:     cfg.Log.WithValues("node", cfg.NodeName),
-		drv:     deadlineDriver{d: timedDriver{d: cfg.Driver}, timeout: cfg.CommandTimeout},
+		drv:     deadlineDriver{d: timedDriver{d: cfg.Driver}, timeout: cfg.CommandTimeout, slow: cfg.SlowCommandTimeout},
 		written: map[types.UID]writtenStatus{},
 		secrets: map[string]string{},
 		pools:   map[string]poolEntry{},

@@ -10,10 +10,15 @@ import (
 
 // deadlineDriver gives every driver call a deadline, so that a hung command
 // returns drbd.ErrTimeout and becomes a condition instead of a stuck worker.
-// Events is the one long-running call: the Observer owns its lifetime.
+// create-md and resize get slow, the rest timeout: their time grows with the
+// device (create-md writes the whole bitmap area of a new disk, a grow writes
+// the new area's bitmap), as pkg/drbd's ExecDriver allows them its
+// SlowTimeout. Events is the one long-running call: the Observer owns its
+// lifetime.
 type deadlineDriver struct {
 	d       drbd.Driver
 	timeout time.Duration
+	slow    time.Duration
 }
 
 var _ drbd.Driver = deadlineDriver{}
@@ -28,7 +33,16 @@ func withDeadline[T any](ctx context.Context, timeout time.Duration, f func(cont
 
 // run is withDeadline for the calls that return only an error.
 func (t deadlineDriver) run(ctx context.Context, f func(context.Context) error) error {
-	_, err := withDeadline(ctx, t.timeout, func(ctx context.Context) (struct{}, error) { return struct{}{}, f(ctx) })
+	return runWithin(ctx, t.timeout, f)
+}
+
+// runSlow is run with the slow commands' deadline.
+func (t deadlineDriver) runSlow(ctx context.Context, f func(context.Context) error) error {
+	return runWithin(ctx, t.slow, f)
+}
+
+func runWithin(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
+	_, err := withDeadline(ctx, timeout, func(ctx context.Context) (struct{}, error) { return struct{}{}, f(ctx) })
 	return err
 }
 
@@ -45,7 +59,7 @@ func (t deadlineDriver) HasMetadata(ctx context.Context, name string) (bool, err
 }
 
 func (t deadlineDriver) CreateMetadata(ctx context.Context, name string, maxPeers int) error {
-	return t.run(ctx, func(ctx context.Context) error { return t.d.CreateMetadata(ctx, name, maxPeers) })
+	return t.runSlow(ctx, func(ctx context.Context) error { return t.d.CreateMetadata(ctx, name, maxPeers) })
 }
 
 func (t deadlineDriver) Up(ctx context.Context, name string) error {
@@ -73,7 +87,7 @@ func (t deadlineDriver) NewCurrentUUIDClearBitmap(ctx context.Context, name stri
 }
 
 func (t deadlineDriver) Resize(ctx context.Context, name string) error {
-	return t.run(ctx, func(ctx context.Context) error { return t.d.Resize(ctx, name) })
+	return t.runSlow(ctx, func(ctx context.Context) error { return t.d.Resize(ctx, name) })
 }
 
 func (t deadlineDriver) SuspendIO(ctx context.Context, name string) error {
