@@ -144,19 +144,20 @@ type Memory struct {
 
 func main() {
 	var (
-		ns       = flag.String("n", "100,500,1000,2000", "volume counts, comma separated")
-		cls      = flag.String("classes", "1D,3D", "classes, comma separated (1D, 3D)")
-		label    = flag.String("label", "current", "the series these runs belong to (e.g. before, after)")
-		out      = flag.String("out", "docs/scale", "directory of results.json, results.md and the plots")
-		logDir   = flag.String("logs", "_output/bench-scale", "directory of the controller's logs and the CPU profiles")
-		meshvol  = flag.String("meshvol", "bin/meshvol", "the meshvol binary run as the controller")
-		idle     = flag.Duration("idle", time.Minute, "the idle period measured after formation")
-		timeout  = flag.Duration("timeout", 10*time.Minute, "how long formation (and again deletion) may take")
-		par      = flag.Int("parallel", 16, "concurrent creates and deletes")
-		extra    = flag.String("controller-args", "", "more `meshvol controller` flags, space separated")
-		plotOnly = flag.Bool("plot", false, "only render results.md and the plots from results.json")
-		hold     = flag.Bool("hold", false, "leave the volumes at the end instead of deleting them (no delete figures): what holding N volumes costs, in less time")
-		loops    = flag.Bool("loop-devices", false, "back each replica with a loop device over its file, as `meshvol node` does, instead of the file itself (one machine holds far fewer loop devices than files)")
+		ns         = flag.String("n", "100,500,1000,2000", "volume counts, comma separated")
+		cls        = flag.String("classes", "1D,3D", "classes, comma separated (1D, 3D)")
+		label      = flag.String("label", "current", "the series these runs belong to (e.g. before, after)")
+		out        = flag.String("out", "docs/scale", "directory of results.json, results.md and the plots")
+		logDir     = flag.String("logs", "_output/bench-scale", "directory of the controller's logs and the CPU profiles")
+		meshvol    = flag.String("meshvol", "bin/meshvol", "the meshvol binary run as the controller")
+		idle       = flag.Duration("idle", time.Minute, "the idle period measured after formation")
+		timeout    = flag.Duration("timeout", 10*time.Minute, "how long formation (and again deletion) may take")
+		par        = flag.Int("parallel", 16, "concurrent creates and deletes")
+		extra      = flag.String("controller-args", "", "more `meshvol controller` flags, space separated")
+		plotOnly   = flag.Bool("plot", false, "only render results.md and the plots from results.json")
+		hold       = flag.Bool("hold", false, "leave the volumes at the end instead of deleting them (no delete figures): what holding N volumes costs, in less time")
+		plotLabels = flag.String("plot-labels", "", "plot only the runs whose label starts with one of these, comma separated (results.md keeps every run)")
+		loops      = flag.Bool("loop-devices", false, "back each replica with a loop device over its file, as `meshvol node` does, instead of the file itself (one machine holds far fewer loop devices than files)")
 	)
 	flag.Parse()
 	// The agents run in this process and log through controller-runtime;
@@ -207,7 +208,7 @@ func main() {
 			}
 		}
 	}
-	if err := render(*out, results); err != nil {
+	if err := render(*out, results, strings.Split(*plotLabels, ",")); err != nil {
 		fail(err)
 	}
 }

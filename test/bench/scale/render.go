@@ -34,7 +34,7 @@ func deleteFigure(r Result, format string, v float64) string {
 }
 
 // render writes results.md (every figure of every run) and the plots.
-func render(dir string, rs []Result) error {
+func render(dir string, rs []Result, plotLabels []string) error {
 	slices.SortStableFunc(rs, func(a, b Result) int {
 		return cmp.Or(cmp.Compare(a.Label, b.Label), cmp.Compare(a.Class, b.Class), cmp.Compare(a.N, b.N))
 	})
@@ -106,8 +106,11 @@ func render(dir string, rs []Result) error {
 			{"controller", func(r Result) float64 { return float64(r.Memory.ControllerRSS >> 20) }},
 			{"agents+sim", func(r Result) float64 { return float64(r.Memory.AgentsRSS >> 20) }}}},
 	}
+	plotted := slices.DeleteFunc(slices.Clone(rs), func(r Result) bool {
+		return !slices.ContainsFunc(plotLabels, func(prefix string) bool { return strings.HasPrefix(r.Label, prefix) })
+	})
 	for _, p := range plots {
-		svg := plot(p.title, p.unit, lines(rs, p.series))
+		svg := plot(p.title, p.unit, lines(plotted, p.series))
 		if err := os.WriteFile(filepath.Join(dir, p.file), []byte(svg), 0o644); err != nil {
 			return err
 		}
