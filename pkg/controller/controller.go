@@ -294,6 +294,9 @@ type Controller struct {
 	// (and, for a volume, the release of its finalizer).
 	volumeWrites ownWrites
 	poolWrites   ownWrites
+	// volumeStatusAt: when this controller last wrote each volume's status, which
+	// paces a status that moves only progress (progressWait).
+	volumeStatusAt statusTimes
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
 	disrupt disruption
 }
