@@ -474,29 +474,39 @@ func (w *readyWatch) see(rv *v1.ReplicatedVolume, update bool) {
 }
 
 // waitAll waits until every name was Ready, or timeout; it returns when
-// each that was became Ready.
+// each that was became Ready. The cluster holds the run's volumes only, so
+// the count of volumes seen Ready says when all are: the map of names is
+// built once, not at every volume that becomes Ready (10,000 times 10,000).
 func (w *readyWatch) waitAll(ctx context.Context, names []string, timeout time.Duration) map[string]time.Time {
 	deadline := time.After(timeout)
 	for {
 		w.mu.Lock()
-		out := map[string]time.Time{}
-		for _, n := range names {
-			if at, ok := w.at[n]; ok {
-				out[n] = at
-			}
-		}
+		all := len(w.at) >= len(names)
 		w.mu.Unlock()
-		if len(out) == len(names) {
-			return out
+		if all {
+			return w.readyOf(names)
 		}
 		select {
 		case <-w.moved:
 		case <-deadline:
-			return out
+			return w.readyOf(names)
 		case <-ctx.Done():
-			return out
+			return w.readyOf(names)
 		}
 	}
+}
+
+// readyOf returns when each of names that was Ready became so.
+func (w *readyWatch) readyOf(names []string) map[string]time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]time.Time{}
+	for _, n := range names {
+		if at, ok := w.at[n]; ok {
+			out[n] = at
+		}
+	}
+	return out
 }
 
 // waitGone waits until nothing of the run's volumes is left: no RV, RVR or
