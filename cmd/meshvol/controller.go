@@ -55,7 +55,25 @@ type controllerFlags struct {
 	startTimeout                              time.Duration
 	verbosity                                 int
 	csiEndpoint                               string
+	// The client-side rate limit of each kind's API client (kubeAPIQPS).
+	kubeAPIQPS   float64
+	kubeAPIBurst int
 }
+
+// The controller's client-side rate limit, per kind of object (controller-runtime
+// gives each kind a client of its own, each with this limit). The other
+// subcommands keep apiQPS: an agent writes for its node's replicas only, and the
+// CSI node service for its node's mounts. At apiQPS the controller set the pace of
+// forming and deleting volumes past a few hundred at once: a 3D formation is 3
+// writes of its RV and 3 of replicas, so 50 a second bounded 1,000 volumes to a
+// minute and 2,000 deletes (2 RV writes each) to 80 s, while the apiserver had
+// CPU to spare (docs/scale.md, "Fifth pass"). The apiserver's own priority and
+// fairness shares its capacity among clients; this limit only stops a runaway
+// loop, at 4 times the old one.
+const (
+	controllerQPS   = 200
+	controllerBurst = 400
+)
 
 func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 	f := &controllerFlags{}
@@ -94,6 +112,9 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 		"taint a node meshvol decided is lost with node.kubernetes.io/out-of-service=nodeshutdown:NoExecute, so Kubernetes moves its pods and detaches its volumes, and remove the taint when the node is back and clean (docs/controller.md, --taint-lost-nodes: read the safety argument first)")
 	fs.BoolVar(&f.deleteLostPods, "delete-lost-pods", false,
 		"on a node meshvol decided is lost, force-delete the pods that use meshvol volumes and the node's meshvol VolumeAttachments once every such volume's surviving replicas hold quorum without the node, so the pods start elsewhere at once (docs/controller.md, --delete-lost-pods: the safety argument)")
+	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", controllerQPS,
+		"client-side limit of requests per second to the apiserver, for each kind of object (the apiserver's priority and fairness shares it among clients)")
+	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", controllerBurst, "requests of one kind sent at once before --kube-api-qps applies")
 	fs.IntVar(&f.workers, "workers", 4, "volumes reconciled at once, each with its own datamesh engine")
 	fs.BoolVar(&f.shadowDiskful, "shadow-diskful", false,
 		"the cluster's DRBD has the non-voting disk option (ShadowDiskful replicas); upstream DRBD 9.2 does not")
@@ -138,6 +159,12 @@ func (f *controllerFlags) options() (controller.Options, error) {
 	if f.grace <= 0 {
 		return o, fmt.Errorf("--agent-grace-period %s: must be positive", f.grace)
 	}
+	if f.kubeAPIQPS <= 0 {
+		return o, fmt.Errorf("--kube-api-qps %g: must be positive", f.kubeAPIQPS)
+	}
+	if f.kubeAPIBurst < 1 {
+		return o, fmt.Errorf("--kube-api-burst %d: must be at least 1", f.kubeAPIBurst)
+	}
 	if f.workers < 1 {
 		return o, fmt.Errorf("--workers %d: must be at least 1", f.workers)
 	}
@@ -177,6 +204,7 @@ func runController(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "meshvol controller: %v\n", err)
 		return 1
 	}
+	cfg.QPS, cfg.Burst = float32(f.kubeAPIQPS), f.kubeAPIBurst
 	if err := preflight(ctx, cfg, f.startTimeout); err != nil {
 		fmt.Fprintf(stderr, "meshvol controller: %v\n", err)
 		return 1

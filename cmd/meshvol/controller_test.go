@@ -26,7 +26,7 @@ func TestControllerHelp(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
 	for _, flag := range []string{"-agent-grace-period", "-taint-lost-nodes", "-delete-lost-pods", "-leader-elect", "-metrics-bind-address",
-		"-health-probe-bind-address", "-port-range", "-minor-range", "-hmac-algorithms", "-namespace", "-kubeconfig"} {
+		"-health-probe-bind-address", "-port-range", "-minor-range", "-hmac-algorithms", "-namespace", "-kubeconfig", "-kube-api-qps", "-kube-api-burst"} {
 		if !strings.Contains(out.String(), flag) {
 			t.Errorf("--help does not explain %s", flag)
 		}
@@ -36,6 +36,7 @@ func TestControllerHelp(t *testing.T) {
 func TestControllerBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--port-range", "9-2"}, {"--port-range", "x"}, {"--hmac-algorithms", "crc32"}, {"--agent-grace-period", "-1s"}, {"extra"},
+		{"--kube-api-qps", "0"}, {"--kube-api-burst", "0"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(append([]string{"controller"}, args...), &out, &errb); code != 2 {

@@ -79,6 +79,13 @@ type Options struct {
 	Dir string
 	// LoopDevices makes a Primary's device a real loop device (drbdsim).
 	LoopDevices bool
+	// PlainFiles makes the nodes' file pools pools of plain files
+	// (file.NewFiles): a replica's backing disk is its file, with no loop
+	// device, which drbdsim opens as it opens a loop device. A machine then
+	// holds as many replicas as files, not as many as it can have loop
+	// devices (the scale benchmark, docs/scale.md); the pools' own loop
+	// devices go untested.
+	PlainFiles bool
 	// KubeletNodes says the Node objects belong to real kubelets (the
 	// sandbox): they exist already, named and zoned as this cluster's
 	// nodes, and their status is the kubelets' to write. Without it the
@@ -282,7 +289,11 @@ func (n *Node) pool(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	p, err := file.New(dir)
+	newPool := file.New
+	if n.c.opts.PlainFiles {
+		newPool = file.NewFiles
+	}
+	p, err := newPool(dir)
 	if err != nil {
 		return nil, err
 	}

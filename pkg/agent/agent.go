@@ -281,10 +281,16 @@ func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log lo
 	mgr, err := ctrl.NewManager(restCfg, manager.Options{
 		Scheme: scheme,
 		Logger: log,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			// Only this node's replicas (docs/contract.md: by label, never by name).
-			&v1.ReplicatedVolumeReplica{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelNode: cfg.NodeName})},
-		}},
+		Cache: cache.Options{
+			// The agent reads no managedFields (its writes are applies and patches built
+			// afresh, never an object read back), and they are a good part of each cached
+			// RV and replica: an agent caches every RV of the cluster.
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject: map[client.Object]cache.ByObject{
+				// Only this node's replicas (docs/contract.md: by label, never by name).
+				&v1.ReplicatedVolumeReplica{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelNode: cfg.NodeName})},
+			},
+		},
 		Client: client.Options{Cache: &client.CacheOptions{
 			// Secrets and Leases are read directly: the agent may only get
 			// Secrets, and caching every Secret of the namespace is not its

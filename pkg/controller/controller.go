@@ -148,9 +148,12 @@ type ManagerOptions struct {
 	LeaderElection   bool
 	LeaderElectionID string
 	// LeaseDuration, RenewDeadline and RetryPeriod time the election (zero:
-	// controller-runtime's 15 s, 10 s and 2 s). A new leader takes over at most
-	// LeaseDuration + RetryPeriod after the old one's last renewal; the old one stops
-	// leading RenewDeadline after its last renewal, before the Lease can pass on.
+	// controller-runtime's 15 s, 10 s and 2 s). A new leader takes over
+	// LeaseDuration to LeaseDuration + 4.4 RetryPeriod after the old one's last
+	// renewal (client-go's candidates try RetryPeriod to 2.2 RetryPeriod apart,
+	// once to see that renewal and once to find the Lease expired); the old one
+	// stops leading at most RetryPeriod + RenewDeadline after its last renewal,
+	// before the Lease can pass on (docs/controller.md, "Detection").
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// KeepLeaseOnStop keeps the Lease when the manager's context ends, as a
 	// crashed leader does: the next leader waits for it to expire. Without it the
@@ -291,6 +294,9 @@ type Controller struct {
 	// (and, for a volume, the release of its finalizer).
 	volumeWrites ownWrites
 	poolWrites   ownWrites
+	// volumeStatusAt: when this controller last wrote each volume's status, which
+	// paces a status that moves only progress (progressWait).
+	volumeStatusAt statusTimes
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
 	disrupt disruption
 }

@@ -83,7 +83,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	c.summarize(v, work, v.rvrs, "")
 	var requeue time.Duration
-	if wait := progressWait(v.rv, work, v.now); wait > 0 {
+	if wait := progressWait(v.rv, work, v.now, c.volumeStatusAt.last(v.rv.Name)); wait > 0 {
 		// Only a message moved (one replica fewer to wait for), and the last status
 		// write is recent: the teardown revision is written, and the replicas usually
 		// go within seconds, so the volume is gone before the message would matter;

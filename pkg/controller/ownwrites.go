@@ -1,6 +1,9 @@
 package controller
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // ownWrites remembers, per object name, the resourceVersion the cache showed when this
 // controller last wrote the object's status, until the cache shows a newer one. A
@@ -34,3 +37,25 @@ func (w *ownWrites) behind(name, current string) bool {
 
 // forget drops what is remembered of name (the object is gone).
 func (w *ownWrites) forget(name string) { w.before.Delete(name) }
+
+// statusTimes remembers, per object name, when this controller last wrote the object's
+// status. It is kept here, not read from the object: the cache keeps no managedFields
+// (CacheOptions), whose times said the same. A controller that has not written an
+// object's status since it started knows no time for it (zero), and does not hold its
+// first write back.
+type statusTimes struct {
+	at sync.Map // name → time.Time
+}
+
+// wrote records a status write of name at t.
+func (s *statusTimes) wrote(name string, t time.Time) { s.at.Store(name, t) }
+
+// last is when this controller last wrote name's status, zero if it has not.
+func (s *statusTimes) last(name string) time.Time {
+	t, _ := s.at.Load(name)
+	at, _ := t.(time.Time)
+	return at
+}
+
+// forget drops what is remembered of name (the object is gone).
+func (s *statusTimes) forget(name string) { s.at.Delete(name) }

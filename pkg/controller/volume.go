@@ -327,6 +327,7 @@ func (c *Controller) observe(ctx context.Context, name string) (*volume, error) 
 		if apierrors.IsNotFound(err) {
 			c.alloc.Release(name)
 			c.volumeWrites.forget(name)
+			c.volumeStatusAt.forget(name)
 			return nil, nil
 		}
 		return nil, err
@@ -451,7 +452,7 @@ func (c *Controller) refuseInput(ctx context.Context, v *volume, err error) erro
 // publish writes the status computed for the volume (only when it changed), then the
 // engine's events, the attachments' statuses and the lost nodes' finalizers.
 func (c *Controller) publish(ctx context.Context, v *volume, work *v1.ReplicatedVolume, out engineOutput, requeue time.Duration) (ctrl.Result, error) {
-	if wait := progressWait(v.rv, work, v.now); wait > 0 && len(out.events) == 0 {
+	if wait := progressWait(v.rv, work, v.now, c.volumeStatusAt.last(v.rv.Name)); wait > 0 && len(out.events) == 0 {
 		// Only progress moved, and the last status write is recent: the new
 		// messages go out with the next change, or in wait.
 		if requeue == 0 || wait < requeue {
@@ -564,6 +565,7 @@ func (c *Controller) writeStatus(ctx context.Context, rv, work *v1.ReplicatedVol
 		return err
 	}
 	c.volumeWrites.wrote(rv.Name, rv.ResourceVersion)
+	c.volumeStatusAt.wrote(rv.Name, c.opts.Now())
 	return nil
 }
 
@@ -707,18 +709,13 @@ const enginePasses = 3
 const progressInterval = 5 * time.Second
 
 // progressWait is how long to hold back work's status: zero unless it differs from
-// rv's only in progress and rv's status was written less than progressInterval before
-// now (by its managed fields' time).
-func progressWait(rv, work *v1.ReplicatedVolume, now time.Time) time.Duration {
-	if equality.Semantic.DeepEqual(rv.Status, work.Status) ||
+// rv's only in progress and this controller wrote rv's status less than
+// progressInterval before now (last, statusTimes; zero when it has not since it
+// started).
+func progressWait(rv, work *v1.ReplicatedVolume, now, last time.Time) time.Duration {
+	if last.IsZero() || equality.Semantic.DeepEqual(rv.Status, work.Status) ||
 		!equality.Semantic.DeepEqual(withoutProgress(rv.Status), withoutProgress(work.Status)) {
 		return 0
-	}
-	var last time.Time
-	for _, f := range rv.ManagedFields {
-		if f.Manager == v1.FieldManagerController && f.Subresource == "status" && f.Time != nil {
-			last = f.Time.Time
-		}
 	}
 	wait := progressInterval - now.Sub(last)
 	return min(max(wait, 0), progressInterval)

@@ -831,6 +831,24 @@ func (w *world) isolateAndMove(v *vol, dest string) {
 	w.stats.count("op move")
 	w.step("move %s from isolated %s to %s: %s", v.name, s.node, dest, w.detachVol(v))
 	w.attachOn(v, dest)
+	// The node's other workloads are behind the same cut. Kubernetes force-deletes
+	// every pod of a node declared lost (the out-of-service taint), so their
+	// attachments go as well, and the kubelet ends those pods once the node is back
+	// (endStale). Left attached, a workload would hold its force-removed replica's
+	// device for good (docs/contract.md, "Node that is gone": never forced).
+	for _, u := range w.vols {
+		if u == v || u.sess == nil || u.sess.node != s.node {
+			continue
+		}
+		us := u.sess
+		w.mu.Lock()
+		us.isolated = time.Now()
+		u.isolatedOnce, u.newerAck = true, time.Time{}
+		w.mu.Unlock()
+		u.sess = nil
+		w.stale = append(w.stale, us)
+		w.step("  %s on isolated %s, its pod force-deleted: %s", u.name, s.node, w.detachVol(u))
+	}
 }
 
 // stopAgent cuts a node from the control plane while its DRBD keeps its peers: the

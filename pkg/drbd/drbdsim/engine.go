@@ -819,6 +819,16 @@ func (c *Cluster) finishSync(src *resource, ks *conn, dst *resource, kd *conn) {
 	dst.peerHelperVol(kd, "after-resync-target")
 	ks.repl, kd.repl = replEstablished, replEstablished
 	ks.rsTotal, kd.rsTotal = 0, 0
+	// The target inherits the source's history, and the source's bitmap UUIDs as
+	// history, before it takes the source's generation (DRBD's
+	// drbd_uuid_resync_finished, drbd_main.c): a replica that fell behind the source
+	// before this target existed is then behind this target too, not split from it.
+	for _, u := range src.md.history {
+		dst.md.inherit(u)
+	}
+	for _, id := range slices.Sorted(maps.Keys(src.md.peers)) {
+		dst.md.inherit(src.md.peers[id].bitmapUUID)
+	}
 	if dst.md.current != src.md.current {
 		dst.md.rotate(src.md.current)
 	}

@@ -323,6 +323,11 @@ func (r *resource) attach(md *metadata) error {
 		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "attach", r.name}, 0, 10,
 			fmt.Sprintf("%s: Failure: (104) Can not open backing device: %v\n", r.name, err))
 	}
+	if err := claimFile(f); err != nil {
+		_ = f.Close()
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "attach", r.name}, 0, 10,
+			fmt.Sprintf("%s: Failure: (114) Lower device is already claimed. This usually means it is mounted.\n", r.name))
+	}
 	r.md, r.file = md, f
 	r.disk = DiskAttaching
 	r.publish()
@@ -342,6 +347,20 @@ func (r *resource) attach(md *metadata) error {
 	}
 	r.publish()
 	return nil
+}
+
+// claimFile takes DRBD's exclusive claim of its backing device for a backing
+// disk that is a plain file: a lock on the file, released when detach or a
+// crash closes it, which a file pool of plain files reads before it removes a
+// volume (pkg/storage/file, NewFiles). A block device is left alone: the loop
+// devices of a file pool tell whether they are held by their open count, and
+// udev may hold a shared lock on a block device while it probes it.
+func claimFile(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return err
+	}
+	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 }
 
 func (r *resource) detach(to DiskState) {

@@ -148,12 +148,36 @@ func (m *metadata) inHistory(u uint64) bool {
 	return false
 }
 
+// rotate starts generation u: the current one goes into the history. Unlike DRBD
+// (_drbd_uuid_push_history, drbd_main.c, never records the just-created UUID) it
+// records the just-created UUID too, so any two replicas that began from fresh
+// metadata share an ancestor: a pair DRBD would call unrelated is reported as a split
+// brain (Diverged), the stricter verdict for the soak's check.
 func (m *metadata) rotate(u uint64) {
 	m.history = append(m.history, m.current)
 	if len(m.history) > 8 {
 		m.history = m.history[len(m.history)-8:]
 	}
 	m.current = u
+}
+
+// inherit adds u, a UUID of a sync source, to the history as DRBD's
+// _drbd_uuid_push_history does (drbd_main.c): never 0, and never a UUID the metadata
+// holds already (current, a bitmap UUID, or in the history). The history keeps the
+// newest eight.
+func (m *metadata) inherit(u uint64) {
+	if u == 0 || u == m.current || m.inHistory(u) {
+		return
+	}
+	for _, p := range m.peers {
+		if p.bitmapUUID == u {
+			return
+		}
+	}
+	m.history = append(m.history, u)
+	if len(m.history) > 8 {
+		m.history = m.history[len(m.history)-8:]
+	}
 }
 
 // internalMetaKiB is the size of DRBD's internal metadata for a backing

@@ -256,3 +256,24 @@ func deviceSize(path string) (int64, error) {
 	}
 	return size, nil
 }
+
+// claim takes an exclusive flock(2) on a volume file of a pool of plain files
+// (NewFiles), unless another open file holds one: a simulated DRBD locks the
+// file it has attached as its backing disk (drbdsim), as the kernel's DRBD
+// claims its backing device, so a volume in use is not removed from under it.
+// It returns an error wrapping errBusy when the file is held, else the
+// function that releases the lock.
+func claim(path string) (func(), error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s is locked: a simulated DRBD has it attached: %w", path, errBusy)
+		}
+		return nil, fmt.Errorf("flock %s: %w", path, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}

@@ -3,6 +3,12 @@
 // sandbox, where there is no spare disk for LVM; it is real block storage all
 // the same (mkfs, mount and DRBD work on it).
 //
+// A pool made by NewFiles attaches nothing: each volume's device is its file
+// itself, which only a simulated DRBD can use (drbdsim opens its backing disks
+// as files; the kernel's DRBD needs a block device). It lets one machine hold
+// the thousands of replicas of an in-process cluster at scale (docs/scale.md),
+// where a loop device each would be thousands of kernel devices.
+//
 // Layout: <dir>/<replica>.img, a sparse file whose extended attribute
 // user.meshvol.owner holds the replica name. The attribute is the ownership
 // mark: a file without it, or with another value, is never used, resized,
@@ -51,6 +57,10 @@ type poolDir struct {
 	// mu serialises operations: one agent per node owns the pool, and within
 	// it two reconciles of the same replica must not race an attach.
 	mu sync.Mutex
+	// plain says the volumes are their files themselves (NewFiles): no loop
+	// device is attached, looked for or detached, and a volume is in use while
+	// a process holds a lock on its file (inUse).
+	plain bool
 	// devices is the loop device of each attached volume file, by replica.
 	// The first New of the directory fills it from the one scan of the
 	// machine's loop devices the pool makes; the pool keeps it as it
@@ -77,7 +87,17 @@ var (
 var _ storage.Provider = (*Pool)(nil)
 
 // New returns the pool in dir, which must exist.
-func New(dir string) (*Pool, error) {
+func New(dir string) (*Pool, error) { return open(dir, false) }
+
+// NewFiles returns the pool in dir, which must exist, whose volumes are plain
+// files with no loop device: a volume's DevicePath is its file. Only a
+// simulated DRBD can attach such a volume (drbdsim); the package comment says
+// why it exists. A volume is in use, and Delete refuses it, while a process
+// holds a flock(2) on its file, as drbdsim does while the file is its
+// attached backing disk (DRBD's exclusive claim of its backing device).
+func NewFiles(dir string) (*Pool, error) { return open(dir, true) }
+
+func open(dir string, plain bool) (*Pool, error) {
 	abs, err := filepath.Abs(dir)
 	if err == nil {
 		// The kernel reports backing files by their real path: compare like
@@ -94,11 +114,17 @@ func New(dir string) (*Pool, error) {
 	poolDirsMu.Lock()
 	defer poolDirsMu.Unlock()
 	if pd, ok := poolDirs[abs]; ok {
+		if pd.plain != plain {
+			return nil, &storage.Error{Op: "configure", Pool: dir, Kind: storage.ErrFailedPrecondition,
+				Detail: "this process already uses the directory as a pool of the other kind (loop devices or plain files)"}
+		}
 		return &Pool{dir: abs, poolDir: pd}, nil
 	}
-	p := &Pool{dir: abs, poolDir: &poolDir{devices: map[string]loopDev{}}}
-	if err := p.index(); err != nil {
-		return nil, &storage.Error{Op: "configure", Pool: dir, Detail: "finding the loop devices of its files", Err: err}
+	p := &Pool{dir: abs, poolDir: &poolDir{devices: map[string]loopDev{}, plain: plain}}
+	if !plain {
+		if err := p.index(); err != nil {
+			return nil, &storage.Error{Op: "configure", Pool: dir, Detail: "finding the loop devices of its files", Err: err}
+		}
 	}
 	poolDirs[abs] = p.poolDir
 	return p, nil
@@ -126,9 +152,19 @@ func (p *Pool) index() error {
 }
 
 // device returns the loop device bound to the replica's file, from the
-// index, checked against the device's status; a stale entry is dropped.
+// index, checked against the device's status; a stale entry is dropped. In a
+// pool of plain files it is the file itself, when there is one (index -1).
 // Callers hold p.mu.
 func (p *Pool) device(replica string) (loopDev, bool, error) {
+	if p.plain {
+		if _, err := os.Lstat(p.path(replica)); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return loopDev{}, false, nil
+			}
+			return loopDev{}, false, err
+		}
+		return loopDev{index: -1, path: p.path(replica)}, true, nil
+	}
 	d, ok := p.devices[replica]
 	if !ok {
 		return loopDev{}, false, nil
@@ -430,7 +466,18 @@ func (p *Pool) Delete(ctx context.Context, replica string) error {
 	if err != nil {
 		return p.err(op, replica, nil, "", err)
 	}
-	if found {
+	switch {
+	case p.plain:
+		// Removed under the lock that tells whether a simulated DRBD holds it.
+		unlock, err := claim(path)
+		if err != nil {
+			if errors.Is(err, errBusy) {
+				return p.err(op, replica, storage.ErrInUse, err.Error(), nil)
+			}
+			return p.err(op, replica, nil, "", err)
+		}
+		defer unlock()
+	case found:
 		if err := detach(d); err != nil {
 			if errors.Is(err, errBusy) {
 				return p.err(op, replica, storage.ErrInUse, err.Error(), nil)

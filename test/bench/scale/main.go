@@ -62,11 +62,22 @@ type Result struct {
 	// formed and idle.
 	Restart Restart `json:"restart"`
 
+	// Held: the volumes were left in place at the end (-hold), so there are
+	// no delete figures.
+	Held          bool    `json:"held,omitempty"`
 	DeleteSeconds float64 `json:"deleteSeconds"`
 	Delete        Writes  `json:"delete"`
+	// DeleteCPU is the CPU time each part used during the deletion, in seconds.
+	DeleteCPU CPU `json:"deleteCPUSeconds"`
 	// Whole is the run from the first create to the last volume gone: the
 	// audit log and the processes' counters must agree on it.
 	Whole Writes `json:"whole"`
+
+	// Backing is what backs each replica: "plain files" (the pools' volumes
+	// are their files) or "loop devices" (a loop device over each file, as
+	// `meshvol node` runs the file pool); runs before it was recorded used
+	// loop devices.
+	Backing string `json:"backing,omitempty"`
 
 	// ControllerArgs are the flags the run gave `meshvol controller` besides
 	// the benchmark's own (kubeconfig, addresses, no leader election).
@@ -133,17 +144,20 @@ type Memory struct {
 
 func main() {
 	var (
-		ns       = flag.String("n", "100,500,1000,2000", "volume counts, comma separated")
-		cls      = flag.String("classes", "1D,3D", "classes, comma separated (1D, 3D)")
-		label    = flag.String("label", "current", "the series these runs belong to (e.g. before, after)")
-		out      = flag.String("out", "docs/scale", "directory of results.json, results.md and the plots")
-		logDir   = flag.String("logs", "_output/bench-scale", "directory of the controller's logs and the CPU profiles")
-		meshvol  = flag.String("meshvol", "bin/meshvol", "the meshvol binary run as the controller")
-		idle     = flag.Duration("idle", time.Minute, "the idle period measured after formation")
-		timeout  = flag.Duration("timeout", 10*time.Minute, "how long formation (and again deletion) may take")
-		par      = flag.Int("parallel", 16, "concurrent creates and deletes")
-		extra    = flag.String("controller-args", "", "more `meshvol controller` flags, space separated")
-		plotOnly = flag.Bool("plot", false, "only render results.md and the plots from results.json")
+		ns         = flag.String("n", "100,500,1000,2000", "volume counts, comma separated")
+		cls        = flag.String("classes", "1D,3D", "classes, comma separated (1D, 3D)")
+		label      = flag.String("label", "current", "the series these runs belong to (e.g. before, after)")
+		out        = flag.String("out", "docs/scale", "directory of results.json, results.md and the plots")
+		logDir     = flag.String("logs", "_output/bench-scale", "directory of the controller's logs and the CPU profiles")
+		meshvol    = flag.String("meshvol", "bin/meshvol", "the meshvol binary run as the controller")
+		idle       = flag.Duration("idle", time.Minute, "the idle period measured after formation")
+		timeout    = flag.Duration("timeout", 10*time.Minute, "how long formation (and again deletion) may take")
+		par        = flag.Int("parallel", 16, "concurrent creates and deletes")
+		extra      = flag.String("controller-args", "", "more `meshvol controller` flags, space separated")
+		plotOnly   = flag.Bool("plot", false, "only render results.md and the plots from results.json")
+		hold       = flag.Bool("hold", false, "leave the volumes at the end instead of deleting them (no delete figures): what holding N volumes costs, in less time")
+		plotLabels = flag.String("plot-labels", "", "plot only the runs whose label starts with one of these, comma separated (results.md keeps every run)")
+		loops      = flag.Bool("loop-devices", false, "back each replica with a loop device over its file, as `meshvol node` does, instead of the file itself (one machine holds far fewer loop devices than files)")
 	)
 	flag.Parse()
 	// The agents run in this process and log through controller-runtime;
@@ -178,7 +192,7 @@ func main() {
 				}
 				fmt.Fprintf(os.Stderr, "bench-scale: %s N=%d (load %s)\n", c, n, loadAvg())
 				r, err := run(ctx, runConfig{Class: c, N: n, Meshvol: *meshvol, Idle: *idle, Timeout: *timeout,
-					Parallel: *par, LogDir: *logDir, ExtraArgs: strings.Fields(*extra)})
+					Parallel: *par, LogDir: *logDir, ExtraArgs: strings.Fields(*extra), LoopDevices: *loops, Hold: *hold})
 				r.Label, r.Commit = *label, commit
 				if err != nil {
 					r.Error = joinMsg(r.Error, err.Error())
@@ -194,15 +208,18 @@ func main() {
 			}
 		}
 	}
-	if err := render(*out, results); err != nil {
+	if err := render(*out, results, strings.Split(*plotLabels, ",")); err != nil {
 		fail(err)
 	}
 }
 
 func summary(r Result) string {
-	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, CPU s controller %.1f agents+sim %.1f apiserver %.1f, %.1f writes/volume (controller %.1f, agents %.1f; counters agree over the run: %v), delete %.1f s %.1f writes/volume, idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
+	s := fmt.Sprintf("%s %s N=%d: %d Ready, all in %.1f s, p95 %.1f s, CPU s controller %.1f agents+sim %.1f apiserver %.1f, %.1f writes/volume (controller %.1f, agents %.1f; counters agree over the run: %v), delete %.1f s %.1f writes/volume (CPU s controller %.1f agents+sim %.1f apiserver %.1f), idle CPU controller %.1f %% agents %.1f %%, RSS controller %d MB agents %d MB",
 		r.Label, r.Class, r.N, r.Ready, r.ReadySeconds, r.P95, r.FormationCPU.Controller, r.FormationCPU.Agents, r.FormationCPU.APIServer, r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume,
-		r.Whole.Agree, r.DeleteSeconds, r.Delete.PerVolume, r.IdleCPU.Controller, r.IdleCPU.Agents, r.Memory.ControllerRSS>>20, r.Memory.AgentsRSS>>20)
+		r.Whole.Agree, r.DeleteSeconds, r.Delete.PerVolume, r.DeleteCPU.Controller, r.DeleteCPU.Agents, r.DeleteCPU.APIServer, r.IdleCPU.Controller, r.IdleCPU.Agents, r.Memory.ControllerRSS>>20, r.Memory.AgentsRSS>>20)
+	if r.Held {
+		s = strings.Replace(s, fmt.Sprintf(", delete %.1f s %.1f writes/volume (CPU s controller %.1f agents+sim %.1f apiserver %.1f)", r.DeleteSeconds, r.Delete.PerVolume, r.DeleteCPU.Controller, r.DeleteCPU.Agents, r.DeleteCPU.APIServer), ", held (not deleted)", 1)
+	}
 	rs := r.Restart
 	s += fmt.Sprintf(", controller restart: caches synced in %.1f s, every volume reconciled in %.1f s, %d writes besides Leases, %d RV updates, %d left Ready",
 		rs.SyncedSeconds, rs.PassSeconds, rs.Writes.AuditController+rs.Writes.AuditAgents-rs.Writes.Leases, rs.RVUpdates, rs.LeftReady)

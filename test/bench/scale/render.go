@@ -4,14 +4,37 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 )
 
+// backingOf is what backed a run's replicas; runs from before it was recorded
+// used loop devices.
+func backingOf(r Result) string { return cmp.Or(r.Backing, backingLoop) }
+
+// cpuSeconds is a period's CPU seconds by process, "-" for a run from before
+// they were recorded.
+func cpuSeconds(c CPU) string {
+	if c == (CPU{}) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f / %.1f / %.1f", c.Controller, c.Agents, c.APIServer)
+}
+
+// deleteFigure formats a figure of the deletion, "held" for a run that left
+// its volumes in place (-hold).
+func deleteFigure(r Result, format string, v float64) string {
+	if r.Held {
+		return "held"
+	}
+	return fmt.Sprintf(format, v)
+}
+
 // render writes results.md (every figure of every run) and the plots.
-func render(dir string, rs []Result) error {
+func render(dir string, rs []Result, plotLabels []string) error {
 	slices.SortStableFunc(rs, func(a, b Result) int {
 		return cmp.Or(cmp.Compare(a.Label, b.Label), cmp.Compare(a.Class, b.Class), cmp.Compare(a.N, b.N))
 	})
@@ -19,17 +42,17 @@ func render(dir string, rs []Result) error {
 	b.WriteString("# Scale benchmark results\n\n")
 	b.WriteString("Written by `make bench-scale` (test/bench/scale); what each figure means is in [../scale.md](../scale.md).\n")
 	b.WriteString("Times in seconds; writes per volume from the apiserver's audit log, Lease renewals left out; formation CPU in seconds of each process; idle CPU in % of one core over the idle period; memory resident (peak).\n\n")
-	b.WriteString("| label | commit | date | load start → end | class | N | Ready | all Ready | p50 | p95 | formation CPU s controller / agents+sim / apiserver | reconciles/vol | writes/vol (controller + agents) | counters agree | idle CPU controller / agents+sim / apiserver | idle writes besides Leases | RSS controller (peak) | RSS agents+sim (peak) | RSS apiserver | delete all | delete writes/vol | error |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| label | commit | date | load start → end | class | N | backing | Ready | all Ready | p50 | p95 | formation CPU s controller / agents+sim / apiserver | reconciles/vol | writes/vol (controller + agents) | counters agree | idle CPU controller / agents+sim / apiserver | idle writes besides Leases | RSS controller (peak) | RSS agents+sim (peak) | RSS apiserver | delete all | delete CPU s controller / agents+sim / apiserver | delete writes/vol | error |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		idleWrites := r.Idle.AuditController + r.Idle.AuditAgents - r.Idle.Leases
-		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %d | %d | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f | %.1f (%.1f + %.1f) | %s | %.1f / %.1f / %.1f | %d | %d (%d) MB | %d (%d) MB | %d MB | %.1f | %.1f | %s |\n",
-			r.Label, r.Commit, r.Date, r.LoadStart, r.LoadEnd, r.Class, r.N, r.Ready, r.ReadySeconds, r.P50, r.P95,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s | %s | %d | %s | %d | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f | %.1f (%.1f + %.1f) | %s | %.1f / %.1f / %.1f | %d | %d (%d) MB | %d (%d) MB | %d MB | %s | %s | %s | %s |\n",
+			r.Label, r.Commit, r.Date, r.LoadStart, r.LoadEnd, r.Class, r.N, backingOf(r), r.Ready, r.ReadySeconds, r.P50, r.P95,
 			r.FormationCPU.Controller, r.FormationCPU.Agents, r.FormationCPU.APIServer, float64(r.Formation.VolumeReconciles)/float64(r.N),
 			r.Formation.PerVolume, r.Formation.ControllerPerVolume, r.Formation.AgentsPerVolume, agreement(r),
 			r.IdleCPU.Controller, r.IdleCPU.Agents, r.IdleCPU.APIServer, idleWrites,
 			r.Memory.ControllerRSS>>20, r.Memory.ControllerPeak>>20, r.Memory.AgentsRSS>>20, r.Memory.AgentsPeak>>20, r.Memory.APIServerRSS>>20,
-			r.DeleteSeconds, r.Delete.PerVolume, strings.ReplaceAll(r.Error, "|", "/"))
+			deleteFigure(r, "%.1f", r.DeleteSeconds), cpuSeconds(r.DeleteCPU), deleteFigure(r, "%.1f", r.Delete.PerVolume), strings.ReplaceAll(r.Error, "|", "/"))
 	}
 	b.WriteString("\n## Controller restart with every volume formed\n\n")
 	b.WriteString("The controller stopped (SIGTERM) and started again on the formed, idle cluster: from the new process's start to its caches synced (`/readyz`) and to every volume reconciled once; then the writes and the RV updates from the stop until 10 s after that pass (nothing changed, so the budget is 0 and any RV update is a status flapping), and how often a Ready volume was seen otherwise.\n\n")
@@ -70,6 +93,12 @@ func render(dir string, rs []Result) error {
 		{"ready.svg", "First create → all Ready", "s", []seriesOf{{"", func(r Result) float64 { return r.ReadySeconds }}}},
 		{"p95.svg", "Each volume's create → Ready, 95th percentile", "s", []seriesOf{{"", func(r Result) float64 { return r.P95 }}}},
 		{"writes.svg", "Apiserver writes per volume formed (audit log, Leases left out)", "writes", []seriesOf{{"", func(r Result) float64 { return r.Formation.PerVolume }}}},
+		{"delete.svg", "Delete all → nothing left", "s", []seriesOf{{"", func(r Result) float64 {
+			if r.Held || r.DeleteSeconds == 0 {
+				return math.NaN() // not deleted, or not measured
+			}
+			return r.DeleteSeconds
+		}}}},
 		{"cpu.svg", "CPU in the idle period after formation", "% of one core", []seriesOf{
 			{"controller", func(r Result) float64 { return r.IdleCPU.Controller }},
 			{"agents+sim", func(r Result) float64 { return r.IdleCPU.Agents }}}},
@@ -77,8 +106,11 @@ func render(dir string, rs []Result) error {
 			{"controller", func(r Result) float64 { return float64(r.Memory.ControllerRSS >> 20) }},
 			{"agents+sim", func(r Result) float64 { return float64(r.Memory.AgentsRSS >> 20) }}}},
 	}
+	plotted := slices.DeleteFunc(slices.Clone(rs), func(r Result) bool {
+		return !slices.ContainsFunc(plotLabels, func(prefix string) bool { return strings.HasPrefix(r.Label, prefix) })
+	})
 	for _, p := range plots {
-		svg := plot(p.title, p.unit, lines(rs, p.series))
+		svg := plot(p.title, p.unit, lines(plotted, p.series))
 		if err := os.WriteFile(filepath.Join(dir, p.file), []byte(svg), 0o644); err != nil {
 			return err
 		}
@@ -112,13 +144,17 @@ func lines(rs []Result, figures []seriesOf) []line {
 		}
 		for _, f := range figures {
 			name := strings.TrimSpace(r.Label + " " + r.Class + " " + f.name)
+			y := f.of(r)
+			if math.IsNaN(y) {
+				continue // the run has no such figure
+			}
 			l, ok := byName[name]
 			if !ok {
 				l = &line{name: name, dashed: r.Label == "before"}
 				byName[name] = l
 				order = append(order, name)
 			}
-			l.points = append(l.points, point{x: float64(r.N), y: f.of(r)})
+			l.points = append(l.points, point{x: float64(r.N), y: y})
 		}
 	}
 	out := make([]line, 0, len(order))

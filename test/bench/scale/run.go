@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,12 +42,35 @@ type runConfig struct {
 	Parallel  int           // concurrent creates and deletes
 	LogDir    string        // the controller's log and the profiles
 	ExtraArgs []string      // more `meshvol controller` flags
+	// LoopDevices backs each replica with a loop device over its file, as the
+	// file pool of `meshvol node` does; without it the pools are of plain
+	// files (localcluster.Options.PlainFiles), so that a run's replicas are
+	// not bounded by the loop devices one machine can hold.
+	LoopDevices bool
+	// Hold leaves the volumes in place at the end instead of deleting them
+	// and measuring the deletion: the cluster goes with them. It measures
+	// what holding N volumes costs (formation, idle, memory, a restart) in
+	// less time than a run with the deletion.
+	Hold bool
 }
+
+// backing names the replicas' backing disks of a run, as the results show it.
+func (c runConfig) backing() string {
+	if c.LoopDevices {
+		return backingLoop
+	}
+	return backingPlain
+}
+
+const (
+	backingLoop  = "loop devices"
+	backingPlain = "plain files"
+)
 
 // run measures one configuration. A run that does not reach all Ready still
 // returns what it measured, with Error saying so.
 func run(ctx context.Context, cfg runConfig) (res Result, err error) {
-	res = Result{Class: cfg.Class, N: cfg.N, Date: time.Now().UTC().Format(time.RFC3339), LoadStart: loadAvg()}
+	res = Result{Class: cfg.Class, N: cfg.N, Date: time.Now().UTC().Format(time.RFC3339), LoadStart: loadAvg(), Backing: cfg.backing()}
 	dir, err := os.MkdirTemp("", "meshvol-bench-scale-")
 	if err != nil {
 		return res, err
@@ -74,7 +100,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		return res, err
 	}
 	defer func() { err = joinErr(err, env.Stop()) }()
-	lc, err := localcluster.Start(ctx, localcluster.Options{Env: env, Nodes: 3, Dir: filepath.Join(dir, "cluster")})
+	lc, err := localcluster.Start(ctx, localcluster.Options{Env: env, Nodes: 3, Dir: filepath.Join(dir, "cluster"), PlainFiles: !cfg.LoopDevices})
 	if err != nil {
 		return res, err
 	}
@@ -205,9 +231,24 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		res.Memory.APIServerRSS, _, _ = procMem(apiserver)
 	}
 
+	// Where the memory is: the heap of this process (the agents and the
+	// simulator, apart by package) and the controller's.
+	writeHeap(filepath.Join(cfg.LogDir, "profile-"+tag+"-heap-bench.pprof"))
+	prof.fetch(ctx, http.DefaultClient, "http://"+ctrl.pprofAddr, "heap", filepath.Join(cfg.LogDir, "profile-"+tag+"-heap-controller.pprof"))
+
 	// A controller restart with every volume formed (restartController).
 	if ctrl, err = restartController(ctx, &res, ctrl, &m, w, cfg, tag); err != nil {
 		return res, err
+	}
+	if cfg.Hold {
+		res.Held = true
+		after, err = m.read(ctx)
+		if err != nil {
+			return res, err
+		}
+		res.Whole = after.since(first, cfg.N)
+		res.LoadEnd = loadAvg()
+		return res, nil
 	}
 
 	// Deletion: every volume at once, until nothing of them is left.
@@ -215,6 +256,8 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	if err != nil {
 		return res, err
 	}
+	deleteCPU := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
+	prof = startProfiler(cfg.LogDir, tag+"-delete", ctrl.pprofAddr, apiHTTP, strings.TrimSuffix(env.Config.Host, "/"), 5*time.Second)
 	start = time.Now()
 	parallel(cfg.Parallel, names, func(name string) error {
 		err := cl.Delete(ctx, &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: name}})
@@ -223,8 +266,13 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		}
 		return err
 	})
-	left, gone := waitGone(ctx, cl, lc.Dir, cfg.Timeout)
+	left, gone := waitGone(ctx, cl, lc, cfg.Timeout)
 	res.DeleteSeconds = time.Since(start).Seconds()
+	prof.stop()
+	if cpu := cpuOf(ctrl.pid(), os.Getpid(), apiserver); len(cpu) == 3 {
+		res.DeleteCPU = CPU{Controller: (cpu[0] - deleteCPU[0]).Seconds(), Agents: (cpu[1] - deleteCPU[1]).Seconds(),
+			APIServer: (cpu[2] - deleteCPU[2]).Seconds()}
+	}
 	if !gone {
 		res.Error = joinMsg(res.Error, "deletion: "+left)
 	}
@@ -297,6 +345,18 @@ func cpuOf(pids ...int) []time.Duration {
 		}
 	}
 	return out
+}
+
+// writeHeap writes this process's heap profile (after a collection, so that
+// it shows what is live) to path.
+func writeHeap(path string) {
+	runtime.GC()
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = pprof.WriteHeapProfile(f)
 }
 
 // profile starts a CPU profile of this process into path; the returned
@@ -414,51 +474,117 @@ func (w *readyWatch) see(rv *v1.ReplicatedVolume, update bool) {
 }
 
 // waitAll waits until every name was Ready, or timeout; it returns when
-// each that was became Ready.
+// each that was became Ready. The cluster holds the run's volumes only, so
+// the count of volumes seen Ready says when all are: the map of names is
+// built once, not at every volume that becomes Ready (10,000 times 10,000).
 func (w *readyWatch) waitAll(ctx context.Context, names []string, timeout time.Duration) map[string]time.Time {
 	deadline := time.After(timeout)
 	for {
 		w.mu.Lock()
-		out := map[string]time.Time{}
-		for _, n := range names {
-			if at, ok := w.at[n]; ok {
-				out[n] = at
-			}
-		}
+		all := len(w.at) >= len(names)
 		w.mu.Unlock()
-		if len(out) == len(names) {
-			return out
+		if all {
+			return w.readyOf(names)
 		}
 		select {
 		case <-w.moved:
 		case <-deadline:
-			return out
+			return w.readyOf(names)
 		case <-ctx.Done():
-			return out
+			return w.readyOf(names)
 		}
 	}
 }
 
-// waitGone waits until no RV or RVR exists and no loop device is left over a
-// file under dir; it says what is left when it times out.
-func waitGone(ctx context.Context, cl client.Client, dir string, timeout time.Duration) (string, bool) {
+// readyOf returns when each of names that was Ready became so.
+func (w *readyWatch) readyOf(names []string) map[string]time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]time.Time{}
+	for _, n := range names {
+		if at, ok := w.at[n]; ok {
+			out[n] = at
+		}
+	}
+	return out
+}
+
+// waitGone waits until nothing of the run's volumes is left: no RV, RVR or
+// Secret of the controller's, no DRBD resource on any node, no backing volume
+// (a file in a node's pools, a loop device over one); it says what is left
+// when it times out.
+func waitGone(ctx context.Context, cl client.Client, lc *localcluster.Cluster, timeout time.Duration) (string, bool) {
 	deadline := time.Now().Add(timeout)
 	left := ""
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		var rvs v1.ReplicatedVolumeList
-		var rvrs v1.ReplicatedVolumeReplicaList
-		if err := cl.List(ctx, &rvs); err != nil {
-			left = err.Error()
-		} else if err := cl.List(ctx, &rvrs); err != nil {
-			left = err.Error()
-		} else if loops := loopdev.Under(dir); len(rvs.Items)+len(rvrs.Items)+len(loops) > 0 {
-			left = fmt.Sprintf("%d RVs, %d RVRs, %d loop devices left", len(rvs.Items), len(rvrs.Items), len(loops))
-		} else {
+		if left = leftOver(ctx, cl, lc); left == "" {
 			return "", true
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	return left, false
+}
+
+// leftOver says what of the run's volumes is still there, "" when nothing is.
+// The objects are counted first, the resources and the files only once they
+// are gone.
+func leftOver(ctx context.Context, cl client.Client, lc *localcluster.Cluster) string {
+	var counts [3]int
+	kinds := []struct {
+		name, kind string
+		opts       []client.ListOption
+	}{
+		{"RVs", "ReplicatedVolume", nil},
+		{"RVRs", "ReplicatedVolumeReplica", nil},
+		// The controller's namespace holds the volumes' Secrets and nothing
+		// else of a run's.
+		{"Secrets", "Secret", []client.ListOption{client.InNamespace(lc.Namespace)}},
+	}
+	for i, k := range kinds {
+		n, err := count(ctx, cl, k.kind, k.opts...)
+		if err != nil {
+			return fmt.Sprintf("%s: %v", k.name, err)
+		}
+		counts[i] = n
+	}
+	if counts[0]+counts[1]+counts[2] > 0 {
+		return fmt.Sprintf("%d RVs, %d RVRs, %d Secrets left", counts[0], counts[1], counts[2])
+	}
+	resources, files := 0, 0
+	for _, n := range lc.Nodes {
+		rs, err := n.Resources(ctx)
+		if err != nil {
+			return fmt.Sprintf("%s: DRBD resources: %v", n.Name, err)
+		}
+		resources += len(rs)
+		files += len(n.Files())
+	}
+	loops := len(loopdev.Under(lc.Dir))
+	if resources+files+loops > 0 {
+		return fmt.Sprintf("%d DRBD resources, %d backing files, %d loop devices left", resources, files, loops)
+	}
+	return ""
+}
+
+// count is how many objects of kind there are, from a list of their metadata
+// cut to one item, for which the apiserver says how many remain: a poll costs
+// the same with thousands left as with one (a whole list of 6,000 replicas
+// every half second was a load of its own on the apiserver).
+func count(ctx context.Context, cl client.Client, kind string, opts ...client.ListOption) (int, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	gv := v1.SchemeGroupVersion
+	if kind == "Secret" {
+		gv = corev1.SchemeGroupVersion
+	}
+	list.SetGroupVersionKind(gv.WithKind(kind + "List"))
+	if err := cl.List(ctx, list, append(opts, client.Limit(1))...); err != nil {
+		return 0, err
+	}
+	n := len(list.Items)
+	if list.RemainingItemCount != nil {
+		n += int(*list.RemainingItemCount)
+	}
+	return n, nil
 }
 
 func percentile(xs []float64, p float64) float64 {
