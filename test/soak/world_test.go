@@ -820,12 +820,7 @@ func (w *world) isolateAndMove(v *vol, dest string) {
 		w.step("control-plane cut of %s: %v", s.node, err)
 	}
 	w.agentStopped[s.node] = true
-	w.mu.Lock()
-	s.isolated = time.Now()
-	v.isolatedOnce, v.newerAck = true, time.Time{}
-	w.mu.Unlock()
-	v.sess = nil
-	w.stale = append(w.stale, s)
+	w.leaveBehindCut(v)
 	w.stats.count("fault isolate-writer")
 	w.step("isolate %s (peers and control plane; the writer of %s runs on behind the cut)", s.node, v.name)
 	w.stats.count("op move")
@@ -840,15 +835,22 @@ func (w *world) isolateAndMove(v *vol, dest string) {
 		if u == v || u.sess == nil || u.sess.node != s.node {
 			continue
 		}
-		us := u.sess
-		w.mu.Lock()
-		us.isolated = time.Now()
-		u.isolatedOnce, u.newerAck = true, time.Time{}
-		w.mu.Unlock()
-		u.sess = nil
-		w.stale = append(w.stale, us)
+		w.leaveBehindCut(u)
 		w.step("  %s on isolated %s, its pod force-deleted: %s", u.name, s.node, w.detachVol(u))
 	}
+}
+
+// leaveBehindCut leaves v's workload running behind a cut as a stale session: the
+// volume has no session any more, and the session's writes from now on are checked
+// as an isolated workload's (endStale ends it once the node is back).
+func (w *world) leaveBehindCut(v *vol) {
+	s := v.sess
+	w.mu.Lock()
+	s.isolated = time.Now()
+	v.isolatedOnce, v.newerAck = true, time.Time{}
+	w.mu.Unlock()
+	v.sess = nil
+	w.stale = append(w.stale, s)
 }
 
 // stopAgent cuts a node from the control plane while its DRBD keeps its peers: the
