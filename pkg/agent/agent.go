@@ -116,6 +116,9 @@ type Config struct {
 	GCFullInterval time.Duration
 	// MetricsAddr serves Prometheus metrics; "" or "0" disables them.
 	MetricsAddr string
+	// PprofAddr serves Go's /debug/pprof/ ("" turns it off, the default), as
+	// the controller's does: docs/scale.md reads an agent's heap from it.
+	PprofAddr string
 
 	Log logr.Logger
 }
@@ -298,6 +301,7 @@ func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log lo
 			DisableFor: []client.Object{&corev1.Secret{}, &coordinationv1.Lease{}},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		PprofBindAddress:        cfg.PprofAddr,
 		HealthProbeBindAddress:  "0",
 		GracefulShutdownTimeout: &grace,
 		Controller:              config.Controller{SkipNameValidation: drbd.Ptr(true)},
