@@ -350,6 +350,11 @@ const (
 	indexPool    = "meshvol.pool" // the pool a volume uses (resolved or manual)
 	indexNodeRVA = "spec.nodeName"
 	indexWaiting = "meshvol.waiting" // what a volume waits for (waitingFor)
+	// indexLabelVolume: the volume an RVR's storage.meshvol.io/volume label names,
+	// which a deletion of a volume's replicas by that label would select
+	// (labelSelectsExactly): the cache has no index of labels, so a list by label
+	// selector scans every replica of the cluster.
+	indexLabelVolume = "meshvol.label.volume"
 )
 
 func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
@@ -360,6 +365,12 @@ func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
 	}{
 		{&v1.ReplicatedVolumeReplica{}, indexVolume, func(o client.Object) []string {
 			return []string{o.(*v1.ReplicatedVolumeReplica).Spec.ReplicatedVolumeName}
+		}},
+		{&v1.ReplicatedVolumeReplica{}, indexLabelVolume, func(o client.Object) []string {
+			if n, ok := o.GetLabels()[v1.LabelVolume]; ok {
+				return []string{n}
+			}
+			return nil
 		}},
 		{&v1.ReplicatedVolumeReplica{}, indexNode, func(o client.Object) []string {
 			if n := o.(*v1.ReplicatedVolumeReplica).Spec.NodeName; n != "" {
