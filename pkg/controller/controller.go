@@ -299,6 +299,8 @@ type Controller struct {
 	volumeStatusAt statusTimes
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
 	disrupt disruption
+	// load: the replicas on each node, for placement (nodeLoads).
+	load *nodeLoads
 }
 
 // Setup registers the field indexes and the reconcilers with mgr.
@@ -316,8 +318,12 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 		volumes: make(chan event.GenericEvent, 1024),
 		pools:   make(chan event.GenericEvent, 64),
 		engine:  datamesh.NewEngine(nil, o.Features),
+		load:    newNodeLoads(),
 	}
 	if err := setupIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return nil, err
+	}
+	if err := c.load.register(context.Background(), mgr.GetCache()); err != nil {
 		return nil, err
 	}
 	if err := c.setupVolume(mgr); err != nil {
