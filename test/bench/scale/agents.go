@@ -439,8 +439,8 @@ func renderAgents(b *strings.Builder, rs []Result) {
 		return
 	}
 	b.WriteString("\n## Each agent as a process of its own (-agent-processes)\n\n")
-	b.WriteString("Each node's agent the production `meshvol node`, its DRBD driver running the drbd-utils stand-ins against the simulator (in the benchmark's process, whose RSS is the table's *agents+sim* column for these runs), its file pool on loop devices. After the idle period: each agent's resident memory (peak) and the Go runtime's heap in use, live objects and memory from the system (its metrics), and the DRBD resources its node ran.\n\n")
-	b.WriteString("| label | commit | class | N | load start → end | node | resources | RSS (peak) | heap in use | heap live | Go sys | RSS per resource |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("Each node's agent the production `meshvol node`, its DRBD driver running the drbd-utils stand-ins against the simulator (in the benchmark's process, whose RSS is the table's *agents+sim* column for these runs), its file pool on loop devices. After the idle period: each agent's resident memory (peak) and the Go runtime's heap in use, allocated (live and not yet collected) and memory from the system (its metrics), and the DRBD resources its node ran.\n\n")
+	b.WriteString("| label | commit | class | N | load start → end | node | resources | RSS (peak) | heap in use | heap allocated (live and not yet collected) | Go sys | RSS per resource |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		for _, m := range r.Memory.Agents {
 			per := "-"
