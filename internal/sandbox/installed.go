@@ -507,11 +507,15 @@ func (s *Sandbox) leaseHolder(ctx context.Context) (string, error) {
 
 // LeaderHandover ends the leading controller and times until another
 // replica holds the Lease, then waits for the Deployment to be whole
-// again. crash false deletes the leader's pod (grace period 0: the kubelet
-// still sends SIGTERM first, and the leader gives its Lease up as it
-// exits); crash true SIGKILLs the leader's process, as a crash would end
-// it, so the Lease must expire first (the kubelet then restarts the
-// container).
+// again. crash false deletes the leader's pod as `kubectl delete pod` does,
+// with its own grace period: the kubelet sends SIGTERM and the leader gives
+// its Lease up as it exits. Not with grace period 0: that removes the pod
+// object at once while its process still runs, and the scheduler, which
+// counts a host-network pod's ports only while its object exists, may then
+// place the Deployment's replacement on the same node, where it fails to
+// bind the health port the old process still holds. crash true SIGKILLs
+// the leader's process, as a crash would end it, so the Lease must expire
+// first (the kubelet then restarts the container).
 func (s *Sandbox) LeaderHandover(ctx context.Context, crash bool) (*Handover, error) {
 	if s.simd == nil {
 		return nil, errors.New("sandbox: the leader hand-over needs the installed sandbox (Options.Image)")
@@ -541,8 +545,7 @@ func (s *Sandbox) LeaderHandover(ctx context.Context, crash bool) (*Handover, er
 			return nil, err
 		}
 	} else {
-		zero := int64(0)
-		if err := s.Client.Delete(ctx, leader, &client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		if err := s.Client.Delete(ctx, leader); err != nil {
 			return nil, err
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -137,7 +136,16 @@ func (c *Controller) deleteReplicas(ctx context.Context, v *volume) error {
 		// One request for all of them (the apiserver's deletecollection), not one per
 		// replica (docs/controller.md, "Write budget"): the label selects exactly the
 		// volume's replicas, as the cache shows them.
-		if err := c.client.DeleteAllOf(ctx, &v1.ReplicatedVolumeReplica{}, client.MatchingLabels{v1.LabelVolume: v.rv.Name}); err != nil {
+		//
+		// The apiserver lists what it deletes from its watch cache as it is
+		// (resourceVersion "0"), not after waiting for that cache to catch up with
+		// etcd, as a list without one does: this cache feeds the controller's, so it
+		// holds at least the replicas the controller saw, and one it does not hold yet
+		// is deleted by the next reconcile, which finds it not being deleted. Under the
+		// load of thousands of deletions that wait held each worker for the apiserver's
+		// whole backlog (docs/scale.md, "Sixth pass").
+		anyVersion := &client.DeleteAllOfOptions{ListOptions: client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}}
+		if err := c.client.DeleteAllOf(ctx, &v1.ReplicatedVolumeReplica{}, client.MatchingLabels{v1.LabelVolume: v.rv.Name}, anyVersion); err != nil {
 			return fmt.Errorf("deleting the replicas of %s: %w", v.rv.Name, err)
 		}
 		todo = nil
@@ -155,25 +163,22 @@ func (c *Controller) deleteReplicas(ctx context.Context, v *volume) error {
 // replicas (by spec.replicatedVolumeName, which cannot change) and no others, so a
 // deletion by that label deletes no other volume's replica. The controller sets the
 // label when it creates a replica; one edited by hand is deleted by name instead.
+//
+// Another volume's replicas carrying the label are found by an index of labels that
+// name a volume other than the replica's own, not by a label selector: the cache
+// matches a selector against every replica of the cluster, and deleting N volumes at
+// once did that N times (docs/scale.md, "Sixth pass").
 func (c *Controller) labelSelectsExactly(ctx context.Context, v *volume) bool {
-	var labelled v1.ReplicatedVolumeReplicaList
-	if err := c.reader.List(ctx, &labelled, client.MatchingLabels{v1.LabelVolume: v.rv.Name}, client.UnsafeDisableDeepCopy); err != nil {
-		return false
-	}
-	if len(labelled.Items) != len(v.rvrs) {
-		return false
-	}
-	ours := make(map[types.UID]bool, len(v.rvrs))
 	for _, r := range v.rvrs {
-		ours[r.UID] = true
-	}
-	for i := range labelled.Items {
-		r := &labelled.Items[i]
-		if !ours[r.UID] || r.Spec.ReplicatedVolumeName != v.rv.Name {
+		if r.Labels[v1.LabelVolume] != v.rv.Name {
 			return false
 		}
 	}
-	return true
+	var elsewhere v1.ReplicatedVolumeReplicaList
+	if err := c.reader.List(ctx, &elsewhere, client.MatchingFields{indexLabelElsewhere: v.rv.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return false
+	}
+	return len(elsewhere.Items) == 0
 }
 
 // releaseVolume is step 4, once no replica is left: the Secret, the port and minor,

@@ -287,9 +287,14 @@ func existingReplicas(v *volume) []placement.Replica {
 
 // placementNodes builds placement's view of every node the cluster knows (a Node object
 // or an agent Lease): pool membership and capacity from the pool's eligible nodes, the
-// load from the replica index, and the capacity of replicas placed but not yet backed
-// taken off the reported free space (the agent reports it only once it created them).
+// load from the replicas counted on each node, and the capacity of replicas placed but
+// not yet backed taken off the reported free space (the agent reports it only once it
+// created them). The counts are kept as the cache's events come (nodeLoads): a
+// placement reads no replica and no other volume, so it costs O(nodes).
 func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.ReplicatedVolume) ([]placement.Node, error) {
+	if err := c.load.waitSynced(ctx); err != nil {
+		return nil, err
+	}
 	alg := ""
 	if ss := work.Status.Datamesh.SharedSecret; ss != nil {
 		alg = ss.Algorithm
@@ -305,7 +310,10 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 	for n := range v.leases {
 		names[n] = true
 	}
-	var sizes map[string]int64 // RV name → size, read once per reconcile when needed
+	pool := ""
+	if v.rsp != nil {
+		pool = v.rsp.Name
+	}
 	var out []placement.Node
 	for n := range names {
 		pn := placement.Node{Name: n, Zone: nodeZone(v.nodes[n], v.leases[n]), AgentLive: v.liveness(n).Live, HMACOK: offersAlgorithm(v, n, alg),
@@ -317,33 +325,10 @@ func (c *Controller) placementNodes(ctx context.Context, v *volume, work *v1.Rep
 				pn.Free, pn.HasFree = e.FreeCapacity.Value(), true
 			}
 		}
-		var onNode v1.ReplicatedVolumeReplicaList
-		if err := c.reader.List(ctx, &onNode, client.MatchingFields{indexNode: n}, client.UnsafeDisableDeepCopy); err != nil {
-			return nil, err
-		}
-		pn.Replicas = len(onNode.Items)
+		replicas, unbacked := c.load.load(n, pool)
+		pn.Replicas = replicas
 		if pn.InPool {
-			for i := range onNode.Items {
-				r := &onNode.Items[i]
-				if r.Spec.Type != v1.ReplicaTypeDiskful || r.Status.BackingVolume != nil || r.DeletionTimestamp != nil ||
-					r.Spec.Storage == nil || r.Spec.Storage.Pool != v.rsp.Name {
-					continue
-				}
-				if sizes == nil {
-					// Read once, without copies: while many volumes form, most
-					// replicas of a node wait for their backing volume, and a copy of
-					// each one's RV per placement made placement O(volumes) copies.
-					var rvs v1.ReplicatedVolumeList
-					if err := c.reader.List(ctx, &rvs, client.UnsafeDisableDeepCopy); err != nil {
-						return nil, err
-					}
-					sizes = make(map[string]int64, len(rvs.Items))
-					for i := range rvs.Items {
-						sizes[rvs.Items[i].Name] = rvs.Items[i].Spec.Size.Value()
-					}
-				}
-				pn.Free -= placement.BackingBytes(sizes[r.Spec.ReplicatedVolumeName])
-			}
+			pn.Free -= unbacked
 		}
 		out = append(out, pn)
 	}

@@ -667,20 +667,18 @@ func storageFor(rsp *v1.ReplicatedStoragePool, node string) *v1.ReplicaStorage {
 	return s
 }
 
-// waitForCache waits until the cache shows every object in want (present) or shows it
+// waitForCache waits until the cache shows every replica in want (present) or shows it
 // gone or deleting: the next reconcile must not act on a view without this one's
 // writes (it would place a second replica for the same want). It reports whether the
-// cache did within its deadline.
+// cache did within its deadline. It asks placement's node counts, which the informer
+// updates after its store (nodeLoads): once they show a replica, so does the store,
+// and the next placement counts it.
 func (c *Controller) waitForCache(ctx context.Context, names []string, present bool) bool {
 	deadline := time.Now().Add(5 * time.Second)
 	for _, n := range names {
 		for {
-			r := &v1.ReplicatedVolumeReplica{}
-			err := c.reader.Get(ctx, types.NamespacedName{Name: n}, r)
-			if present && err == nil {
-				break
-			}
-			if !present && (apierrors.IsNotFound(err) || (err == nil && r.DeletionTimestamp != nil)) {
+			seen, deleting := c.load.seen(n)
+			if present && seen || !present && (!seen || deleting) {
 				break
 			}
 			if !time.Now().Before(deadline) {

@@ -289,3 +289,47 @@ func TestAttachWaitsForTheNodesFirstPoolReport(t *testing.T) {
 			attachment()
 	})
 }
+
+// Placement sees every replica already on each node, as the controller counts them from
+// its cache's events (not by listing a node's replicas per placement): volumes placed
+// one after another spread over the nodes by their replicas, although one node has ten
+// times the free space of the others; and a replica placed but not backed yet takes
+// its size off its node's free space (the agent's report does not show it yet), so a
+// volume that fits a node only while those replicas are not counted goes elsewhere.
+func TestPlacementCountsEachNodesReplicas(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 1000}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
+	class := cl.class("1d", 0, 0, v1.TopologyIgnored)
+	place := func(name, size string) string {
+		t.Helper()
+		rv := cl.volume(name, class, size)
+		var node string
+		cl.eventually(t, rv.Name+" placed", func() (bool, string) {
+			rs := cl.rvrs(rv.Name)
+			if len(rs) != 1 {
+				return false, fmt.Sprintf("%d replicas", len(rs))
+			}
+			node = strings.TrimPrefix(rs[0].Spec.NodeName, cl.prefix+"-")
+			return true, ""
+		})
+		return node
+	}
+	count := map[string]int{}
+	for i := range 6 {
+		count[place(fmt.Sprintf("small-%d", i), "1Gi")]++
+	}
+	if count["a"] != 2 || count["b"] != 2 || count["c"] != 2 {
+		t.Fatalf("six volumes placed one after another on %v, want two on each node (the fewest replicas first)", count)
+	}
+	// Each node has two replicas of 1Gi not backed yet. 60Gi volumes: the first goes
+	// to a (most free), the next two to b and c (fewest replicas), the fourth to a
+	// (the most free again); the fifth fits b and c only if their unbacked 60Gi
+	// replicas are not counted (100 - 2 - 60 < 60), so it goes to a, with more
+	// replicas.
+	var got []string
+	for i := range 5 {
+		got = append(got, place(fmt.Sprintf("large-%d", i), "60Gi"))
+	}
+	if got[0] != "a" || got[3] != "a" || got[4] != "a" || !slices.Contains(got[1:3], "b") || !slices.Contains(got[1:3], "c") {
+		t.Fatalf("five 60Gi volumes placed on %v, want a, then b and c, then a, a", got)
+	}
+}

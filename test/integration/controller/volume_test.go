@@ -211,3 +211,33 @@ func TestFinalizerSetByCreator(t *testing.T) {
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
 }
+
+// A volume's replicas are deleted by their label in one request only when the label
+// selects exactly them: a replica of another volume labelled with this volume's name
+// (by hand) is found (the controller finds the label's replicas by an index of its
+// cache, not by a scan) and survives the deletion, which then deletes by name.
+func TestDeleteSparesAReplicaLabelledForAnother(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
+	x := cl.volume("x", cl.class("2d", 0, 1, v1.TopologyIgnored), "1Gi")
+	y := cl.volume("y", cl.class("1d", 0, 0, v1.TopologyIgnored), "1Gi")
+	cl.formed(x.Name, 2)
+	cl.formed(y.Name, 1)
+	other := cl.rvrs(y.Name)[0]
+	relabelled := other.DeepCopy()
+	relabelled.Labels[v1.LabelVolume] = x.Name
+	must(t, cl.c.Patch(cl.ctx, relabelled, client.MergeFrom(&other)))
+
+	must(t, cl.c.Delete(cl.ctx, x))
+	cl.eventually(t, x.Name+" gone", func() (bool, string) {
+		if cur := cl.rv(x.Name); cur != nil {
+			cl.agentReleaseDeleted(x.Name)
+			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, v1.ConditionDeleting)
+		}
+		return true, ""
+	})
+	r := &v1.ReplicatedVolumeReplica{}
+	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Name: other.Name}, r))
+	if r.DeletionTimestamp != nil {
+		t.Fatalf("replica %s of %s, labelled for %s, was deleted with %s", r.Name, y.Name, x.Name, x.Name)
+	}
+}
