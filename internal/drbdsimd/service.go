@@ -347,6 +347,17 @@ func (s *Service) drbdsetup(ctx context.Context, node string, args []string, std
 			return unsupported(stderr, "drbdsetup", args)
 		}
 		err = n.ForgetPeer(ctx, args[1], id)
+	case len(args) == 3 && (args[0] == "disconnect" || args[0] == "connect"):
+		// The agent's Reconnect: disconnect, then connect, of one peer.
+		id, perr := strconv.Atoi(args[2])
+		if perr != nil {
+			return unsupported(stderr, "drbdsetup", args)
+		}
+		if args[0] == "disconnect" {
+			err = n.Disconnect(ctx, args[1], id)
+		} else {
+			err = n.Connect(ctx, args[1], id)
+		}
 	case len(args) == 3 && args[0] == "resource-options" && args[2] == "--on-no-quorum="+string(drbd.OnNoQuorumIOError):
 		err = n.FailIOWithoutQuorum(ctx, args[1])
 	case len(args) == 3 && args[0] == "resource-options" && strings.HasPrefix(args[2], "--quorum="):

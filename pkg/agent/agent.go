@@ -108,6 +108,9 @@ type Config struct {
 	// RetryInterval is how soon a failed step (a refused demote, a failed
 	// command) is tried again. Default 2 s.
 	RetryInterval time.Duration
+	// AttachStallTimeout is how long a disk may stay Negotiating before the
+	// attach-stall watchdog cycles a connection (attachstall.go). Default 10 s.
+	AttachStallTimeout time.Duration
 	// StandAloneRetryInterval is how often a connection DRBD left StandAlone
 	// (a refused connect, a failed authentication, a split brain) is tried
 	// again with adjust. Default 30 s.
@@ -154,6 +157,7 @@ func (c *Config) defaults() error {
 	def(&c.GCInterval, time.Minute)
 	def(&c.GCFullInterval, 10*time.Minute)
 	def(&c.StandAloneRetryInterval, 30*time.Second)
+	def(&c.AttachStallTimeout, defaultAttachStallTimeout)
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = "0"
 	}
@@ -187,6 +191,10 @@ type Agent struct {
 	// staleQuorum: the resources whose diskless member shows quorum:no beside
 	// an UpToDate peer, and when it is recomputed next (recomputeStaleQuorum).
 	staleQuorum map[string]*staleQuorum
+	// attachStalls: the resources whose disk is Negotiating, and what the
+	// attach-stall watchdog did about it (attachstall.go); attachWake wakes it.
+	attachStalls map[string]*attachStall
+	attachWake   chan struct{}
 	// unconfirmed: why each member that holds its volume's revision
 	// unconfirmed does so, as last logged (sayUnconfirmed).
 	unconfirmed *reasonLog
@@ -258,6 +266,8 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 
 		standAloneTried: map[string]time.Time{},
 		staleQuorum:     map[string]*staleQuorum{},
+		attachStalls:    map[string]*attachStall{},
+		attachWake:      make(chan struct{}, 1),
 		unconfirmed:     newReasonLog(),
 		held:            map[types.UID]heldReport{},
 		released:        map[string]types.UID{},
@@ -412,6 +422,9 @@ func (a *Agent) addRunnables(mgr manager.Manager) error {
 	if err := mgr.Add(manager.RunnableFunc(a.runLease)); err != nil {
 		return err
 	}
+	if err := mgr.Add(manager.RunnableFunc(a.runAttachWatch)); err != nil {
+		return err
+	}
 	return mgr.Add(manager.RunnableFunc(a.runGC))
 }
 
@@ -423,6 +436,7 @@ func (a *Agent) runObserver(ctx context.Context, kernel chan<- event.TypedGeneri
 		defer close(done)
 		for c := range a.obs.Changes() {
 			a.changes.Add(1)
+			a.noteNegotiating(c)
 			select {
 			case kernel <- event.TypedGenericEvent[string]{Object: c.Resource}:
 			case <-ctx.Done():

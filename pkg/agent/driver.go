@@ -110,6 +110,11 @@ func (t deadlineDriver) ForgetPeer(ctx context.Context, name string, peerNodeID 
 	return t.run(ctx, func(ctx context.Context) error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }
 
+// Reconnect's two commands (disconnect, connect) share one deadline.
+func (t deadlineDriver) Reconnect(ctx context.Context, name string, peerNodeID int) error {
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Reconnect(ctx, name, peerNodeID) })
+}
+
 func (t deadlineDriver) Verify(ctx context.Context, name string, peerNodeID int) error {
 	return t.run(ctx, func(ctx context.Context) error { return t.d.Verify(ctx, name, peerNodeID) })
 }

@@ -31,6 +31,10 @@ var (
 		Name: "meshvol_agent_drbd_command_failures_total",
 		Help: "DRBD commands of the node agent that returned an error (including a timeout), by command.",
 	}, []string{"command"})
+	attachStallCycles = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "meshvol_agent_attach_stall_cycles_total",
+		Help: "Connections the node agent disconnected and connected again because a disk attached beside connected peers stayed Negotiating (a DRBD 9.2 attach that lost a peer's handshake).",
+	})
 	collectorPasses = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "meshvol_agent_collector_passes_total",
 		Help: "Passes of the node agent's collector of orphaned DRBD resources and backing volumes that read every replica, resource and backing volume of the node (a pass with nothing changed since the last is skipped).",
@@ -38,7 +42,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(drbdCommandSeconds, drbdCommandFailures, collectorPasses)
+	metrics.Registry.MustRegister(drbdCommandSeconds, drbdCommandFailures, collectorPasses, attachStallCycles)
 }
 
 // observeCommand records one DRBD command's duration and outcome. The failure counter

@@ -419,6 +419,23 @@ func (d *ExecDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int
 	return err
 }
 
+// Reconnect is `drbdsetup disconnect` and `drbdsetup connect` of one peer
+// (see Driver). A disconnect that fails is returned as it is, and nothing is
+// connected: the connection is then as DRBD left it (still up, when refused).
+func (d *ExecDriver) Reconnect(ctx context.Context, name string, peerNodeID int) error {
+	if err := checkPeer(name, peerNodeID); err != nil {
+		return err
+	}
+	id := strconv.Itoa(peerNodeID)
+	if _, err := d.setup(ctx, "disconnect", name, id); err != nil {
+		return fmt.Errorf("disconnect %s from peer node-id %s: %w", name, id, err)
+	}
+	if _, err := d.setup(ctx, "connect", name, id); err != nil {
+		return fmt.Errorf("connect %s to peer node-id %s again: %w", name, id, err)
+	}
+	return nil
+}
+
 // Verify starts an online verify against one peer; progress shows in status.
 func (d *ExecDriver) Verify(ctx context.Context, name string, peerNodeID int) error {
 	if err := checkPeer(name, peerNodeID); err != nil {

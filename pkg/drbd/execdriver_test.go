@@ -72,6 +72,30 @@ func TestExecDriverArgv(t *testing.T) {
 	}
 }
 
+// Reconnect disconnects one peer and connects it again with drbdsetup; a
+// disconnect DRBD refuses (a peer's veto, as a quorate Primary gives one that
+// would take its quorum) is returned classified, naming the resource and the
+// peer, and no connect follows it.
+func TestExecDriverReconnect(t *testing.T) {
+	ctx := context.Background()
+	d, _ := newTestDriver(t,
+		fakeStep{argv: []string{"drbdsetup", "disconnect", "pvc-1", "2"}, env: []string{nodeEnv}},
+		fakeStep{argv: []string{"drbdsetup", "connect", "pvc-1", "2"}, env: []string{nodeEnv}},
+	)
+	if err := d.Reconnect(ctx, "pvc-1", 2); err != nil {
+		t.Fatal(err)
+	}
+	d, _ = newTestDriver(t, fakeStep{argv: []string{"drbdsetup", "disconnect", "pvc-1", "0"}, env: []string{nodeEnv},
+		res: Result{Stderr: []byte("pvc-1: State change failed: (-10) State change was refused by peer node\n"), ExitCode: 11}})
+	err := d.Reconnect(ctx, "pvc-1", 0)
+	if !errors.Is(err, ErrStateChangeRefused) || !strings.Contains(err.Error(), "disconnect pvc-1 from peer node-id 0") {
+		t.Fatalf("refused disconnect: got %v, want ErrStateChangeRefused naming pvc-1 and peer 0", err)
+	}
+	if err := d.Reconnect(ctx, "pvc-1", 32); err == nil {
+		t.Fatal("peer node-id 32 accepted")
+	}
+}
+
 func TestExecDriverRejectsBadArguments(t *testing.T) {
 	d, _ := newTestDriver(t) // no command may run
 	ctx := context.Background()

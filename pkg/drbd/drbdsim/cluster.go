@@ -148,7 +148,7 @@ func (c *Cluster) Node(name string) *Node {
 	n := c.nodes[name]
 	if n == nil {
 		n = &Node{c: c, name: name, configs: map[string]*resConfig{}, mds: map[string]*metadata{},
-			res: map[string]*resource{}, faults: map[string]Fault{}}
+			res: map[string]*resource{}, faults: map[string]Fault{}, attachFaults: map[string]string{}}
 		c.nodes[name] = n
 	}
 	return n

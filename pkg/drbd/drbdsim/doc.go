@@ -23,7 +23,8 @@
 // # What is modelled (see the captures in pkg/drbd/internal/captures)
 //
 //   - Per node and resource: role, disk state (Diskless, Attaching,
-//     Inconsistent, Outdated, Consistent, UpToDate, Failed), connection
+//     Inconsistent, Outdated, Consistent, UpToDate, Failed; Negotiating
+//     only for an attach that lost a peer's handshake), connection
 //     state per peer (StandAlone, Unconnected, Connecting, Connected,
 //     NetworkFailure, TearDown as transient loss states), replication state
 //     (Off, Established, WFBitMapS/T, SyncSource/Target).
@@ -105,7 +106,13 @@
 //   - Faults: partition (any set of links) and heal, crash and restart
 //     (disks and metadata kept, resources down until Up/Adjust), disk
 //     failure (detach), a command that hangs until its context ends (then
-//     drbd.ErrTimeout) or fails, a slower resync.
+//     drbd.ErrTimeout) or fails, a slower resync, and an attach beside
+//     connected peers that loses one peer's handshake and stays Negotiating
+//     until the connection to that peer drops (LoseAttachHandshake; DRBD
+//     9.2.18's race, test/vm/FINDINGS.md, "The product on real DRBD", 16).
+//   - disconnect and connect of one peer (Disconnect, Connect, Reconnect):
+//     the connection goes StandAlone and stays configured, the peer sees a
+//     graceful departure.
 //   - Output: events2 lines in the real text format (exists/create/change/
 //     destroy, --timestamps, --statistics), status and show JSON in the
 //     real shape, parsed back by pkg/drbd's parsers. Addresses print as
@@ -207,8 +214,8 @@
 // on-suspended-primary-outdated other than their defaults (disconnect), the
 // refusal of two Primaries that allow-two-primaries lets connect but that
 // would not be directly connected (SS_WEAKLY_CONNECTED), multiple volumes, online
-// verify's status details (ov-left and friends), the soft-transition refusal of a graceful peer departure that would
-// drop a Primary's quorum, fencing policies and handlers other than the
+// verify's status details (ov-left and friends), the soft-transition refusal of a graceful peer departure (a down, a
+// disconnect) that would drop a Primary's quorum, fencing policies and handlers other than the
 // quorum-lost and disconnected notifications, congestion, the activity log
 // beyond crash recovery, two-phase-commit failures and timeouts, and the
 // exact statistics counters (read/written/sent/received are counted in

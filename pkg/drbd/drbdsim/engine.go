@@ -200,7 +200,7 @@ func (c *Cluster) settleOnce() {
 				if pk == nil || !pk.connected() {
 					continue
 				}
-				if !k.handshaken && r.attached() && pr.attached() {
+				if !k.handshaken && r.negotiated() && pr.negotiated() {
 					c.handshake(r, k, pr, pk)
 					r.publish()
 					pr.publish()
@@ -298,7 +298,7 @@ func authenticated(r, pr *resource) bool {
 // Established, or WFBitMapS/T when a resync follows (contract-real seqs).
 func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 	var p syncPlan
-	if r.attached() && pr.attached() {
+	if r.negotiated() && pr.negotiated() {
 		p = plan(r, pr)
 	}
 	if why := c.connectRefusal(r, pr, p); why != "" {
@@ -322,7 +322,7 @@ func (c *Cluster) establish(r *resource, k *conn, pr *resource, pk *conn) {
 			e.self.md.peer(e.peer.nodeID()).outdated = false
 		}
 	}
-	if r.attached() && pr.attached() {
+	if r.negotiated() && pr.negotiated() {
 		c.handshake(r, k, pr, pk)
 		if k.cstate != connConnected {
 			k.pathUp, pk.pathUp = false, false
@@ -462,6 +462,7 @@ func (c *Cluster) lose(r *resource, k *conn, how string) {
 	k.peerDisk = DiskUnknown
 	k.peerQuorate = false
 	k.rsTotal = 0
+	r.endNegotiation(k)
 	// A Secondary that loses its Primary cannot know what the Primary
 	// wrote last: DRBD shows its disk Consistent in the same state change,
 	// and UpToDate again right after (contract-real.node2.seq, 57-63).

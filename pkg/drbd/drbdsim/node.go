@@ -32,7 +32,10 @@ type Node struct {
 
 	crashed bool
 	faults  map[string]Fault
-	subs    []*subscriber
+	// attachFaults: resource → the peer whose handshake the next attach of that
+	// resource loses (LoseAttachHandshake).
+	attachFaults map[string]string
+	subs         []*subscriber
 }
 
 var _ drbd.Driver = (*Node)(nil)
@@ -64,6 +67,87 @@ func (n *Node) ClearFault(cmd string) {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
 	delete(n.faults, cmd)
+}
+
+// LoseAttachHandshake makes the next attach of resource res on this node
+// lose the handshake with the peer called peer, as DRBD 9.2.18 does now and
+// then when a disk is attached to a running resource that is connected to
+// diskful peers (test/vm/FINDINGS.md, "The product on real DRBD", 16): the
+// attaching node commits the cluster-wide change to its peers before it moves
+// its own disk from Attaching to Negotiating, and a peer's answer that arrives
+// in between is lost, so no handshake with that peer ever runs. It fires at
+// the first attach of res while peer is connected with a disk (an attach at
+// `up` comes before the connections, and DRBD has no race there); until then
+// it stays armed. What follows, as on DRBD:
+//
+//   - the disk stays Negotiating while that peer stays connected, and runs no
+//     handshake with any peer (DRBD holds the results of the others until the
+//     disk leaves Negotiating); it holds data, takes writes and counts toward
+//     quorum as an attached disk does;
+//   - the attach does not return meanwhile (drbdsetup attach waits for the
+//     negotiation, uninterruptible and without a timeout): Adjust waits until
+//     the disk leaves Negotiating, or fails with drbd.ErrTimeout when its
+//     context ends first, the disk left attached and Negotiating;
+//   - the connection to that peer dropping, by a disconnect of either end, a
+//     cut, the peer's crash or down, ends it: the disk goes to the state its
+//     metadata restores (Inconsistent for a fresh disk) in the same state
+//     change, the handshakes with the peers still connected run and a resync
+//     from them follows, and a later connect to that peer hands shake as usual.
+//
+// Not modelled: the peers show the attaching node's disk Negotiating and the
+// connection Established, where DRBD shows them WFBitMapS toward it (they ran
+// their side of the handshake), and nothing fills their send buffers.
+func (n *Node) LoseAttachHandshake(res, peer string) {
+	n.c.mu.Lock()
+	defer n.c.mu.Unlock()
+	n.attachFaults[res] = peer
+}
+
+// lostAttachHandshake is the connection whose handshake the attach r is
+// running loses (LoseAttachHandshake), or nil; it disarms the fault it fires.
+func (r *resource) lostAttachHandshake() *conn {
+	peer, armed := r.n.attachFaults[r.name]
+	if !armed {
+		return nil
+	}
+	for _, k := range r.conns {
+		if k.peer.Name != peer || !k.connected() {
+			continue
+		}
+		if pr := r.n.c.peerResource(r, k); pr != nil && pr.attached() {
+			delete(r.n.attachFaults, r.name)
+			return k
+		}
+	}
+	return nil
+}
+
+// waitNegotiation waits, with c.mu held (released while waiting), until r's
+// disk leaves Negotiating, as `drbdsetup attach` does; when ctx ends first
+// the command fails as a killed one does, and the disk stays as it is.
+func (n *Node) waitNegotiation(ctx context.Context, r *resource) error {
+	c := n.c
+	var stop func() bool
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	for !n.crashed && n.res[r.name] == r && r.disk == DiskNegotiating {
+		if err := ctx.Err(); err != nil {
+			return &drbd.CommandError{Args: []string{"drbdsetup", "attach", r.name}, ExitCode: -1, Kind: drbd.ErrTimeout,
+				Err: fmt.Errorf("the disk is still Negotiating (an attach that lost a peer's handshake): %w", err)}
+		}
+		if stop == nil {
+			stop = context.AfterFunc(ctx, func() {
+				c.mu.Lock()
+				c.cond.Broadcast()
+				c.mu.Unlock()
+			})
+		}
+		c.cond.Wait()
+	}
+	return nil
 }
 
 // begin runs the checks every command shares and returns with c.mu held
@@ -345,6 +429,10 @@ func (r *resource) attach(md *metadata) error {
 	for _, k := range r.conns {
 		k.handshaken = false
 	}
+	if k := r.lostAttachHandshake(); k != nil {
+		r.disk = DiskNegotiating
+		k.lostHandshake = true
+	}
 	r.publish()
 	return nil
 }
@@ -377,6 +465,7 @@ func (r *resource) detach(to DiskState) {
 	}
 	for _, k := range r.conns {
 		k.handshaken = false
+		k.lostHandshake = false // no disk, no negotiation
 	}
 }
 
@@ -441,6 +530,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 			r.publish()
 		}
 	}
+	attached := false
 	switch {
 	case r.cfg.Disk != nil && r.file == nil:
 		md := n.metadataOf(r.cfg.Disk.BackingDevice)
@@ -451,13 +541,19 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 		if err := r.attach(md); err != nil {
 			return err
 		}
+		attached = true
 	case r.cfg.Disk == nil && r.file != nil:
 		r.detach(DiskDiskless)
 	case r.cfg.Disk != nil && old.Disk != nil && r.cfg.Disk.BackingDevice != old.Disk.BackingDevice:
 		return fmt.Errorf("drbdsim: adjust %s: changing the backing device of an attached volume needs detach first", name)
 	}
 	n.c.settleResource(name)
-	return nil
+	if !attached {
+		return nil
+	}
+	// The attach waits for the negotiation; an adjust with nothing to attach
+	// does not (the resource's adm_mutex is free meanwhile).
+	return n.waitNegotiation(ctx, r)
 }
 
 // Down takes the resource down like `drbdadm down`: demote, disconnect
@@ -749,12 +845,23 @@ func (r *resource) openedDetail(op []drbd.Opener) string {
 // disconnected helper runs, StandAlone, and the path and connection are
 // destroyed (DRBD prints no destroy line for the peer device).
 func (c *Cluster) disconnect(r *resource, k *conn) {
+	c.standAloneConn(r, k)
+	r.publishDestroyConn(k)
+	delete(r.conns, k.peer.NodeID)
+}
+
+// standAloneConn is `drbdsetup disconnect` on r's end of k: everything
+// disconnect does but destroying the connection, which stays configured
+// (peer, paths, options) for a later connect.
+func (c *Cluster) standAloneConn(r *resource, k *conn) {
 	k.cstate = "Disconnecting"
 	k.peerRole = roleUnknown
 	k.repl = replOff
 	k.peerDisk = DiskUnknown
 	k.peerQuorate = false
 	k.rsTotal = 0
+	k.pathUp = false
+	r.endNegotiation(k)
 	r.quorate = c.computeQuorum(r).Quorate
 	c.noteQuorumView(r)
 	r.publishOnly(allButPath)
@@ -762,8 +869,88 @@ func (c *Cluster) disconnect(r *resource, k *conn) {
 	r.peerHelper(k, "disconnected")
 	k.cstate = connStandAlone
 	r.publish()
-	r.publishDestroyConn(k)
-	delete(r.conns, k.peer.NodeID)
+}
+
+// Disconnect is `drbdsetup disconnect <name> <peer>`: the connection to that
+// peer goes StandAlone and stays configured; the peer sees a graceful
+// departure (TearDown), and connects again once this end does (Connect). A
+// connection already StandAlone is a success, as in DRBD. Not modelled: DRBD
+// runs the disconnect as a cluster-wide state change and refuses it where it
+// would take a quorate Primary's quorum (see doc.go).
+func (n *Node) Disconnect(ctx context.Context, name string, peerNodeID int) error {
+	id := strconv.Itoa(peerNodeID)
+	if err := n.begin(ctx, "disconnect", name, id); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r, k, err := n.connOf("disconnect", name, peerNodeID)
+	if err != nil {
+		return err
+	}
+	if k.cstate == connStandAlone {
+		return nil
+	}
+	if k.connected() {
+		if pr := n.c.peerResource(r, k); pr != nil {
+			if pk := pr.conns[r.nodeID()]; pk != nil && pk.connected() {
+				n.c.lose(pr, pk, connTearDown)
+			}
+		}
+	}
+	n.c.standAloneConn(r, k)
+	n.c.settleResource(name)
+	return nil
+}
+
+// Connect is `drbdsetup connect <name> <peer>` of a StandAlone connection: it
+// starts Connecting and tries at once. DRBD refuses it on a connection that is
+// not StandAlone (ERR_NET_CONFIGURED, drbd_nl.c drbd_adm_connect).
+func (n *Node) Connect(ctx context.Context, name string, peerNodeID int) error {
+	id := strconv.Itoa(peerNodeID)
+	if err := n.begin(ctx, "connect", name, id); err != nil {
+		return err
+	}
+	defer n.c.mu.Unlock()
+	r, k, err := n.connOf("connect", name, peerNodeID)
+	if err != nil {
+		return err
+	}
+	if k.cstate != connStandAlone {
+		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "connect", name, id}, 125, 10,
+			fmt.Sprintf("%s: Failure: (125) Device has a net-config (use disconnect first)\n", name))
+	}
+	k.cstate = connUnconnected
+	r.publish()
+	k.cstate = connConnecting
+	k.nextTry = n.c.now
+	k.splitBrain, k.standAloneMsg = false, ""
+	r.publish()
+	n.c.settleResource(name)
+	return nil
+}
+
+// Reconnect is Disconnect, then Connect (drbd.Driver).
+func (n *Node) Reconnect(ctx context.Context, name string, peerNodeID int) error {
+	if err := n.Disconnect(ctx, name, peerNodeID); err != nil {
+		return err
+	}
+	return n.Connect(ctx, name, peerNodeID)
+}
+
+// connOf finds the running resource and its connection to a peer, or the error
+// drbdsetup gives (drbd_nl.c drbd_adm_prepare: ERR_INVALID_REQUEST, "unknown
+// connection").
+func (n *Node) connOf(cmd, name string, peerNodeID int) (*resource, *conn, error) {
+	r := n.res[name]
+	if r == nil {
+		return nil, nil, unknownRes(cmd, name)
+	}
+	k := r.conns[peerNodeID]
+	if k == nil {
+		return nil, nil, cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", cmd, name, strconv.Itoa(peerNodeID)}, 162, 10,
+			fmt.Sprintf("%s: Failure: (162) Invalid configuration request\nadditional info from kernel:\nunknown connection\n", name))
+	}
+	return r, k, nil
 }
 
 // NewCurrentUUIDClearBitmap starts a new generation without a resync: on

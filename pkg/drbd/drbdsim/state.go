@@ -17,6 +17,7 @@ const (
 	DiskAttaching    DiskState = "Attaching"
 	DiskDetaching    DiskState = "Detaching"
 	DiskFailed       DiskState = "Failed"
+	DiskNegotiating  DiskState = "Negotiating"
 	DiskInconsistent DiskState = "Inconsistent"
 	DiskOutdated     DiskState = "Outdated"
 	DiskUnknown      DiskState = "DUnknown"
@@ -256,6 +257,10 @@ type conn struct {
 	// handshaken: the generation UUIDs have been compared since both
 	// disks were last attached and connected.
 	handshaken bool
+	// lostHandshake: this node attached its disk while connected to the peer
+	// and lost the peer's answer to the attach (Node.LoseAttachHandshake): its
+	// disk stays Negotiating until this connection drops.
+	lostHandshake bool
 
 	standAloneMsg string
 	splitBrain    bool
@@ -279,6 +284,32 @@ type conn struct {
 
 func (r *resource) attached() bool {
 	return r.md != nil && r.file != nil && r.disk != DiskDiskless && r.disk != DiskFailed && r.disk != DiskAttaching
+}
+
+// negotiated: the disk is attached and past the negotiation with its peers, so
+// a handshake may compare generation UUIDs with it. While Negotiating a disk
+// is attached (it holds data, takes writes and counts toward quorum, as
+// pkg/drbd/quorum says) but runs no handshake: see Node.LoseAttachHandshake.
+func (r *resource) negotiated() bool { return r.attached() && r.disk != DiskNegotiating }
+
+// endNegotiation ends a Negotiating disk's wait because the connection to the
+// peer whose handshake it lost is going down: the disk takes the state its
+// metadata restores (Inconsistent for a fresh one), and the handshakes with the
+// peers still connected run at the next settle (test/vm/FINDINGS.md, "The
+// product on real DRBD", 16: `disk( Negotiating -> Inconsistent )` in the state
+// change that drops the connection, then a resync from the others). The caller
+// publishes.
+func (r *resource) endNegotiation(k *conn) {
+	if !k.lostHandshake {
+		return
+	}
+	k.lostHandshake = false
+	if r.disk == DiskNegotiating && r.md != nil {
+		r.disk = r.md.disk
+	}
+	for _, o := range r.conns {
+		o.handshaken = false
+	}
 }
 
 func (r *resource) nodeID() int { return r.cfg.Self.NodeID }

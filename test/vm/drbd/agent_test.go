@@ -120,6 +120,8 @@ func (a *agent) call(w http.ResponseWriter, r *http.Request) {
 		err = a.d.RecomputeQuorum(ctx, req.Name, req.Quorum)
 	case "ForgetPeer":
 		err = a.d.ForgetPeer(ctx, req.Name, req.PeerNodeID)
+	case "Reconnect":
+		err = a.d.Reconnect(ctx, req.Name, req.PeerNodeID)
 	case "Verify":
 		err = a.d.Verify(ctx, req.Name, req.PeerNodeID)
 	case "Status":

@@ -136,6 +136,10 @@ func (r *remote) ForgetPeer(ctx context.Context, name string, peerNodeID int) er
 	return r.simple(ctx, callReq{Method: "ForgetPeer", Name: name, PeerNodeID: peerNodeID})
 }
 
+func (r *remote) Reconnect(ctx context.Context, name string, peerNodeID int) error {
+	return r.simple(ctx, callReq{Method: "Reconnect", Name: name, PeerNodeID: peerNodeID})
+}
+
 func (r *remote) Verify(ctx context.Context, name string, peerNodeID int) error {
 	return r.simple(ctx, callReq{Method: "Verify", Name: name, PeerNodeID: peerNodeID})
 }
