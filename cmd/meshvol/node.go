@@ -66,6 +66,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	cmdTimeout := fs.Duration("command-timeout", 30*time.Second, "deadline of every DRBD command but create-md and resize; a command that hangs past it becomes a condition")
 	slowTimeout := fs.Duration("slow-command-timeout", 5*time.Minute, "deadline of DRBD's create-md and resize, whose time grows with the device; at least --command-timeout")
 	metrics := fs.String("metrics-bind-address", ":9501", `Prometheus metrics endpoint; "0" disables it`)
+	pprofAddr := fs.String("pprof-bind-address", "", "address of Go's /debug/pprof/ profiles (CPU, heap, goroutines) for finding where an agent's time and memory go (docs/scale.md); empty, the default, turns it off")
 	verbose := fs.Int("v", 0, "log verbosity")
 	csiEndpoint := fs.String("csi-endpoint", "", csiEndpointUsage)
 	regDir := fs.String("kubelet-registration-dir", "", "register the CSI node service with the kubelet through a socket in this directory (the kubelet's <root-dir>/plugins_registry, e.g. "+pluginreg.DefaultDir+"), as node-driver-registrar would; needs --csi-endpoint; empty registers nothing")
@@ -155,6 +156,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		LeaseDuration:      *leaseDuration,
 		RenewInterval:      *renewInterval,
 		MetricsAddr:        *metrics,
+		PprofAddr:          *pprofAddr,
 		Log:                logr.New(log.GetSink()),
 	})
 	cancel()

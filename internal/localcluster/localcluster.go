@@ -91,6 +91,11 @@ type Options struct {
 	// nodes, and their status is the kubelets' to write. Without it the
 	// cluster creates each Node and marks it Ready itself.
 	KubeletNodes bool
+	// ExternalAgents starts no agent: the caller runs each node's agent
+	// itself, as a process of its own on the node's simulated kernel (the
+	// scale benchmark's -agent-processes, docs/scale.md). Writes then counts
+	// no agent's writes.
+	ExternalAgents bool
 	// Agent adjusts every agent's configuration (timeouts, intervals).
 	Agent func(*agent.Config)
 	// Log receives the agents' and controller's logs; default discard.
@@ -219,7 +224,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		c.Nodes = append(c.Nodes, n)
 	}
 	for _, n := range c.Nodes {
-		n.startAgent()
+		if !opts.ExternalAgents {
+			n.startAgent()
+		}
 	}
 	if opts.Controller != nil {
 		c.StartController()

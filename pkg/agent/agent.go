@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,8 @@ import (
 	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -119,6 +122,9 @@ type Config struct {
 	GCFullInterval time.Duration
 	// MetricsAddr serves Prometheus metrics; "" or "0" disables them.
 	MetricsAddr string
+	// PprofAddr serves Go's /debug/pprof/ ("" turns it off, the default), as
+	// the controller's does: docs/scale.md reads an agent's heap from it.
+	PprofAddr string
 
 	Log logr.Logger
 }
@@ -170,7 +176,9 @@ type Agent struct {
 
 	mu      sync.Mutex
 	written map[types.UID]writtenStatus
-	secrets map[string]string // Secret name → shared secret
+	// secrets: each volume's shared secret, by volume name, until its
+	// replica here is released.
+	secrets map[string]volumeSecret
 	pools   map[string]poolEntry
 	volumes map[types.UID]storage.Volume
 	// freed: replicas retyped to a diskless type whose backing volume this agent
@@ -215,6 +223,15 @@ type heldReport struct {
 	since time.Time
 }
 
+// volumeSecret is a volume's shared secret as read from its Secret: the
+// volume's UID too, since a volume deleted and created again under the same
+// name has a new Secret under the same name.
+type volumeSecret struct {
+	uid         types.UID
+	secretName  string
+	sharedValue string
+}
+
 type writtenStatus struct {
 	status v1.ReplicatedVolumeReplicaStatus
 	at     time.Time
@@ -237,7 +254,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		log:     cfg.Log.WithValues("node", cfg.NodeName),
 		drv:     deadlineDriver{d: timedDriver{d: cfg.Driver}, timeout: cfg.CommandTimeout, slow: cfg.SlowCommandTimeout},
 		written: map[types.UID]writtenStatus{},
-		secrets: map[string]string{},
+		secrets: map[string]volumeSecret{},
 		pools:   map[string]poolEntry{},
 		volumes: map[types.UID]storage.Volume{},
 		freed:   map[types.UID]bool{},
@@ -298,7 +315,8 @@ func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log lo
 			DefaultTransform: cache.TransformStripManagedFields(),
 			ByObject: map[client.Object]cache.ByObject{
 				// Only this node's replicas (docs/contract.md: by label, never by name).
-				&v1.ReplicatedVolumeReplica{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelNode: cfg.NodeName})},
+				&v1.ReplicatedVolumeReplica{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelNode: cfg.NodeName}), Transform: agentReplica},
+				&v1.ReplicatedVolume{}:        {Transform: agentVolume},
 			},
 		},
 		Client: client.Options{Cache: &client.CacheOptions{
@@ -308,6 +326,7 @@ func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log lo
 			DisableFor: []client.Object{&corev1.Secret{}, &coordinationv1.Lease{}},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		PprofBindAddress:        cfg.PprofAddr,
 		HealthProbeBindAddress:  "0",
 		GracefulShutdownTimeout: &grace,
 		Controller:              config.Controller{SkipNameValidation: drbd.Ptr(true)},
@@ -316,6 +335,48 @@ func newManager(restCfg *rest.Config, scheme *runtime.Scheme, cfg Config, log lo
 		return nil, fmt.Errorf("agent: manager: %w", err)
 	}
 	return mgr, nil
+}
+
+// agentVolume is the cache's transform of a ReplicatedVolume: what the agent
+// reads of it, and nothing else. An agent caches every volume of the cluster
+// (docs/scale.md, "One agent on its own"), and of each it reads the spec, the
+// datamesh, its revision and transitions, and whether it was ever Formed
+// (seeding); the controller's summaries for people and tools (phase, layout,
+// configuration, the replica requests, the other conditions), the annotations
+// and the managedFields are never read, so they are not kept.
+func agentVolume(o any) (any, error) {
+	rv, ok := o.(*v1.ReplicatedVolume)
+	if !ok {
+		return o, nil
+	}
+	rv.ManagedFields = nil
+	rv.Annotations = nil
+	formed := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionFormed)
+	rv.Status = v1.ReplicatedVolumeStatus{
+		Datamesh:            rv.Status.Datamesh,
+		DatameshRevision:    rv.Status.DatameshRevision,
+		DatameshTransitions: rv.Status.DatameshTransitions,
+	}
+	if formed != nil {
+		rv.Status.Conditions = []metav1.Condition{{Type: formed.Type, Status: formed.Status}}
+	}
+	return rv, nil
+}
+
+// agentReplica is the cache's transform of this node's replicas: the
+// managedFields and the other writers' conditions (the controller's) go,
+// which the agent never reads (its status comparison and its conditions'
+// transition times are of its own conditions, ownedStatus).
+func agentReplica(o any) (any, error) {
+	rvr, ok := o.(*v1.ReplicatedVolumeReplica)
+	if !ok {
+		return o, nil
+	}
+	rvr.ManagedFields = nil
+	rvr.Status.Conditions = slices.DeleteFunc(rvr.Status.Conditions, func(c metav1.Condition) bool {
+		return !slices.Contains(ownedConditions, c.Type)
+	})
+	return rvr, nil
 }
 
 // addRunnables wires the agent's pieces into mgr: the replica reconciler

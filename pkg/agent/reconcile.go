@@ -849,14 +849,11 @@ func (a *Agent) providerFor(rsp *v1.ReplicatedStoragePool) (storage.Provider, er
 // sharedSecret reads the volume's Secret (get only, never cached as an
 // object; the value is kept in memory because it never changes).
 func (a *Agent) sharedSecret(ctx context.Context, rv *v1.ReplicatedVolume, ref *v1.SharedSecretReference) (string, error) {
-	// Keyed by the volume's UID too: a volume deleted and created again under
-	// the same name has a new Secret under the same name.
-	cacheKey := string(rv.UID) + "/" + ref.SecretName
 	a.mu.Lock()
-	v, ok := a.secrets[cacheKey]
+	known, ok := a.secrets[rv.Name]
 	a.mu.Unlock()
-	if ok {
-		return v, nil
+	if ok && known.uid == rv.UID && known.secretName == ref.SecretName {
+		return known.sharedValue, nil
 	}
 	sec := &corev1.Secret{}
 	if err := a.reader.Get(ctx, types.NamespacedName{Namespace: a.cfg.Namespace, Name: ref.SecretName}, sec); err != nil {
@@ -870,9 +867,9 @@ func (a *Agent) sharedSecret(ctx context.Context, rv *v1.ReplicatedVolume, ref *
 	if len(b) == 0 {
 		return "", fmt.Errorf("secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
 	}
-	v = drbdSecret(b)
+	v := drbdSecret(b)
 	a.mu.Lock()
-	a.secrets[cacheKey] = v
+	a.secrets[rv.Name] = volumeSecret{uid: rv.UID, secretName: ref.SecretName, sharedValue: v}
 	a.mu.Unlock()
 	return v, nil
 }
@@ -916,6 +913,9 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 	delete(a.written, rvr.UID)
 	delete(a.held, rvr.UID)
 	delete(a.freed, rvr.UID)
+	// The volume's secret goes with its replica here: kept, it would stay
+	// for every volume this node ever held.
+	delete(a.secrets, rvr.Spec.ReplicatedVolumeName)
 	a.mu.Unlock()
 	i := slices.Index(rvr.Finalizers, v1.FinalizerAgent)
 	if i < 0 {

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unique"
 )
 
 // EventKind is the first word of an events2 line.
@@ -144,7 +145,15 @@ func ParseEvent(line string) (Event, error) {
 				return ev, &ParseError{Line: line, Reason: fmt.Sprintf("field %s=%q is not an integer", key, value)}
 			}
 		}
-		ev.Fields = append(ev.Fields, Field{Key: key, Value: value})
+		// Interned: a key or value is otherwise a piece of its line, and
+		// the Observer keeps values of each resource's state (names,
+		// states, addresses) for as long as the resource runs, which kept
+		// every such line alive — a few hundred bytes a line, the largest
+		// part of an agent's memory per DRBD resource after its cache
+		// (docs/scale.md, "One agent on its own"). The values repeat
+		// (states, a resource's name on each of its lines), so each is
+		// held once.
+		ev.Fields = append(ev.Fields, Field{Key: unique.Make(key).Value(), Value: unique.Make(value).Value()})
 	}
 	for _, k := range req {
 		if v, ok := ev.Get(k); !ok || v == "" {

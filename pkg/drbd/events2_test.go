@@ -151,7 +151,7 @@ func commonView(s *ResourceState) *ResourceState {
 		d.BackingDev = ""
 	}
 	for _, cn := range c.Connections {
-		cn.Paths = map[string]PathState{}
+		cn.Paths = nil
 	}
 	return c
 }

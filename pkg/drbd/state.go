@@ -2,8 +2,8 @@ package drbd
 
 import (
 	"fmt"
-	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,13 +40,44 @@ type DeviceState struct {
 }
 
 type ConnectionState struct {
-	PeerNodeID  int
-	Name        string
-	State       string // connection state: StandAlone, Connecting, Connected, …
-	PeerRole    string
-	Congested   bool
-	Paths       map[string]PathState // by "local peer"
+	PeerNodeID int
+	Name       string
+	State      string // connection state: StandAlone, Connecting, Connected, …
+	PeerRole   string
+	Congested  bool
+	// Paths in the order DRBD reported them; a pair of addresses (Local,
+	// Peer) is one path. A slice, not a map by the pair: a connection has
+	// one path or two, and a map of one entry cost an agent about 1 KB a
+	// connection, the largest part of its Observer's memory (docs/scale.md,
+	// "One agent on its own").
+	Paths       []PathState
 	PeerDevices map[int]*PeerDeviceState
+}
+
+// Path returns the path from local to peer.
+func (c *ConnectionState) Path(local, peer string) (PathState, bool) {
+	i := c.pathIndex(local, peer)
+	if i < 0 {
+		return PathState{}, false
+	}
+	return c.Paths[i], true
+}
+
+func (c *ConnectionState) pathIndex(local, peer string) int {
+	return slices.IndexFunc(c.Paths, func(p PathState) bool { return p.Local == local && p.Peer == peer })
+}
+
+// samePaths says whether a and b hold the same paths, in any order.
+func samePaths(a, b []PathState) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, p := range a {
+		if !slices.Contains(b, p) {
+			return false
+		}
+	}
+	return true
 }
 
 type PathState struct {
@@ -98,7 +129,7 @@ func (s *ResourceState) Clone() *ResourceState {
 	c.Connections = make(map[int]*ConnectionState, len(s.Connections))
 	for k, cn := range s.Connections {
 		cc := *cn
-		cc.Paths = maps.Clone(cn.Paths)
+		cc.Paths = slices.Clone(cn.Paths)
 		cc.PeerDevices = make(map[int]*PeerDeviceState, len(cn.PeerDevices))
 		for v, pd := range cn.PeerDevices {
 			p := *pd
@@ -150,7 +181,7 @@ func (s *ResourceState) Diff(o *ResourceState) string {
 		if a.Name != b.Name || a.State != b.State || a.PeerRole != b.PeerRole || a.Congested != b.Congested {
 			add(fmt.Sprintf("connection %d", id), *a, *b)
 		}
-		if !maps.Equal(a.Paths, b.Paths) {
+		if !samePaths(a.Paths, b.Paths) {
 			add(fmt.Sprintf("connection %d paths", id), a.Paths, b.Paths)
 		}
 		for v := range union(a.PeerDevices, b.PeerDevices) {
@@ -284,19 +315,28 @@ func (s *ResourceState) apply(ev *Event) error {
 		c := s.connection(mustAtoi(ev, "peer-node-id"))
 		local, _ := ev.Get("local")
 		peer, _ := ev.Get("peer")
-		key := local + " " + peer
+		i := c.pathIndex(local, peer)
 		if ev.Kind == EventDestroy {
-			delete(c.Paths, key)
+			if i >= 0 {
+				c.Paths = slices.Delete(c.Paths, i, i+1)
+			}
 			return nil
 		}
-		p := c.Paths[key]
+		var p PathState
+		if i >= 0 {
+			p = c.Paths[i]
+		}
 		p.Local, p.Peer = local, peer
 		if b, ok, err := ev.boolField("established"); err != nil {
 			return err
 		} else if ok {
 			p.Established = b
 		}
-		c.Paths[key] = p
+		if i >= 0 {
+			c.Paths[i] = p
+		} else {
+			c.Paths = append(c.Paths, p)
+		}
 	case ObjPeerDevice:
 		c := s.connection(mustAtoi(ev, "peer-node-id"))
 		if v, ok := ev.Get("conn-name"); ok && c.Name == "" {
@@ -342,7 +382,7 @@ func (s *ResourceState) apply(ev *Event) error {
 func (s *ResourceState) connection(id int) *ConnectionState {
 	c := s.Connections[id]
 	if c == nil {
-		c = &ConnectionState{PeerNodeID: id, Paths: map[string]PathState{}, PeerDevices: map[int]*PeerDeviceState{}}
+		c = &ConnectionState{PeerNodeID: id, PeerDevices: map[int]*PeerDeviceState{}}
 		s.Connections[id] = c
 	}
 	return c

@@ -79,6 +79,11 @@ type Result struct {
 	// loop devices.
 	Backing string `json:"backing,omitempty"`
 
+	// AgentProcesses: each agent ran as a `meshvol node` process of its own
+	// (-agent-processes); the agents+sim figures are then the agents'
+	// processes and the simulator's together, and Memory.Agents each agent's.
+	AgentProcesses bool `json:"agentProcesses,omitempty"`
+
 	// ControllerArgs are the flags the run gave `meshvol controller` besides
 	// the benchmark's own (kubeconfig, addresses, no leader election).
 	ControllerArgs string `json:"controllerArgs,omitempty"`
@@ -140,6 +145,9 @@ type Memory struct {
 	AgentsRSS      int64 `json:"agentsRSS"`
 	AgentsPeak     int64 `json:"agentsPeak"`
 	APIServerRSS   int64 `json:"apiserverRSS"`
+	// Agents is each agent's process (-agent-processes); AgentsRSS is then
+	// the benchmark's process, the simulator's.
+	Agents []AgentMemory `json:"agents,omitempty"`
 }
 
 func main() {
@@ -157,6 +165,7 @@ func main() {
 		plotOnly   = flag.Bool("plot", false, "only render results.md and the plots from results.json")
 		hold       = flag.Bool("hold", false, "leave the volumes at the end instead of deleting them (no delete figures): what holding N volumes costs, in less time")
 		plotLabels = flag.String("plot-labels", "", "plot only the runs whose label starts with one of these, comma separated (results.md keeps every run)")
+		agentProcs = flag.Bool("agent-processes", false, "run each node's agent as a `meshvol node` process of its own (-meshvol), with its production DRBD driver through the drbd-utils stand-ins (internal/drbdsimd) and its production file pool (loop devices), so that one agent's memory and CPU are its own")
 		loops      = flag.Bool("loop-devices", false, "back each replica with a loop device over its file, as `meshvol node` does, instead of the file itself (one machine holds far fewer loop devices than files)")
 	)
 	flag.Parse()
@@ -192,7 +201,7 @@ func main() {
 				}
 				fmt.Fprintf(os.Stderr, "bench-scale: %s N=%d (load %s)\n", c, n, loadAvg())
 				r, err := run(ctx, runConfig{Class: c, N: n, Meshvol: *meshvol, Idle: *idle, Timeout: *timeout,
-					Parallel: *par, LogDir: *logDir, ExtraArgs: strings.Fields(*extra), LoopDevices: *loops, Hold: *hold})
+					Parallel: *par, LogDir: *logDir, ExtraArgs: strings.Fields(*extra), LoopDevices: *loops, Hold: *hold, AgentProcesses: *agentProcs})
 				r.Label, r.Commit = *label, commit
 				if err != nil {
 					r.Error = joinMsg(r.Error, err.Error())
@@ -223,6 +232,7 @@ func summary(r Result) string {
 	rs := r.Restart
 	s += fmt.Sprintf(", controller restart: caches synced in %.1f s, every volume reconciled in %.1f s, %d writes besides Leases, %d RV updates, %d left Ready",
 		rs.SyncedSeconds, rs.PassSeconds, rs.Writes.AuditController+rs.Writes.AuditAgents-rs.Writes.Leases, rs.RVUpdates, rs.LeftReady)
+	s += agentsSummary(r)
 	if r.Error != "" {
 		s += "; " + r.Error
 	}

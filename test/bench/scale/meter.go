@@ -13,6 +13,9 @@ type meter struct {
 	audit string
 	ctrl  *controllerProc
 	lc    *localcluster.Cluster
+	// agents are the agents' processes (-agent-processes), whose own
+	// counts are their metrics' rather than localcluster's.
+	agents *agentProcs
 }
 
 // reading is the counters at one moment.
@@ -20,6 +23,9 @@ type reading struct {
 	audit  auditCounts
 	ctrl   controllerCounters
 	agents map[string]int
+	// agentProcs is the agents' processes' count of their writes, Lease
+	// renewals included; -1 when the agents run in this process.
+	agentProcs int
 }
 
 func (m meter) read(ctx context.Context) (reading, error) {
@@ -32,6 +38,12 @@ func (m meter) read(ctx context.Context) (reading, error) {
 		return r, err
 	}
 	r.agents = m.lc.Writes.Snapshot()
+	r.agentProcs = -1
+	if m.agents != nil {
+		if r.agentProcs, err = m.agents.writes(ctx); err != nil {
+			return r, err
+		}
+	}
 	return r, nil
 }
 
@@ -71,5 +83,12 @@ func (r reading) since(before reading, volumes int) Writes {
 	// boundary (counted by the agent as it leaves, by the audit log as it
 	// completes): the agreement is of the other writes.
 	w.Agree = w.AuditController == w.ControllerHTTP && w.AuditAgents-a.Leases["agent"] == w.AgentsHTTP
+	if r.agentProcs >= 0 {
+		// The agents' processes count their Lease renewals with their other
+		// writes (client-go's counter has no resource): the agreement is of
+		// every write, a renewal in flight at a boundary included.
+		w.AgentsHTTP = r.agentProcs - before.agentProcs
+		w.Agree = w.AuditController == w.ControllerHTTP && w.AuditAgents == w.AgentsHTTP
+	}
 	return w
 }

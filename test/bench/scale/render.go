@@ -83,6 +83,7 @@ func render(dir string, rs []Result, plotLabels []string) error {
 		}
 		b.WriteString("\n")
 	}
+	renderAgents(&b, rs)
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(b.String()), 0o644); err != nil {
 		return err
 	}

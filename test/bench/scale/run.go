@@ -23,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/internal/localcluster"
-	"github.com/meshvol/meshvol/internal/loopdev"
 	"github.com/meshvol/meshvol/internal/testenv"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
@@ -47,6 +46,10 @@ type runConfig struct {
 	// files (localcluster.Options.PlainFiles), so that a run's replicas are
 	// not bounded by the loop devices one machine can hold.
 	LoopDevices bool
+	// AgentProcesses runs each node's agent as `meshvol node` (Meshvol), a
+	// process of its own, through the drbd-utils stand-ins (agents.go); its
+	// pools are the production file pool's, loop devices.
+	AgentProcesses bool
 	// Hold leaves the volumes in place at the end instead of deleting them
 	// and measuring the deletion: the cluster goes with them. It measures
 	// what holding N volumes costs (formation, idle, memory, a restart) in
@@ -56,7 +59,7 @@ type runConfig struct {
 
 // backing names the replicas' backing disks of a run, as the results show it.
 func (c runConfig) backing() string {
-	if c.LoopDevices {
+	if c.LoopDevices || c.AgentProcesses {
 		return backingLoop
 	}
 	return backingPlain
@@ -70,7 +73,8 @@ const (
 // run measures one configuration. A run that does not reach all Ready still
 // returns what it measured, with Error saying so.
 func run(ctx context.Context, cfg runConfig) (res Result, err error) {
-	res = Result{Class: cfg.Class, N: cfg.N, Date: time.Now().UTC().Format(time.RFC3339), LoadStart: loadAvg(), Backing: cfg.backing()}
+	res = Result{Class: cfg.Class, N: cfg.N, Date: time.Now().UTC().Format(time.RFC3339), LoadStart: loadAvg(), Backing: cfg.backing(),
+		AgentProcesses: cfg.AgentProcesses}
 	dir, err := os.MkdirTemp("", "meshvol-bench-scale-")
 	if err != nil {
 		return res, err
@@ -100,7 +104,8 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		return res, err
 	}
 	defer func() { err = joinErr(err, env.Stop()) }()
-	lc, err := localcluster.Start(ctx, localcluster.Options{Env: env, Nodes: 3, Dir: filepath.Join(dir, "cluster"), PlainFiles: !cfg.LoopDevices})
+	lc, err := localcluster.Start(ctx, localcluster.Options{Env: env, Nodes: 3, Dir: filepath.Join(dir, "cluster"), PlainFiles: cfg.backing() == backingPlain,
+		ExternalAgents: cfg.AgentProcesses})
 	if err != nil {
 		return res, err
 	}
@@ -125,6 +130,22 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		}
 	}()
 	apiserver := childNamed(os.Getpid(), "kube-apiserver")
+	var agents *agentProcs
+	if cfg.AgentProcesses {
+		if agents, err = startAgents(ctx, env, lc, cfg.Meshvol, dir, cfg.LogDir, tag); err != nil {
+			return res, err
+		}
+		defer func() { err = joinErr(err, agents.stop()) }()
+	}
+	// cpuOf's figures of the controller, the agents and the simulator (this
+	// process, and the agents' own when they are processes) and the apiserver.
+	cpuNow := func() []time.Duration {
+		c := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
+		if agents != nil {
+			c[1] += agents.cpu()
+		}
+		return c
+	}
 
 	loadCfg := rest.CopyConfig(env.Config)
 	loadCfg.UserAgent = loadUserAgent
@@ -142,7 +163,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	}
 	time.Sleep(3 * time.Second) // the controller's placement views see the pool and class
 
-	m := meter{audit: auditLog, ctrl: ctrl, lc: lc}
+	m := meter{audit: auditLog, ctrl: ctrl, lc: lc, agents: agents}
 	w := newReadyWatch()
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -158,7 +179,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	if err != nil {
 		return res, err
 	}
-	formationCPU := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
+	formationCPU := cpuNow()
 	first := before
 	names := make([]string, cfg.N)
 	for i := range names {
@@ -175,7 +196,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	res.CreateSeconds = time.Since(start).Seconds()
 	ready := w.waitAll(ctx, names, cfg.Timeout)
 	prof.stop()
-	if cpu := cpuOf(ctrl.pid(), os.Getpid(), apiserver); len(cpu) == 3 {
+	if cpu := cpuNow(); len(cpu) == 3 {
 		res.FormationCPU = CPU{Controller: (cpu[0] - formationCPU[0]).Seconds(), Agents: (cpu[1] - formationCPU[1]).Seconds(),
 			APIServer: (cpu[2] - formationCPU[2]).Seconds()}
 	}
@@ -207,12 +228,12 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	if err != nil {
 		return res, err
 	}
-	cpu0 := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
+	cpu0 := cpuNow()
 	stopProfile := profile(filepath.Join(cfg.LogDir, "profile-"+tag+"-idle.pprof"))
 	idleStart := time.Now()
 	time.Sleep(cfg.Idle)
 	stopProfile()
-	cpu1 := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
+	cpu1 := cpuNow()
 	idle := time.Since(idleStart)
 	after, err = m.read(ctx)
 	if err != nil {
@@ -227,6 +248,9 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	}
 	res.Memory.ControllerRSS, res.Memory.ControllerPeak, _ = procMem(ctrl.pid())
 	res.Memory.AgentsRSS, res.Memory.AgentsPeak, _ = procMem(os.Getpid())
+	if agents != nil {
+		res.Memory.Agents = agents.memory(ctx, cfg.LogDir, tag)
+	}
 	if apiserver != 0 {
 		res.Memory.APIServerRSS, _, _ = procMem(apiserver)
 	}
@@ -256,7 +280,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	if err != nil {
 		return res, err
 	}
-	deleteCPU := cpuOf(ctrl.pid(), os.Getpid(), apiserver)
+	deleteCPU := cpuNow()
 	prof = startProfiler(cfg.LogDir, tag+"-delete", ctrl.pprofAddr, apiHTTP, strings.TrimSuffix(env.Config.Host, "/"), 5*time.Second)
 	start = time.Now()
 	parallel(cfg.Parallel, names, func(name string) error {
@@ -269,7 +293,7 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	left, gone := waitGone(ctx, cl, lc, cfg.Timeout)
 	res.DeleteSeconds = time.Since(start).Seconds()
 	prof.stop()
-	if cpu := cpuOf(ctrl.pid(), os.Getpid(), apiserver); len(cpu) == 3 {
+	if cpu := cpuNow(); len(cpu) == 3 {
 		res.DeleteCPU = CPU{Controller: (cpu[0] - deleteCPU[0]).Seconds(), Agents: (cpu[1] - deleteCPU[1]).Seconds(),
 			APIServer: (cpu[2] - deleteCPU[2]).Seconds()}
 	}
@@ -559,7 +583,10 @@ func leftOver(ctx context.Context, cl client.Client, lc *localcluster.Cluster) s
 		resources += len(rs)
 		files += len(n.Files())
 	}
-	loops := len(loopdev.Under(lc.Dir))
+	// By the files' device and inode: an agent process attaches its loop
+	// devices through its own mount namespace (agents.go), whose paths sysfs
+	// does not show under the cluster's directory.
+	loops := loopsOver(lc.Dir)
 	if resources+files+loops > 0 {
 		return fmt.Sprintf("%d DRBD resources, %d backing files, %d loop devices left", resources, files, loops)
 	}
