@@ -347,14 +347,19 @@ func (s *Service) drbdsetup(ctx context.Context, node string, args []string, std
 			return unsupported(stderr, "drbdsetup", args)
 		}
 		err = n.ForgetPeer(ctx, args[1], id)
-	case len(args) == 3 && (args[0] == "disconnect" || args[0] == "connect"):
-		// The agent's Reconnect: disconnect, then connect, of one peer.
+	case len(args) == 3 && (args[0] == "disconnect" || args[0] == "connect"),
+		len(args) == 4 && args[0] == "disconnect" && args[3] == "--force":
+		// The agent's Reconnect: disconnect (forced or not), then connect, of one peer.
 		id, perr := strconv.Atoi(args[2])
 		if perr != nil {
 			return unsupported(stderr, "drbdsetup", args)
 		}
 		if args[0] == "disconnect" {
-			err = n.Disconnect(ctx, args[1], id)
+			force := drbd.NoForce
+			if len(args) == 4 {
+				force = "drbdsetup disconnect --force"
+			}
+			err = n.Disconnect(ctx, args[1], id, force)
 		} else {
 			err = n.Connect(ctx, args[1], id)
 		}

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -188,25 +190,71 @@ func (a *Agent) checkAttachStall(ctx context.Context, name string) time.Duration
 	attachStallCycles.Inc()
 	a.log.Info("attach stall: the disk has been Negotiating too long (a DRBD 9.2 attach that lost a peer's handshake); cycling one connection",
 		"resource", name, "for", now.Sub(since).Round(time.Millisecond).String(), "peer", who, "peerRole", peer.PeerRole, "cycle", n)
-	if err := a.drv.Reconnect(ctx, name, peer.PeerNodeID); err != nil {
+	if err := a.cycle(ctx, name, peer, who); err != nil {
 		a.log.Info("attach stall: cycling the connection failed; the next peer in turn", "resource", name, "peer", who,
 			"err", drbd.RedactSecrets(err.Error()))
 	}
 	return bound
 }
 
+// cycle disconnects peer and connects it again. A Primary refuses the
+// unforced disconnect when it would lose its quorum by it: a Secondary that
+// disconnects from a Primary proposes to outdate itself (drbd_state.c
+// outdate_on_disconnect), so the Primary counts this member out and, under an
+// explicit q, may fall short — on DRBD 9.2.18 a 2D+1TB Primary refused it with
+// its TieBreaker connected, "No quorum (-25)" (test/vm/drbd TestReconnect),
+// and a 1D volume growing to 2D is the same. Then the disconnect is forced: a
+// hard one, which the Primary takes as a lost connection. It may lose quorum
+// for the moment this node takes to connect again; under on-no-quorum
+// suspend-io, meshvol's default (pkg/drbd DefaultOptions), it holds its writes
+// meanwhile and completes them after, which is what test/vm/drbd TestReconnect
+// checks on DRBD 9.2.18. Under io-error (a class's choice) it would fail them:
+// then the disconnect is not forced, and the stall is left to DRBD (the
+// peer's ko-count; DRBD 9.2.19 or later recovers from it). The option is read
+// from this node's running resource: the class and the volume set it alike on
+// every replica.
+func (a *Agent) cycle(ctx context.Context, name string, peer *drbd.ConnectionState, who string) error {
+	err := a.drv.Reconnect(ctx, name, peer.PeerNodeID, drbd.NoForce)
+	refused := errors.Is(err, drbd.ErrStateChangeRefused) || errors.Is(err, drbd.ErrNoQuorum)
+	if err == nil || peer.PeerRole != "Primary" || !refused {
+		return err
+	}
+	onq, serr := a.onNoQuorum(ctx, name)
+	if serr != nil {
+		return fmt.Errorf("%w; not forced: on-no-quorum unknown: %v", err, serr)
+	}
+	if onq != drbd.OnNoQuorumSuspendIO {
+		return fmt.Errorf("%w; not forced: under on-no-quorum %s the Primary would fail its writes while it lacks this member's vote", err, onq)
+	}
+	a.log.Info("attach stall: the Primary refused the disconnect (it would lose quorum without this member); forcing it: under on-no-quorum suspend-io it holds its writes until this node connects again",
+		"resource", name, "peer", who, "refused", drbd.RedactSecrets(err.Error()))
+	return a.drv.Reconnect(ctx, name, peer.PeerNodeID,
+		"attach stall: the disk stays Negotiating, the Primary's handshake lost, and the Primary refused a graceful disconnect (test/vm/FINDINGS.md 16)")
+}
+
+// onNoQuorum is the on-no-quorum policy the kernel runs the resource with
+// (drbdsetup show omits the default, suspend-io: applied.go).
+func (a *Agent) onNoQuorum(ctx context.Context, name string) (drbd.OnNoQuorum, error) {
+	show, err := a.drv.Show(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	if len(show) != 1 {
+		return "", fmt.Errorf("drbdsetup show %s: %d resources", name, len(show))
+	}
+	if v, ok := show[0].Options["on-no-quorum"]; ok {
+		return drbd.OnNoQuorum(v), nil
+	}
+	return drbd.OnNoQuorumSuspendIO, nil
+}
+
 // nextToCycle is the next connection to cycle: a Connected peer with a disk
 // not cycled yet in this round, Secondaries first (by node-id), the Primary's
 // last. A Primary counts this member among its voters (docs/datamesh.md,
 // "Liminal members run diskless; their diskful peers count them"), so dropping
-// its connection could cost it quorum where the others do not. The disconnect
-// is not forced: DRBD runs it as a cluster-wide state change and refuses a
-// soft change that would take a quorate Primary's quorum (drbd_state.c,
-// "prevent graceful disconnect/detach that would kill quorum";
-// docs/drbd-quorum.md), so the Primary keeps serving — and, should it lose
-// quorum all the same, the default on-no-quorum suspend-io (pkg/drbd
-// DefaultOptions; a class may choose io-error) holds its writes until this
-// node connects again, a moment later, rather than failing them.
+// its connection can cost it quorum where the others do not: DRBD refuses the
+// unforced disconnect then, and forcing it (cycle) holds the Primary's writes
+// for a moment.
 func nextToCycle(s *drbd.ResourceState, cycled map[int]bool) *drbd.ConnectionState {
 	var cands []*drbd.ConnectionState
 	for _, c := range s.Connections {

@@ -111,8 +111,8 @@ func (t deadlineDriver) ForgetPeer(ctx context.Context, name string, peerNodeID 
 }
 
 // Reconnect's two commands (disconnect, connect) share one deadline.
-func (t deadlineDriver) Reconnect(ctx context.Context, name string, peerNodeID int) error {
-	return t.run(ctx, func(ctx context.Context) error { return t.d.Reconnect(ctx, name, peerNodeID) })
+func (t deadlineDriver) Reconnect(ctx context.Context, name string, peerNodeID int, force drbd.ForceReason) error {
+	return t.run(ctx, func(ctx context.Context) error { return t.d.Reconnect(ctx, name, peerNodeID, force) })
 }
 
 func (t deadlineDriver) Verify(ctx context.Context, name string, peerNodeID int) error {

@@ -93,8 +93,8 @@ func (t timedDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int
 	return t.run("forget-peer", func() error { return t.d.ForgetPeer(ctx, name, peerNodeID) })
 }
 
-func (t timedDriver) Reconnect(ctx context.Context, name string, peerNodeID int) error {
-	return t.run("reconnect", func() error { return t.d.Reconnect(ctx, name, peerNodeID) })
+func (t timedDriver) Reconnect(ctx context.Context, name string, peerNodeID int, force drbd.ForceReason) error {
+	return t.run("reconnect", func() error { return t.d.Reconnect(ctx, name, peerNodeID, force) })
 }
 
 func (t timedDriver) Verify(ctx context.Context, name string, peerNodeID int) error {

@@ -76,16 +76,19 @@ type Driver interface {
 	ForgetPeer(ctx context.Context, name string, peerNodeID int) error
 	// Reconnect drops the connection to one peer and starts connecting to it
 	// again at once: `drbdsetup disconnect <name> <peer>`, then `drbdsetup
-	// connect <name> <peer>`. The disconnect is not forced: DRBD runs it as a
-	// cluster-wide state change and refuses it where it would take a
-	// quorate Primary's quorum (drbd_state.c, "prevent graceful
-	// disconnect/detach that would kill quorum"; docs/drbd-quorum.md), and
-	// the error says so. The connection keeps its configuration (peer,
-	// paths, options), so the connect needs nothing from the file. What it
-	// is for: an attach that lost a peer's handshake stays Negotiating until
-	// the connection to that peer drops (test/vm/FINDINGS.md, "The product on
-	// real DRBD", 16; pkg/agent's attach-stall watchdog).
-	Reconnect(ctx context.Context, name string, peerNodeID int) error
+	// connect <name> <peer>`. Unforced, the disconnect is a cluster-wide
+	// state change the peers vote on, and a quorate Primary refuses one that
+	// would take its quorum (drbd_state.c, "prevent graceful
+	// disconnect/detach that would kill quorum"; docs/drbd-quorum.md): the
+	// error is then ErrStateChangeRefused. A non-empty force is logged and
+	// passed as --force: a hard disconnect nobody can refuse, which the peer
+	// takes as a lost connection. The connection keeps its configuration
+	// (peer, paths, options), so the connect needs nothing from the file.
+	// What it is for: an attach that lost a peer's handshake stays
+	// Negotiating until the connection to that peer drops
+	// (test/vm/FINDINGS.md, "The product on real DRBD", 16; pkg/agent's
+	// attach-stall watchdog).
+	Reconnect(ctx context.Context, name string, peerNodeID int, force ForceReason) error
 	Verify(ctx context.Context, name string, peerNodeID int) error
 	// Status is `drbdsetup status --json --verbose --statistics <name>`;
 	// name "" or "all" means every resource.

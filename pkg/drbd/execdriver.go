@@ -422,12 +422,17 @@ func (d *ExecDriver) ForgetPeer(ctx context.Context, name string, peerNodeID int
 // Reconnect is `drbdsetup disconnect` and `drbdsetup connect` of one peer
 // (see Driver). A disconnect that fails is returned as it is, and nothing is
 // connected: the connection is then as DRBD left it (still up, when refused).
-func (d *ExecDriver) Reconnect(ctx context.Context, name string, peerNodeID int) error {
+func (d *ExecDriver) Reconnect(ctx context.Context, name string, peerNodeID int, force ForceReason) error {
 	if err := checkPeer(name, peerNodeID); err != nil {
 		return err
 	}
 	id := strconv.Itoa(peerNodeID)
-	if _, err := d.setup(ctx, "disconnect", name, id); err != nil {
+	args := []string{"disconnect", name, id}
+	if force != NoForce {
+		d.cfg.Log.Warn("forcing a DRBD disconnect", "resource", name, "peer", peerNodeID, "reason", string(force))
+		args = append(args, "--force")
+	}
+	if _, err := d.setup(ctx, args...); err != nil {
 		return fmt.Errorf("disconnect %s from peer node-id %s: %w", name, id, err)
 	}
 	if _, err := d.setup(ctx, "connect", name, id); err != nil {

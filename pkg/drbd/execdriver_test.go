@@ -72,8 +72,8 @@ func TestExecDriverArgv(t *testing.T) {
 	}
 }
 
-// Reconnect disconnects one peer and connects it again with drbdsetup; a
-// disconnect DRBD refuses (a peer's veto, as a quorate Primary gives one that
+// Reconnect disconnects one peer and connects it again with drbdsetup, with
+// --force when asked; a disconnect DRBD refuses (a peer's veto, as a quorate Primary gives one that
 // would take its quorum) is returned classified, naming the resource and the
 // peer, and no connect follows it.
 func TestExecDriverReconnect(t *testing.T) {
@@ -81,17 +81,22 @@ func TestExecDriverReconnect(t *testing.T) {
 	d, _ := newTestDriver(t,
 		fakeStep{argv: []string{"drbdsetup", "disconnect", "pvc-1", "2"}, env: []string{nodeEnv}},
 		fakeStep{argv: []string{"drbdsetup", "connect", "pvc-1", "2"}, env: []string{nodeEnv}},
+		fakeStep{argv: []string{"drbdsetup", "disconnect", "pvc-1", "0", "--force"}, env: []string{nodeEnv}},
+		fakeStep{argv: []string{"drbdsetup", "connect", "pvc-1", "0"}, env: []string{nodeEnv}},
 	)
-	if err := d.Reconnect(ctx, "pvc-1", 2); err != nil {
+	if err := d.Reconnect(ctx, "pvc-1", 2, NoForce); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reconnect(ctx, "pvc-1", 0, "test: a refused disconnect"); err != nil {
 		t.Fatal(err)
 	}
 	d, _ = newTestDriver(t, fakeStep{argv: []string{"drbdsetup", "disconnect", "pvc-1", "0"}, env: []string{nodeEnv},
 		res: Result{Stderr: []byte("pvc-1: State change failed: (-10) State change was refused by peer node\n"), ExitCode: 11}})
-	err := d.Reconnect(ctx, "pvc-1", 0)
+	err := d.Reconnect(ctx, "pvc-1", 0, NoForce)
 	if !errors.Is(err, ErrStateChangeRefused) || !strings.Contains(err.Error(), "disconnect pvc-1 from peer node-id 0") {
 		t.Fatalf("refused disconnect: got %v, want ErrStateChangeRefused naming pvc-1 and peer 0", err)
 	}
-	if err := d.Reconnect(ctx, "pvc-1", 32); err == nil {
+	if err := d.Reconnect(ctx, "pvc-1", 32, NoForce); err == nil {
 		t.Fatal("peer node-id 32 accepted")
 	}
 }

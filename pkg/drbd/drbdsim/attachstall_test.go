@@ -85,7 +85,7 @@ func TestLostAttachHandshakeEndsWithTheConnection(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 
-	rg.must(n2.Reconnect(rg.ctx, "r0", rg.peerID("node2", "node1")))
+	rg.must(n2.Reconnect(rg.ctx, "r0", rg.peerID("node2", "node1"), drbd.NoForce))
 	if err := <-waited; err != nil {
 		t.Fatalf("the wait for the negotiation: %v after the disconnect", err)
 	}
@@ -117,5 +117,34 @@ func TestLostAttachHandshakeEndsOnACut(t *testing.T) {
 	rg.c.Heal()
 	rg.c.Advance(time.Minute)
 	rg.wantDisk("node2", "UpToDate", "after the heal and the resync")
+	rg.noLostWrites()
+}
+
+// A Secondary's unforced disconnect from a Primary that would lose its quorum
+// without it is refused, as DRBD 9.2.18 refused it on the guests for 2D+1TB
+// with the TieBreaker connected (test/vm/drbd TestReconnect): the Secondary
+// proposes to outdate itself, and the Primary alone is one vote short of
+// quorum 2. Forced, it goes through, and the connection comes back. Its
+// disconnect from the diskless TieBreaker, a Secondary, goes through unforced.
+func TestDisconnectFromAPrimaryThatWouldLoseQuorumIsRefused(t *testing.T) {
+	rg := formed(t, productQuorum)
+	n1, n2 := rg.c.Node("node1"), rg.c.Node("node2")
+	rg.must(n1.Primary(rg.ctx, "r0", drbd.NoForce))
+	primary := rg.peerID("node2", "node1")
+	err := n2.Reconnect(rg.ctx, "r0", primary, drbd.NoForce)
+	if !errors.Is(err, drbd.ErrStateChangeRefused) {
+		t.Fatalf("node2's unforced disconnect of the Primary: %v, want it refused (ErrStateChangeRefused)", err)
+	}
+	if cs := connState(rg.state("node2"), "node1"); cs != "Connected" {
+		t.Fatalf("node2 → node1: %s after the refusal, want Connected", cs)
+	}
+	rg.must(n2.Reconnect(rg.ctx, "r0", rg.peerID("node2", "node3"), drbd.NoForce))
+	rg.must(n2.Reconnect(rg.ctx, "r0", primary, "test: the Primary refused it"))
+	rg.c.Advance(time.Second)
+	if cs := connState(rg.state("node2"), "node1"); cs != "Connected" {
+		t.Fatalf("node2 → node1: %s after the forced cycle, want Connected", cs)
+	}
+	rg.wantQuorum("node1", true)
+	rg.must(rg.write("node1", 0, 4096))
 	rg.noLostWrites()
 }

@@ -871,15 +871,25 @@ func (c *Cluster) standAloneConn(r *resource, k *conn) {
 	r.publish()
 }
 
-// Disconnect is `drbdsetup disconnect <name> <peer>`: the connection to that
-// peer goes StandAlone and stays configured; the peer sees a graceful
-// departure (TearDown), and connects again once this end does (Connect). A
-// connection already StandAlone is a success, as in DRBD. Not modelled: DRBD
-// runs the disconnect as a cluster-wide state change and refuses it where it
-// would take a quorate Primary's quorum (see doc.go).
-func (n *Node) Disconnect(ctx context.Context, name string, peerNodeID int) error {
+// Disconnect is `drbdsetup disconnect <name> <peer> [--force]`: the
+// connection to that peer goes StandAlone and stays configured; the peer sees
+// a graceful departure (TearDown), and connects again once this end does
+// (Connect). A connection already StandAlone is a success, as in DRBD.
+// Unforced, a Secondary's disconnect from a Primary proposes to outdate the
+// Secondary (drbd_state.c outdate_on_disconnect), and the Primary refuses it
+// when it would lose its quorum so (a soft state change that would kill a
+// Primary's quorum): -10, "Declined by peer", as DRBD 9.2.18 refused a 2D+1TB
+// Primary's peer with the TieBreaker connected (test/vm/drbd TestReconnect).
+// Forced, nobody refuses it. Not modelled: the Primary takes a forced
+// disconnect as a lost connection and may lose quorum until the node connects
+// again; here it absorbs it as it absorbs a graceful departure (lose).
+func (n *Node) Disconnect(ctx context.Context, name string, peerNodeID int, force drbd.ForceReason) error {
 	id := strconv.Itoa(peerNodeID)
-	if err := n.begin(ctx, "disconnect", name, id); err != nil {
+	args := []string{name, id}
+	if force != drbd.NoForce {
+		args = append(args, "--force")
+	}
+	if err := n.begin(ctx, "disconnect", args...); err != nil {
 		return err
 	}
 	defer n.c.mu.Unlock()
@@ -889,6 +899,10 @@ func (n *Node) Disconnect(ctx context.Context, name string, peerNodeID int) erro
 	}
 	if k.cstate == connStandAlone {
 		return nil
+	}
+	if force == drbd.NoForce && n.c.refusesDisconnect(r, k) {
+		return stateErr(drbd.ErrStateChangeRefused, "disconnect", name, -10, "State change was refused by peer node",
+			fmt.Sprintf("Declined by peer %s (id: %d), see the kernel log there", k.peer.Name, k.peer.NodeID))
 	}
 	if k.connected() {
 		if pr := n.c.peerResource(r, k); pr != nil {
@@ -900,6 +914,29 @@ func (n *Node) Disconnect(ctx context.Context, name string, peerNodeID int) erro
 	n.c.standAloneConn(r, k)
 	n.c.settleResource(name)
 	return nil
+}
+
+// refusesDisconnect: r is a Secondary connected to k's peer, a quorate
+// Primary, which would have no quorum once r is gone as an Outdated peer.
+func (c *Cluster) refusesDisconnect(r *resource, k *conn) bool {
+	pr := c.peerResource(r, k)
+	if pr == nil || !k.connected() || r.role == rolePrimary || pr.role != rolePrimary || !pr.quorate {
+		return false
+	}
+	pk := pr.conns[r.nodeID()]
+	if pk == nil || !pk.connected() {
+		return false
+	}
+	id := r.nodeID()
+	state, wasOutdated := pk.cstate, pr.outdated()[id]
+	pk.cstate = "Disconnecting"
+	pr.outdated()[id] = true
+	q := c.computeQuorum(pr).Quorate
+	pk.cstate = state
+	if !wasOutdated {
+		delete(pr.outdated(), id)
+	}
+	return !q
 }
 
 // Connect is `drbdsetup connect <name> <peer>` of a StandAlone connection: it
@@ -930,8 +967,8 @@ func (n *Node) Connect(ctx context.Context, name string, peerNodeID int) error {
 }
 
 // Reconnect is Disconnect, then Connect (drbd.Driver).
-func (n *Node) Reconnect(ctx context.Context, name string, peerNodeID int) error {
-	if err := n.Disconnect(ctx, name, peerNodeID); err != nil {
+func (n *Node) Reconnect(ctx context.Context, name string, peerNodeID int, force drbd.ForceReason) error {
+	if err := n.Disconnect(ctx, name, peerNodeID, force); err != nil {
 		return err
 	}
 	return n.Connect(ctx, name, peerNodeID)

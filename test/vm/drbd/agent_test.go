@@ -121,7 +121,7 @@ func (a *agent) call(w http.ResponseWriter, r *http.Request) {
 	case "ForgetPeer":
 		err = a.d.ForgetPeer(ctx, req.Name, req.PeerNodeID)
 	case "Reconnect":
-		err = a.d.Reconnect(ctx, req.Name, req.PeerNodeID)
+		err = a.d.Reconnect(ctx, req.Name, req.PeerNodeID, req.Force)
 	case "Verify":
 		err = a.d.Verify(ctx, req.Name, req.PeerNodeID)
 	case "Status":

@@ -136,8 +136,8 @@ func (r *remote) ForgetPeer(ctx context.Context, name string, peerNodeID int) er
 	return r.simple(ctx, callReq{Method: "ForgetPeer", Name: name, PeerNodeID: peerNodeID})
 }
 
-func (r *remote) Reconnect(ctx context.Context, name string, peerNodeID int) error {
-	return r.simple(ctx, callReq{Method: "Reconnect", Name: name, PeerNodeID: peerNodeID})
+func (r *remote) Reconnect(ctx context.Context, name string, peerNodeID int, force drbd.ForceReason) error {
+	return r.simple(ctx, callReq{Method: "Reconnect", Name: name, PeerNodeID: peerNodeID, Force: force})
 }
 
 func (r *remote) Verify(ctx context.Context, name string, peerNodeID int) error {
