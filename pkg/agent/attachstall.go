@@ -43,10 +43,11 @@ import (
 const (
 	// defaultAttachStallTimeout is how long a disk may be Negotiating before a
 	// connection is cycled (Config.AttachStallTimeout). A negotiation takes
-	// 10-35 ms on DRBD 9.2.18 (FINDINGS 16, the attaches that did not stall;
-	// load up to 4), so 10 s is hundreds of times the normal time, and, with a
-	// cycle every 10 s, the second of two peers (3D) is cycled at 20 s, well
-	// before the ~65 s a writer needs to fill a stalled peer's send buffer.
+	// 8-49 ms on DRBD 9.2.18 (FINDINGS 16, the attaches that did not stall;
+	// load up to 4.5), so 10 s is two hundred times the longest seen, and,
+	// with a cycle every 10 s, the second of two peers (3D) is cycled at 20 s,
+	// well before the ~65 s a writer needs to fill a stalled peer's send
+	// buffer.
 	// Cycling a connection that was not stalled costs one reconnect and
 	// handshake with that peer: nothing is lost.
 	defaultAttachStallTimeout = 10 * time.Second
