@@ -214,8 +214,9 @@
 // on-suspended-primary-outdated other than their defaults (disconnect), the
 // refusal of two Primaries that allow-two-primaries lets connect but that
 // would not be directly connected (SS_WEAKLY_CONNECTED), multiple volumes, online
-// verify's status details (ov-left and friends), the soft-transition refusal of a graceful peer departure (a down, a
-// disconnect) that would drop a Primary's quorum, fencing policies and handlers other than the
+// verify's status details (ov-left and friends), the soft-transition refusal of a graceful down
+// that would drop a Primary's quorum (a disconnect's is modelled: Node.Disconnect), a forced
+// disconnect seen by the Primary as a lost connection, fencing policies and handlers other than the
 // quorum-lost and disconnected notifications, congestion, the activity log
 // beyond crash recovery, two-phase-commit failures and timeouts, and the
 // exact statistics counters (read/written/sent/received are counted in
