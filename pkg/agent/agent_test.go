@@ -102,6 +102,33 @@ func (r *rig) pool() string { return "pool-" + r.rv[1:] }
 
 func (r *rig) node(i int) *localcluster.Node { return r.c.Nodes[i] }
 
+// recordEvents records node i's events2 stream from now on, until the test
+// ends; the returned function gives what it has read so far.
+func (r *rig) recordEvents(i int) func() string {
+	stream, err := r.node(i).Sim.Events(r.ctx)
+	r.must(err)
+	r.t.Cleanup(func() { stream.Close() })
+	var mu sync.Mutex
+	var got bytes.Buffer
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := stream.Read(buf)
+			mu.Lock()
+			got.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return got.String()
+	}
+}
+
 // addReplica creates the RVR of node i as the controller's placement would.
 func (r *rig) addReplica(i int, typ v1.ReplicaType) string {
 	n := r.node(i)
@@ -369,23 +396,7 @@ func TestAgentRestartAdoptsRunningResource(t *testing.T) {
 	rev := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = true })
 	r.confirmed(rev, "", names...)
 
-	stream, err := r.node(0).Sim.Events(r.ctx)
-	r.must(err)
-	defer stream.Close()
-	var events bytes.Buffer
-	var evMu sync.Mutex
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, err := stream.Read(buf)
-			evMu.Lock()
-			events.Write(buf[:n])
-			evMu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
+	events := r.recordEvents(0)
 	var writes, failures atomic.Int64
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -411,10 +422,7 @@ func TestAgentRestartAdoptsRunningResource(t *testing.T) {
 	r.confirmed(rev, "", names...)
 	close(stop)
 	<-done
-	evMu.Lock()
-	ev := events.String()
-	evMu.Unlock()
-	for _, line := range strings.Split(ev, "\n") {
+	for _, line := range strings.Split(events(), "\n") {
 		// The resource itself (not a peer's connection line) must never go
 		// down or lose its Primary role.
 		if strings.Contains(line, " destroy resource ") || (strings.Contains(line, " resource ") && strings.Contains(line, "role:Secondary")) {

@@ -149,23 +149,7 @@ func (s *stallRig) attachStall(members []string, stalled, joining int, wantCycle
 		return ""
 	})
 
-	events, err := r.node(joining).Sim.Events(r.ctx)
-	r.must(err)
-	defer events.Close()
-	var evMu sync.Mutex
-	var ev bytes.Buffer
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, err := events.Read(buf)
-			evMu.Lock()
-			ev.Write(buf[:n])
-			evMu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
+	events := r.recordEvents(joining)
 
 	r.node(joining).Sim.LoseAttachHandshake(r.rv, r.node(stalled).Name)
 	attachAt := time.Now()
@@ -181,9 +165,7 @@ func (s *stallRig) attachStall(members []string, stalled, joining int, wantCycle
 	stop()
 	wg.Wait()
 
-	evMu.Lock()
-	lines := strings.Split(ev.String(), "\n")
-	evMu.Unlock()
+	lines := strings.Split(events(), "\n")
 	negotiating := false
 	var cycled []string
 	for _, l := range lines {

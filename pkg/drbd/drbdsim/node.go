@@ -522,12 +522,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 	}
 	for _, k := range r.conns {
 		if k.cstate == connStandAlone {
-			k.cstate = connUnconnected
-			r.publish()
-			k.cstate = connConnecting
-			k.nextTry = n.c.now
-			k.splitBrain, k.standAloneMsg = false, ""
-			r.publish()
+			n.connectAgain(r, k)
 		}
 	}
 	attached := false
@@ -956,14 +951,21 @@ func (n *Node) Connect(ctx context.Context, name string, peerNodeID int) error {
 		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "connect", name, id}, 125, 10,
 			fmt.Sprintf("%s: Failure: (125) Device has a net-config (use disconnect first)\n", name))
 	}
+	n.connectAgain(r, k)
+	n.c.settleResource(name)
+	return nil
+}
+
+// connectAgain takes a StandAlone connection through Unconnected to
+// Connecting, trying at once, as adjust and connect do; a split brain or a
+// refusal it was left StandAlone for is forgotten until it happens again.
+func (n *Node) connectAgain(r *resource, k *conn) {
 	k.cstate = connUnconnected
 	r.publish()
 	k.cstate = connConnecting
 	k.nextTry = n.c.now
 	k.splitBrain, k.standAloneMsg = false, ""
 	r.publish()
-	n.c.settleResource(name)
-	return nil
 }
 
 // Reconnect is Disconnect, then Connect (drbd.Driver).
