@@ -49,3 +49,44 @@ func TestDeletionMarkOnlyWakesNoReplica(t *testing.T) {
 		}
 	}
 }
+
+// A replica is deleted with its volume only when both are marked and the volume
+// shows no member attached and no Attach or Detach in flight.
+func TestDeletedWithVolume(t *testing.T) {
+	now := metav1.Now()
+	rv := &v1.ReplicatedVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "vol", DeletionTimestamp: &now},
+		Status: v1.ReplicatedVolumeStatus{Datamesh: v1.Datamesh{Members: []v1.DatameshMember{
+			{Name: "vol-node-1", NodeName: "node-1"}, {Name: "vol-node-2", NodeName: "node-2"}}}},
+	}
+	rvr := &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: "vol-node-2", DeletionTimestamp: &now}}
+	live := rv.DeepCopy()
+	live.DeletionTimestamp = nil
+	attached := rv.DeepCopy()
+	attached.Status.Datamesh.Members[0].Attached = true
+	detaching := rv.DeepCopy()
+	detaching.Status.DatameshTransitions = []v1.DatameshTransition{{Type: v1.TransitionDetach, ReplicaName: "vol-node-1"}}
+	forming := rv.DeepCopy()
+	forming.Status.DatameshTransitions = []v1.DatameshTransition{{Type: v1.TransitionFormation}}
+	kept := rvr.DeepCopy()
+	kept.DeletionTimestamp = nil
+
+	for _, tc := range []struct {
+		name string
+		rvr  *v1.ReplicatedVolumeReplica
+		rv   *v1.ReplicatedVolume
+		want bool
+	}{
+		{"both deleted, nothing attached", rvr, rv, true},
+		{"both deleted while forming", rvr, forming, true},
+		{"the volume not deleted", rvr, live, false},
+		{"the volume gone from the cache", rvr, nil, false},
+		{"the replica not deleted", kept, rv, false},
+		{"a member attached", rvr, attached, false},
+		{"a Detach in flight", rvr, detaching, false},
+	} {
+		if got := deletedWithVolume(tc.rvr, tc.rv); got != tc.want {
+			t.Errorf("%s: deletedWithVolume = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
