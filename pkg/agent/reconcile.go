@@ -673,12 +673,11 @@ func awaitsDayZero(rv *v1.ReplicatedVolume, st *v1.ReplicatedVolumeReplicaStatus
 	return rv != nil && rv.Spec.DataSource == nil && formationActive(rv) && st.DiskState == v1.DiskStateInconsistent
 }
 
-// goingAway: rv is being deleted and nothing of it is attached, so its teardown comes
-// next (docs/controller.md, "Deletion"). As the members take their resources down, each
-// sees its peers go, and its replica deleted (which moves its generation), before its
-// own cache shows the teardown: such reports are held back (holdBack), and usually the
-// teardown comes first and makes them unread (tornDown). A revision confirmed is
-// reported at once.
+// goingAway: rv is being deleted and nothing of it is attached, so its replicas are
+// deleted next (docs/controller.md, "Deletion"). As the members take their resources
+// down, each sees its peers go before it sees its own replica deleted: such reports are
+// held back (holdBack), and usually the replica's deletion comes first and the replica
+// leaves without a report (deletedWithVolume). A revision confirmed is reported at once.
 func goingAway(rv *v1.ReplicatedVolume) bool {
 	if rv == nil || rv.DeletionTimestamp == nil {
 		return false
