@@ -37,8 +37,16 @@ func plot(title, unit string, ls []line) string {
 	px := func(x float64) float64 { return marginL + iw*x/xTop }
 	py := func(y float64) float64 { return marginT + ih*(1-y/yTop) }
 
+	// The legend, right of the plot, one row per line: the document grows to hold it
+	// (a results file plots every run of several passes, often more rows than the
+	// plot is high), at about 7 px a character of the legend's names.
+	width, height := plotW, plotH
+	for i, l := range ls {
+		width = max(width, plotW-marginR+46+7*len(l.name)+10)
+		height = max(height, marginT+18*i+18)
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", plotW, plotH)
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15">%s</text>`+"\n", marginL, html.EscapeString(title))
 	for y := 0.0; y <= yTop+yStep/2; y += yStep {
