@@ -507,6 +507,101 @@ func TestDeleteTearsDown(t *testing.T) {
 	}
 }
 
+// Deletion with the volume (docs/contract.md, "Deleting a volume"): the volume is
+// marked deleted with nothing attached and its replicas deleted, with no teardown
+// revision published; each agent takes its replica down, deletes its backing volume
+// and releases its finalizer. While the volume is attached, a deleted member keeps
+// running: it leaves as the engine decides.
+func TestDeleteWithVolumeTearsDown(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	// A finalizer stands for the controller's, which holds the volume while its
+	// replicas go.
+	rv := &v1.ReplicatedVolume{}
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
+	rv.Finalizers = append(rv.Finalizers, v1.FinalizerController)
+	r.must(r.cl.Update(r.ctx, rv))
+	t.Cleanup(func() {
+		rv := &v1.ReplicatedVolume{}
+		if r.cl.Get(context.Background(), client.ObjectKey{Name: r.rv}, rv) == nil {
+			rv.Finalizers = nil
+			_ = r.cl.Update(context.Background(), rv)
+		}
+	})
+	attached := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = true })
+	r.confirmed(attached, "", names...)
+	r.must(r.cl.Delete(r.ctx, rv))
+	r.must(r.cl.Delete(r.ctx, r.rvr(names[1])))
+	time.Sleep(3 * time.Second)
+	if res, err := r.node(1).Resources(r.ctx); err != nil || len(res) == 0 {
+		t.Fatalf("a member deleted while its volume is attached was taken down: resources %v, %v", res, err)
+	}
+
+	r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = false })
+	for _, n := range names {
+		// The member deleted above may be gone already: detached, it leaves.
+		if err := r.cl.Delete(r.ctx, &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil && !apierrors.IsNotFound(err) {
+			r.must(err)
+		}
+	}
+	r.eventually("replicas gone", 60*time.Second, func() string {
+		for _, n := range names {
+			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
+				return n + " still exists"
+			}
+		}
+		return ""
+	})
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
+	if got := rv.Status.Datamesh.Members; len(got) != 3 {
+		t.Fatalf("the volume's datamesh has %d members, want the 3 it had (no teardown revision)", len(got))
+	}
+	for _, n := range r.c.Nodes {
+		res, err := n.Resources(r.ctx)
+		r.must(err)
+		if len(res) > 0 || len(n.Files()) > 0 {
+			t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
+		}
+	}
+}
+
+// An agent may see its replica deleted before it sees the volume's deletion mark (two
+// watches): the replica keeps running while its volume is not being deleted, and the
+// mark, which alone wakes no other replica, wakes it to leave.
+func TestReplicaDeletedBeforeItsVolumesMark(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	rv := &v1.ReplicatedVolume{}
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
+	rv.Finalizers = append(rv.Finalizers, v1.FinalizerController)
+	r.must(r.cl.Update(r.ctx, rv))
+	t.Cleanup(func() {
+		rv := &v1.ReplicatedVolume{}
+		if r.cl.Get(context.Background(), client.ObjectKey{Name: r.rv}, rv) == nil {
+			rv.Finalizers = nil
+			_ = r.cl.Update(context.Background(), rv)
+		}
+	})
+	for _, n := range names {
+		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
+	}
+	time.Sleep(3 * time.Second)
+	for i := range names {
+		if res, err := r.node(i).Resources(r.ctx); err != nil || len(res) == 0 {
+			t.Fatalf("a member deleted while its volume is not was taken down on %s: resources %v, %v", r.node(i).Name, res, err)
+		}
+	}
+	r.must(r.cl.Delete(r.ctx, rv))
+	r.eventually("replicas gone", 60*time.Second, func() string {
+		for _, n := range names {
+			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
+				return n + " still exists"
+			}
+		}
+		return ""
+	})
+}
+
 // Steady state writes nothing: after formation, no RVR is modified for a
 // while (the Lease is the only periodic write, and it is not an RVR).
 func TestSteadyStateWritesNothing(t *testing.T) {

@@ -131,7 +131,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	r := &replicaStep{a: a, rvr: rvr, rv: rv, now: metav1.Now().Rfc3339Copy()}
 	r.st = v1.ReplicatedVolumeReplicaStatus{ObservedGeneration: rvr.Generation, Addresses: a.addressStrings()}
 	member := memberOf(rv, rvr.Name)
-	if member == nil {
+	if member == nil || deletedWithVolume(rvr, rv) {
 		return a.leave(ctx, r)
 	}
 	if a.userSuspended(rv.Name) {
@@ -332,9 +332,9 @@ func memberOf(rv *v1.ReplicatedVolume, name string) *v1.DatameshMember {
 	return nil
 }
 
-// leave converges a replica that is not (or no longer) a member: nothing of
-// its volume may run here; a deleted one is released (backing volume,
-// finalizer); one waiting to join says so.
+// leave converges a replica that is not (or no longer) a member, or is deleted with
+// its detached volume (deletedWithVolume): nothing of its volume may run here; a
+// deleted one is released (backing volume, finalizer); one waiting to join says so.
 func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	resName := r.rvr.Spec.ReplicatedVolumeName
 	if _, running := a.obs.Snapshot(resName); running {
@@ -369,6 +369,33 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	}
 	r.waiting = r.st.BackingVolume == nil
 	return r.step
+}
+
+// deletedWithVolume: the replica is deleted, its volume is being deleted, and the
+// volume shows no member attached and no Attach or Detach in flight: the controller
+// deletes a volume's replicas then, without publishing a teardown revision first, and
+// each agent takes its replica down on seeing it deleted (docs/contract.md, "Deleting
+// a volume"). It holds for good once seen: the volume's deletion mark comes with every
+// status published before it, and no Attach starts on a volume being deleted
+// (pkg/datamesh attachBlocked), so nothing will be attached again. A member deleted
+// while its volume still waits for a detach leaves as the engine decides, as any
+// member deleted does.
+func deletedWithVolume(rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) bool {
+	if rvr.DeletionTimestamp == nil || rv == nil || rv.DeletionTimestamp == nil {
+		return false
+	}
+	for _, m := range rv.Status.Datamesh.Members {
+		if m.Attached {
+			return false
+		}
+	}
+	for _, t := range rv.Status.DatameshTransitions {
+		switch t.Type {
+		case v1.TransitionAttach, v1.TransitionDetach, v1.TransitionForceDetach:
+			return false
+		}
+	}
+	return true
 }
 
 // tornDown: rv is being deleted and its datamesh is torn down (no members, no
@@ -646,12 +673,11 @@ func awaitsDayZero(rv *v1.ReplicatedVolume, st *v1.ReplicatedVolumeReplicaStatus
 	return rv != nil && rv.Spec.DataSource == nil && formationActive(rv) && st.DiskState == v1.DiskStateInconsistent
 }
 
-// goingAway: rv is being deleted and nothing of it is attached, so its teardown comes
-// next (docs/controller.md, "Deletion"). As the members take their resources down, each
-// sees its peers go, and its replica deleted (which moves its generation), before its
-// own cache shows the teardown: such reports are held back (holdBack), and usually the
-// teardown comes first and makes them unread (tornDown). A revision confirmed is
-// reported at once.
+// goingAway: rv is being deleted and nothing of it is attached, so its replicas are
+// deleted next (docs/controller.md, "Deletion"). As the members take their resources
+// down, each sees its peers go before it sees its own replica deleted: such reports are
+// held back (holdBack), and usually the replica's deletion comes first and the replica
+// leaves without a report (deletedWithVolume). A revision confirmed is reported at once.
 func goingAway(rv *v1.ReplicatedVolume) bool {
 	if rv == nil || rv.DeletionTimestamp == nil {
 		return false

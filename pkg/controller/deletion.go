@@ -23,12 +23,15 @@ import (
 //  1. While any attachment exists or a member is attached, the volume waits (condition
 //     Deleting, reason WaitingForDetach) and the engine runs as usual, so the
 //     attachments being deleted detach.
-//  2. Then the datamesh is torn down in one published change: no members, no
-//     transitions, one new revision. The data is being destroyed, so no membership
-//     guard applies; nothing is attached, so no IO is in flight. Agents see they are no
-//     longer members and take DRBD down.
-//  3. Every replica is deleted; each agent removes its finalizer once DRBD is down and the
-//     backing volume is gone (for a lost node the controller removes it).
+//  2. Then every replica is deleted; an agent takes DRBD down when it sees its replica
+//     deleted with its volume, nothing attached and no Attach or Detach in flight (no
+//     Attach starts once the volume is marked), and removes its finalizer once DRBD is
+//     down and the backing volume is gone (for a lost node the controller removes it).
+//     The data is being destroyed, so no membership guard applies; nothing is attached,
+//     so no IO is in flight.
+//  3. The datamesh torn down (no members, no transitions, one new revision) is published
+//     only when the replicas take longer than progressInterval, with the replicas the
+//     deletion waits for; agents that see it take DRBD down as they would anyway.
 //  4. When no replica is left: the Secret, the port and minor, and the finalizer.
 
 func (c *Controller) readyToTearDown(v *volume) bool {
@@ -82,7 +85,15 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	c.summarize(v, work, v.rvrs, "")
 	var requeue time.Duration
-	if wait := progressWait(v.rv, work, v.now, c.volumeStatusAt.last(v.rv.Name)); wait > 0 {
+	if wait := unpublishedTeardown(v); wait > 0 {
+		// The replicas go without a teardown revision first: nothing is attached and no
+		// Attach can start on a volume being deleted, so each agent takes its replica
+		// down once it sees it deleted with its volume (docs/contract.md, "Deleting a
+		// volume"). The revision would be one more write of the volume, and one more
+		// event for every agent, per volume deleted; it is published, with the replicas
+		// the deletion waits for, only when they take longer than progressInterval.
+		requeue = wait
+	} else if wait := progressWait(v.rv, work, v.now, c.volumeStatusAt.last(v.rv.Name)); wait > 0 {
 		// Only a message moved (one replica fewer to wait for), and the last status
 		// write is recent: the teardown revision is written, and the replicas usually
 		// go within seconds, so the volume is gone before the message would matter;
@@ -94,8 +105,6 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	} else if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	// Only once the teardown revision is written do the replicas go: an agent must see
-	// its replica out of the datamesh before it sees the replica deleted.
 	if err := c.deleteReplicas(ctx, v); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -103,6 +112,23 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil // the replicas' deletion brings the next reconcile
+}
+
+// unpublishedTeardown is how long the teardown may stay unpublished: until
+// progressInterval after the first of the volume's replicas was deleted (now, for
+// replicas this reconcile deletes), as long as the published datamesh still has its
+// members (once the teardown is published, it is kept up to date as any status).
+func unpublishedTeardown(v *volume) time.Duration {
+	if len(v.rv.Status.Datamesh.Members) == 0 {
+		return 0
+	}
+	began := v.now
+	for _, r := range v.rvrs {
+		if r.DeletionTimestamp != nil && r.DeletionTimestamp.Time.Before(began) {
+			began = r.DeletionTimestamp.Time
+		}
+	}
+	return max(progressInterval-v.now.Sub(began), 0)
 }
 
 // tearDownDatamesh is step 2 on work: no members, no transitions, one new revision.

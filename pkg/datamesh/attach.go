@@ -315,6 +315,14 @@ func (rc *reconcile) awaitingJoin(node string) string {
 // attachBlocked returns why member mi may not be attached now, or "" (docs/datamesh.md
 // "Guards"); attached is how many members are attached or still detaching.
 func (rc *reconcile) attachBlocked(mi int, local bool, attached int) string {
+	if rc.in.RV.DeletionTimestamp != nil {
+		// A volume being deleted waits for its attachments to go and takes no new one:
+		// once its deletion mark shows no member attached and no Attach or Detach in
+		// flight, it stays detached, which lets each agent take down a replica the
+		// controller deletes with the volume without a teardown revision first
+		// (docs/contract.md, "Deleting a volume").
+		return "Volume is being deleted"
+	}
 	m := &rc.st.Datamesh.Members[mi]
 	if ti := rc.transitionOf(m.Name, true); ti >= 0 {
 		return "Waiting for the " + string(rc.st.DatameshTransitions[ti].Type) + " transition of replica " + m.Name + " to complete"

@@ -275,7 +275,11 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		return res, nil
 	}
 
-	// Deletion: every volume at once, until nothing of them is left.
+	// Deletion: every volume at once, until nothing of them is left. The watch of
+	// every RV has served its purpose (Ready times, the restart's updates) and goes
+	// first: it decoded each RV event of the deletion in this process, whose CPU
+	// is counted as the agents' and the simulator's, and on the same two cores.
+	stopWatch()
 	before, err = m.read(ctx)
 	if err != nil {
 		return res, err

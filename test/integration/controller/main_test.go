@@ -390,8 +390,9 @@ func (cl *cluster) agentConfirm(rv string, rev int64, extra func(r *v1.Replicate
 }
 
 // agentReleaseDeleted does what live agents do for replicas that are deleted and out of
-// the datamesh: take DRBD down (nothing to do here) and remove their finalizer. A dead
-// node's agent does nothing.
+// the datamesh, or deleted with their volume while nothing is attached and no Attach or
+// Detach is in flight (docs/contract.md, "Deleting a volume"): take DRBD down (nothing
+// to do here) and remove their finalizer. A dead node's agent does nothing.
 func (cl *cluster) agentReleaseDeleted(rv string) {
 	cur := cl.rv(rv)
 	for _, r := range cl.rvrs(rv) {
@@ -404,7 +405,8 @@ func (cl *cluster) agentReleaseDeleted(rv string) {
 		if !alive {
 			continue
 		}
-		if cur != nil && slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == r.Name }) {
+		if cur != nil && slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == r.Name }) &&
+			!detachedDeleting(cur) {
 			continue
 		}
 		p := r.DeepCopy()
@@ -413,6 +415,17 @@ func (cl *cluster) agentReleaseDeleted(rv string) {
 			cl.t.Fatal(err)
 		}
 	}
+}
+
+// detachedDeleting: rv is being deleted with no member attached and no Attach or Detach
+// in flight, as the agents judge it (pkg/agent deletedWithVolume).
+func detachedDeleting(rv *v1.ReplicatedVolume) bool {
+	if rv.DeletionTimestamp == nil || slices.ContainsFunc(rv.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Attached }) {
+		return false
+	}
+	return !slices.ContainsFunc(rv.Status.DatameshTransitions, func(t v1.DatameshTransition) bool {
+		return t.Type == v1.TransitionAttach || t.Type == v1.TransitionDetach || t.Type == v1.TransitionForceDetach
+	})
 }
 
 func cond(conds []metav1.Condition, t string) string {
