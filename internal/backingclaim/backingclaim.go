@@ -13,13 +13,13 @@
 // let one descriptor hold the claims of many files: drbdsim holds one per
 // simulated node and directory, not one per attached replica, which at 30,000
 // replicas in one process exceeded the machine's open-file limit
-// (docs/scale.md, "Seventh pass"). They are released one by one (Release) or
-// all at once when that descriptor is closed, by its holder or by the end of
-// its process, so a killed simulator leaves no claim behind. Unlike
-// POSIX record locks (F_SETLK), two descriptions in one process conflict, as
-// two flock(2)s did, so two simulated nodes in one process cannot claim one
-// file; two claims through one description do not, so its holder must keep
-// its own account of what it claimed (drbdsim does, per node).
+// (docs/scale.md, "Seventh pass: 10,000 3D volumes held"). They are released
+// one by one (Release) or all at once when that descriptor is closed, by its
+// holder or by the end of its process, so a killed simulator leaves no claim
+// behind. Unlike POSIX record locks (F_SETLK), two descriptions in one process
+// conflict, as two flock(2)s did, so two simulated nodes in one process cannot
+// claim one file; two claims through one description do not, so its holder
+// must keep its own account of what it claimed (drbdsim does, per node).
 //
 // A claim names the inode, not the path: the file is the same however it is
 // reached (a pod's mount of the pool, drbdsimd's), and a file renamed over a

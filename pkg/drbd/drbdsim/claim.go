@@ -19,11 +19,12 @@ import (
 // is opened only while the simulator reads or writes it (openData), so an
 // attached replica holds no descriptor of its own, and a process can simulate
 // more replicas than it may open files (30,000 at 10,000 3D volumes,
-// docs/scale.md, "Seventh pass"). A block device is not locked but held open
-// for as long as it is attached, as the kernel's DRBD holds it: the loop
-// devices of a file pool tell whether they are in use by their open count
-// (pkg/storage/file, detach), and udev may lock a block device while it
-// probes it. Loop devices are far fewer than files on one machine anyway.
+// docs/scale.md, "Seventh pass: 10,000 3D volumes held"). A block device is
+// not locked but held open for as long as it is attached, as the kernel's
+// DRBD holds it: the loop devices of a file pool tell whether they are in use
+// by their open count (pkg/storage/file, detach), and udev may lock a block
+// device while it probes it. Loop devices are far fewer than files on one
+// machine anyway.
 
 // claimDir is a node's lock file of one directory: open while the node has a
 // file of the directory attached, closed with the last one, so that a node

@@ -128,7 +128,8 @@
 // writes it (a write, a read, a resync step, a verify step, a hash) and
 // closed after, so that an attached replica holds no file descriptor: a
 // process may simulate more replicas than it may open files (10,000 3D
-// volumes are 30,000 replicas, docs/scale.md, "Seventh pass").
+// volumes are 30,000 replicas, docs/scale.md, "Seventh pass: 10,000 3D
+// volumes held").
 //
 // An attached backing file is claimed, as DRBD claims its backing device
 // exclusively: attach refuses a claimed file ((114) Lower device is already

@@ -96,13 +96,14 @@ func New(dir string) (*Pool, error) { return open(dir, false) }
 // why it exists. A volume is in use, and Delete refuses it, while its file is
 // claimed, as drbdsim claims a file while it is its attached backing disk
 // (DRBD's exclusive claim of its backing device). The protocol the two share
-// (internal/backingclaim): the directory's lock file .drbd-claims, and an
-// open file description locks (fcntl F_OFD_SETLK) for writing the byte at
-// the file's inode number while it holds the claim; Delete takes the same
-// lock while it removes the file, so an attach meanwhile is refused. The lock
-// file, not the volume file, carries the locks, so drbdsim holds one
+// (internal/backingclaim): the directory's lock file .drbd-claims, on which
+// the holder of a claim keeps a write lock of its open file description
+// (fcntl F_OFD_SETLK) on the byte at the file's inode number; Delete takes
+// the same lock while it removes the file, so an attach meanwhile is refused.
+// The lock file, not the volume file, carries the locks, so drbdsim holds one
 // descriptor per node and directory rather than one per attached replica
-// (docs/scale.md, "Seventh pass"); it stays in the directory.
+// (docs/scale.md, "Seventh pass: 10,000 3D volumes held"). The lock file
+// stays in the directory.
 func NewFiles(dir string) (*Pool, error) { return open(dir, true) }
 
 func open(dir string, plain bool) (*Pool, error) {
