@@ -30,7 +30,7 @@ import (
 //     The data is being destroyed, so no membership guard applies; nothing is attached,
 //     so no IO is in flight.
 //  3. The datamesh torn down (no members, no transitions, one new revision) is published
-//     only when the replicas take longer than progressInterval, with the replicas the
+//     only when the replicas take longer than teardownUnpublished, with the replicas the
 //     deletion waits for; agents that see it take DRBD down as they would anyway.
 //  4. When no replica is left: the Secret, the port and minor, and the finalizer.
 
@@ -91,7 +91,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		// down once it sees it deleted with its volume (docs/contract.md, "Deleting a
 		// volume"). The revision would be one more write of the volume, and one more
 		// event for every agent, per volume deleted; it is published, with the replicas
-		// the deletion waits for, only when they take longer than progressInterval.
+		// the deletion waits for, only when they take longer than teardownUnpublished.
 		requeue = wait
 	} else if wait := progressWait(v.rv, work, v.now, c.volumeStatusAt.last(v.rv.Name)); wait > 0 {
 		// Only a message moved (one replica fewer to wait for), and the last status
@@ -115,7 +115,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 }
 
 // unpublishedTeardown is how long the teardown may stay unpublished: until
-// progressInterval after the first of the volume's replicas was deleted (now, for
+// teardownUnpublished after the first of the volume's replicas was deleted (now, for
 // replicas this reconcile deletes), as long as the published datamesh still has its
 // members (once the teardown is published, it is kept up to date as any status).
 func unpublishedTeardown(v *volume) time.Duration {
@@ -128,8 +128,17 @@ func unpublishedTeardown(v *volume) time.Duration {
 			began = r.DeletionTimestamp.Time
 		}
 	}
-	return max(progressInterval-v.now.Sub(began), 0)
+	return max(teardownUnpublished-v.now.Sub(began), 0)
 }
+
+// teardownUnpublished is how long a detached volume's replicas may take to go before
+// the controller publishes the teardown, and with it the replicas the deletion waits
+// for. Longer than progressInterval: when thousands of volumes are deleted at once an
+// agent gets to a replica seconds after its deletion while it makes progress, and the
+// revision would then be written for most of them, when the apiserver is busiest, for
+// a message no one needs; a deletion that is stuck still says so within it
+// (docs/controller.md, "Deletion").
+const teardownUnpublished = 30 * time.Second
 
 // tearDownDatamesh is step 2 on work: no members, no transitions, one new revision.
 func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
