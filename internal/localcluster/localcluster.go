@@ -46,6 +46,7 @@ import (
 	"github.com/meshvol/meshvol/pkg/storage"
 	"github.com/meshvol/meshvol/pkg/storage/file"
 
+	"github.com/meshvol/meshvol/internal/backingclaim"
 	"github.com/meshvol/meshvol/internal/goproc"
 	"github.com/meshvol/meshvol/internal/loopdev"
 	"github.com/meshvol/meshvol/internal/mountinfo"
@@ -596,11 +597,13 @@ func (c *Cluster) Leftovers() []string {
 	return out
 }
 
-// Files lists the regular files under the node's pools (backing volumes).
+// Files lists the regular files under the node's pools (backing volumes),
+// without a pool of plain files' lock file of its claims, which stays
+// (internal/backingclaim).
 func (n *Node) Files() []string {
 	var out []string
 	_ = filepath.Walk(n.Root, func(p string, info os.FileInfo, err error) error {
-		if err == nil && info.Mode().IsRegular() {
+		if err == nil && info.Mode().IsRegular() && info.Name() != backingclaim.LockFile {
 			out = append(out, p)
 		}
 		return nil

@@ -405,12 +405,18 @@ func (c *Cluster) lackingBatchOn(res, name string, blocks []int64, quorateOnly b
 		return "", true
 	}
 	acked := c.acked[res]
+	// The backing device is opened once for the batch (claim.go).
+	f, err := r.claim.openData()
+	if err != nil {
+		return fmt.Sprintf("%s: its backing device cannot be opened to check the acknowledged writes: %v", name, err), true
+	}
+	defer f.Close()
 	for _, blk := range blocks {
 		want, ok := acked[blk]
 		if !ok {
 			continue
 		}
-		got, err := r.blockHash(blk)
+		got, err := hashBlock(f, blk)
 		if err != nil {
 			return fmt.Sprintf("%s: block %d (offset %d) cannot be read to check an acknowledged write: %v", name, blk, blk*blockSize, err), true
 		}

@@ -240,7 +240,7 @@ func (r *resource) replicateLocked(op string, off, size int64, apply func(*os.Fi
 		}
 	}
 	for _, h := range hs {
-		if err := apply(h.file); err != nil {
+		if err := h.applyData(apply); err != nil {
 			return ioErr(op, r.name, off, "backing device: "+err.Error())
 		}
 	}
@@ -349,7 +349,12 @@ func (r *resource) readLocked(off int64, buf []byte) (int, error) {
 		return 0, nil
 	}
 	buf = buf[:min(int64(len(buf)), src.md.sizeBytes-off)]
-	m, err := src.file.ReadAt(buf, off)
+	var m int
+	err := src.applyData(func(f *os.File) error {
+		var err error
+		m, err = f.ReadAt(buf, off)
+		return err
+	})
 	if err != nil && err != io.EOF {
 		return m, ioErr("read", r.name, off, err.Error())
 	}
@@ -363,11 +368,32 @@ func (r *resource) readLocked(off int64, buf []byte) (int, error) {
 	return m, nil
 }
 
-func (r *resource) blockHash(b int64) (uint64, error) {
-	if r.file == nil {
-		return 0, fmt.Errorf("not attached")
+// applyData runs apply on r's backing device, opened for it alone (the
+// simulator holds no descriptor per attached replica: claim.go).
+func (r *resource) applyData(apply func(*os.File) error) error {
+	if r.claim == nil {
+		return fmt.Errorf("not attached")
 	}
-	return hashBlock(r.file, b)
+	f, err := r.claim.openData()
+	if err != nil {
+		return err
+	}
+	err = apply(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// blockHash hashes block b of r's backing device.
+func (r *resource) blockHash(b int64) (uint64, error) {
+	var h uint64
+	err := r.applyData(func(f *os.File) error {
+		var err error
+		h, err = hashBlock(f, b)
+		return err
+	})
+	return h, err
 }
 
 func hashBlock(f *os.File, b int64) (uint64, error) {

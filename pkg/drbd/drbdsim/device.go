@@ -75,7 +75,9 @@ type device struct {
 	// as is (with allow-two-primaries, the other Primary's writes are read
 	// as they land, as on DRBD).
 	settingUp atomic.Bool
-	src       *os.File
+	// src is the backing device the setup's requests read from (an
+	// UpToDate replica's, when the setup began), opened for each (claim.go).
+	src *claim
 }
 
 // devices is a cluster's FUSE server and its device files.
@@ -279,7 +281,7 @@ func (r *resource) setupDevice() error {
 		name: "drbd" + strconv.Itoa(r.cfg.Minor) + "@" + r.n.name}
 	dev.size.Store(src.md.sizeBytes)
 	d.nextIno++
-	dev.src = src.file
+	dev.src = src.claim
 	dev.settingUp.Store(true)
 	d.byIno[dev.ino], d.byName[dev.name] = dev, dev
 	d.mu.Unlock()

@@ -156,8 +156,12 @@ func (fs *deviceFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (f
 		if off >= size {
 			return nil
 		}
-		var err error
-		m, err = dev.src.ReadAt(buf[:min(int64(in.Size), int64(len(buf)), size-off)], off)
+		f, err := dev.src.openData()
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		m, err = f.ReadAt(buf[:min(int64(in.Size), int64(len(buf)), size-off)], off)
 		if err == io.EOF {
 			err = nil
 		}

@@ -124,7 +124,29 @@
 // # Block device
 //
 // Each attached replica's data is its backing device itself (a file or a
-// block device path from the Resource). With Options.LoopDevices, a
+// block device path from the Resource), opened while the simulator reads or
+// writes it (a write, a read, a resync step, a verify step, a hash) and
+// closed after, so that an attached replica holds no file descriptor: a
+// process may simulate more replicas than it may open files (10,000 3D
+// volumes are 30,000 replicas, docs/scale.md, "Seventh pass: 10,000 3D
+// volumes held").
+//
+// An attached backing file is claimed, as DRBD claims its backing device
+// exclusively: attach refuses a claimed file ((114) Lower device is already
+// claimed), and a file pool of plain files (pkg/storage/file, NewFiles)
+// refuses to delete one. The protocol the two share, in
+// internal/backingclaim: a lock file .drbd-claims in the file's directory,
+// and a write lock by an open file description (fcntl F_OFD_SETLK) on its
+// byte at the file's inode number. Each node holds its claims of a directory
+// through one descriptor of that lock file, opened with its first claim there
+// and closed with its last; detach and down release one claim, a crash all
+// the node's claims, as a crashed machine's DRBD holds nothing (and the end of
+// the process all of them, drbdsimd's included). Descriptions conflict with each other in one
+// process too, so two nodes never claim one file; a node refuses a second
+// claim of a file through its own description by its own account. A block
+// device is held open while attached instead, as the kernel's DRBD holds it:
+// the loop devices of a file pool tell whether they are in use by their open
+// count. With Options.LoopDevices, a
 // Primary has a real block device at DevicePath(res) —
 // <Options.Dir>/dev/<node>/drbd<minor>, the minor of the configuration as
 // drbdsetup status reports it — which the agent formats and mounts and

@@ -3,6 +3,7 @@ package drbdsim
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -767,28 +768,53 @@ func (c *Cluster) progressResyncs(d time.Duration) {
 				continue
 			}
 			pk := pr.conns[r.nodeID()]
-			sp, dp := r.md.peer(pr.nodeID()), pr.md.peer(r.nodeID())
-			buf := make([]byte, blockSize)
-			for n := int64(0); n < budget; n++ {
-				i := sp.bits.first()
-				if i < 0 {
-					break
-				}
-				if m, err := r.file.ReadAt(buf, i*blockSize); err == nil || m > 0 {
-					_, _ = pr.file.WriteAt(buf[:m], i*blockSize)
-				}
-				sp.bits.clear(i)
-				dp.bits.clear(i)
-				k.sent += blockSize / 1024
-				pk.received += blockSize / 1024
-				pr.written += blockSize / 1024
-				r.read += blockSize / 1024
-			}
-			if sp.bits.count() == 0 {
+			kib := resyncBlocks(r, pr, budget) * blockSize / 1024
+			k.sent += kib
+			pk.received += kib
+			pr.written += kib
+			r.read += kib
+			if r.md.peer(pr.nodeID()).bits.count() == 0 {
 				c.finishSync(r, k, pr, pk)
 			}
 		}
 	}
+}
+
+// resyncBlocks copies up to budget out-of-sync blocks of a resync from the
+// source r to the target pr, clears them in both bitmaps and returns how
+// many. Both backing devices are opened once for the step, not per block
+// (claim.go); one that does not open copies nothing, as a failed read or
+// write of a block does: the resync goes on, as DRBD's does over a failing
+// disk until it detaches it.
+func resyncBlocks(r, pr *resource, budget int64) int64 {
+	sp, dp := r.md.peer(pr.nodeID()), pr.md.peer(r.nodeID())
+	if sp.bits.first() < 0 {
+		return 0
+	}
+	in, err := r.claim.openData()
+	if err == nil {
+		defer in.Close()
+	}
+	out, err := pr.claim.openData()
+	if err == nil {
+		defer out.Close()
+	}
+	buf := make([]byte, blockSize)
+	var n int64
+	for ; n < budget; n++ {
+		i := sp.bits.first()
+		if i < 0 {
+			break
+		}
+		if in != nil && out != nil {
+			if m, err := in.ReadAt(buf, i*blockSize); err == nil || m > 0 {
+				_, _ = out.WriteAt(buf[:m], i*blockSize)
+			}
+		}
+		sp.bits.clear(i)
+		dp.bits.clear(i)
+	}
+	return n
 }
 
 // progressVerify compares up to budget blocks of a running online verify
@@ -800,9 +826,22 @@ func (c *Cluster) progressVerify(r *resource, k *conn, budget int64) {
 	}
 	pk := pr.conns[r.nodeID()]
 	end := min(r.md.blocks(), pr.md.blocks())
+	// Each side's backing device is opened once for the step's blocks
+	// (claim.go); a block that cannot be read hashes as 0, so it differs
+	// from a readable one.
+	var a, b *os.File
+	if k.ovNext < end {
+		if f, err := r.claim.openData(); err == nil {
+			a = f
+			defer a.Close()
+		}
+		if f, err := pr.claim.openData(); err == nil {
+			b = f
+			defer b.Close()
+		}
+	}
 	for n := int64(0); n < budget && k.ovNext < end; n++ {
-		h1, _ := r.blockHash(k.ovNext)
-		h2, _ := pr.blockHash(k.ovNext)
+		h1, h2 := hashOrZero(a, k.ovNext), hashOrZero(b, k.ovNext)
 		if h1 != h2 {
 			r.md.peer(pr.nodeID()).bits.set(k.ovNext)
 			pr.md.peer(r.nodeID()).bits.set(k.ovNext)
@@ -814,6 +853,19 @@ func (c *Cluster) progressVerify(r *resource, k *conn, budget int64) {
 		r.publish()
 		pr.publish()
 	}
+}
+
+// hashOrZero is block b's hash in f, 0 when f is nil or the block cannot be
+// read.
+func hashOrZero(f *os.File, b int64) uint64 {
+	if f == nil {
+		return 0
+	}
+	h, err := hashBlock(f, b)
+	if err != nil {
+		return 0
+	}
+	return h
 }
 
 func (c *Cluster) finishSync(src *resource, ks *conn, dst *resource, kd *conn) {

@@ -36,6 +36,9 @@ type Node struct {
 	// resource loses (LoseAttachHandshake).
 	attachFaults map[string]string
 	subs         []*subscriber
+	// claims: the node's lock files, by directory, while it has backing
+	// files of that directory attached (claim.go).
+	claims map[string]*claimDir
 }
 
 var _ drbd.Driver = (*Node)(nil)
@@ -295,7 +298,7 @@ func (n *Node) CreateMetadata(ctx context.Context, name string, maxPeers int) er
 	if maxPeers < 1 || maxPeers > 31 {
 		return fmt.Errorf("drbdsim: create-md %s: max-peers %d out of range 1..31", name, maxPeers)
 	}
-	if r := n.res[name]; r != nil && r.file != nil {
+	if r := n.res[name]; r != nil && r.claim != nil {
 		return cmdErr(drbd.ErrCommandFailed, []string{"drbdadm", "create-md", name}, 0, 20,
 			"Device is attached to a DRBD resource; detach it first\n")
 	}
@@ -402,17 +405,11 @@ func (n *Node) up(name string) error {
 }
 
 func (r *resource) attach(md *metadata) error {
-	f, err := os.OpenFile(md.backing, os.O_RDWR, 0)
+	cl, err := r.n.claimBacking(md.backing)
 	if err != nil {
-		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "attach", r.name}, 0, 10,
-			fmt.Sprintf("%s: Failure: (104) Can not open backing device: %v\n", r.name, err))
+		return attachRefused(r.name, err)
 	}
-	if err := claimFile(f); err != nil {
-		_ = f.Close()
-		return cmdErr(drbd.ErrCommandFailed, []string{"drbdsetup", "attach", r.name}, 0, 10,
-			fmt.Sprintf("%s: Failure: (114) Lower device is already claimed. This usually means it is mounted.\n", r.name))
-	}
-	r.md, r.file = md, f
+	r.md, r.claim = md, cl
 	r.disk = DiskAttaching
 	r.publish()
 	// DRBD restores the persisted state. A disk that was UpToDate comes back
@@ -437,25 +434,9 @@ func (r *resource) attach(md *metadata) error {
 	return nil
 }
 
-// claimFile takes DRBD's exclusive claim of its backing device for a backing
-// disk that is a plain file: a lock on the file, released when detach or a
-// crash closes it, which a file pool of plain files reads before it removes a
-// volume (pkg/storage/file, NewFiles). A block device is left alone: the loop
-// devices of a file pool tell whether they are held by their open count, and
-// udev may hold a shared lock on a block device while it probes it.
-func claimFile(f *os.File) error {
-	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() {
-		return err
-	}
-	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-}
-
 func (r *resource) detach(to DiskState) {
-	if r.file != nil {
-		_ = r.file.Close()
-	}
-	r.file = nil
+	r.n.release(r.claim)
+	r.claim = nil
 	r.md = nil
 	r.disk = to
 	r.publish()
@@ -527,7 +508,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 	}
 	attached := false
 	switch {
-	case r.cfg.Disk != nil && r.file == nil:
+	case r.cfg.Disk != nil && r.claim == nil:
 		md := n.metadataOf(r.cfg.Disk.BackingDevice)
 		if md == nil {
 			return cmdErr(drbd.ErrNoMetadata, []string{"drbdsetup", "attach", name}, 119, 10,
@@ -537,7 +518,7 @@ func (n *Node) Adjust(ctx context.Context, name string) error {
 			return err
 		}
 		attached = true
-	case r.cfg.Disk == nil && r.file != nil:
+	case r.cfg.Disk == nil && r.claim != nil:
 		r.detach(DiskDiskless)
 	case r.cfg.Disk != nil && old.Disk != nil && r.cfg.Disk.BackingDevice != old.Disk.BackingDevice:
 		return fmt.Errorf("drbdsim: adjust %s: changing the backing device of an attached volume needs detach first", name)
@@ -629,9 +610,8 @@ func (n *Node) Down(ctx context.Context, name string) error {
 func (n *Node) destroy(r *resource) {
 	r.teardownDevice()
 	r.releaseHeld(true)
-	if r.file != nil {
-		_ = r.file.Close()
-	}
+	n.release(r.claim)
+	r.claim = nil
 	r.publishDestroy()
 	delete(n.res, r.name)
 }
@@ -1268,14 +1248,33 @@ func resyncGrown(group []*resource, old map[*resource]int64, size int64) error {
 		if !grew || x == src {
 			continue
 		}
-		for off := from; off < size; off += int64(len(buf)) {
-			n := int(min(int64(len(buf)), size-off))
-			if _, err := src.file.ReadAt(buf[:n], off); err != nil {
-				return fmt.Errorf("resync of the grown area from %s: %w", src.n.name, err)
-			}
-			if _, err := x.file.WriteAt(buf[:n], off); err != nil {
-				return fmt.Errorf("resync of the grown area to %s: %w", x.n.name, err)
-			}
+		if err := copyRange(src, x, from, size, buf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyRange copies [from, size) of src's backing device to dst's, each opened
+// once for the whole range.
+func copyRange(src, dst *resource, from, size int64, buf []byte) error {
+	in, err := src.claim.openData()
+	if err != nil {
+		return fmt.Errorf("resync of the grown area from %s: %w", src.n.name, err)
+	}
+	defer in.Close()
+	out, err := dst.claim.openData()
+	if err != nil {
+		return fmt.Errorf("resync of the grown area to %s: %w", dst.n.name, err)
+	}
+	defer out.Close()
+	for off := from; off < size; off += int64(len(buf)) {
+		n := int(min(int64(len(buf)), size-off))
+		if _, err := in.ReadAt(buf[:n], off); err != nil {
+			return fmt.Errorf("resync of the grown area from %s: %w", src.n.name, err)
+		}
+		if _, err := out.WriteAt(buf[:n], off); err != nil {
+			return fmt.Errorf("resync of the grown area to %s: %w", dst.n.name, err)
 		}
 	}
 	return nil
@@ -1386,9 +1385,10 @@ func (n *Node) Crash() {
 		r := n.res[name]
 		r.teardownDevice()
 		r.releaseHeld(false)
-		if r.file != nil {
-			_ = r.file.Close()
-		}
+		// A crashed machine's DRBD claims nothing: with its last claim the
+		// node closes its lock files (claim.go).
+		n.release(r.claim)
+		r.claim = nil
 		delete(n.res, name)
 	}
 	for _, s := range n.subs {
@@ -1412,7 +1412,7 @@ func (n *Node) FailDisk(name string) error {
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
 	r := n.res[name]
-	if r == nil || r.file == nil {
+	if r == nil || r.claim == nil {
 		return fmt.Errorf("drbdsim: %s: resource %s has no attached disk", n.name, name)
 	}
 	if r.md != nil {

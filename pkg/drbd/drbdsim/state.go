@@ -2,7 +2,6 @@ package drbdsim
 
 import (
 	"math/bits"
-	"os"
 	"sort"
 	"time"
 
@@ -205,7 +204,9 @@ type resource struct {
 	role string
 	disk DiskState
 	md   *metadata // nil while no disk is attached
-	file *os.File  // the backing device, while attached
+	// claim: the backing device's claim while attached (claim.go); the
+	// device itself is opened only for each batch of IO (claim.openData).
+	claim *claim
 
 	quorate bool
 	// quorumView: the view quorate was last computed from (quorumView()).
@@ -283,7 +284,7 @@ type conn struct {
 }
 
 func (r *resource) attached() bool {
-	return r.md != nil && r.file != nil && r.disk != DiskDiskless && r.disk != DiskFailed && r.disk != DiskAttaching
+	return r.md != nil && r.claim != nil && r.disk != DiskDiskless && r.disk != DiskFailed && r.disk != DiskAttaching
 }
 
 // negotiated: the disk is attached and past the negotiation with its peers, so

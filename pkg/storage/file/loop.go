@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshvol/meshvol/internal/backingclaim"
 )
 
 // Loop devices are driven with ioctls (golang.org/x/sys/unix) rather than by
@@ -257,23 +259,27 @@ func deviceSize(path string) (int64, error) {
 	return size, nil
 }
 
-// claim takes an exclusive flock(2) on a volume file of a pool of plain files
-// (NewFiles), unless another open file holds one: a simulated DRBD locks the
-// file it has attached as its backing disk (drbdsim), as the kernel's DRBD
-// claims its backing device, so a volume in use is not removed from under it.
-// It returns an error wrapping errBusy when the file is held, else the
-// function that releases the lock.
+// claim takes the claim of a volume file of a pool of plain files (NewFiles)
+// that a simulated DRBD holds while the file is its attached backing disk
+// (drbdsim), as the kernel's DRBD claims its backing device: a lock on the
+// file's byte of the directory's lock file (internal/backingclaim), so a volume
+// in use is not removed from under it. It returns an error wrapping errBusy
+// when another holder has the claim, else the function that releases it.
 func claim(path string) (func(), error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil, err
+	}
+	lock, err := backingclaim.Open(filepath.Dir(path))
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		unix.Close(fd)
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%s is locked: a simulated DRBD has it attached: %w", path, errBusy)
+	if err := backingclaim.Take(lock, st.Ino); err != nil {
+		lock.Close()
+		if errors.Is(err, backingclaim.ErrClaimed) {
+			return nil, fmt.Errorf("%s is claimed: a simulated DRBD has it attached: %w", path, errBusy)
 		}
-		return nil, fmt.Errorf("flock %s: %w", path, err)
+		return nil, err
 	}
-	return func() { unix.Close(fd) }, nil
+	return func() { lock.Close() }, nil
 }

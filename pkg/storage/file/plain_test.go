@@ -1,18 +1,23 @@
 package file
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshvol/meshvol/internal/backingclaim"
 	"github.com/meshvol/meshvol/pkg/storage"
 )
 
 // A pool of plain files (NewFiles) gives each volume its file as its device and
-// attaches no loop device; a volume whose file is locked, as drbdsim locks the
+// attaches no loop device; a volume whose file is claimed, as drbdsim claims the
 // backing file it has attached, is in use: Delete refuses it and leaves the file.
 func TestPlainFilesPool(t *testing.T) {
 	dir := t.TempDir()
@@ -40,17 +45,13 @@ func TestPlainFilesPool(t *testing.T) {
 		t.Fatalf("List = %+v, %v", vols, err)
 	}
 
-	fd, err := unix.Open(path, unix.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		t.Fatal(err)
-	}
+	// Claimed by another process, as drbdsimd's drbdsim claims the files
+	// of an agent process's pool (internal/backingclaim).
+	release := holdClaimElsewhere(t, path)
 	wantKind(t, p.Delete(ctx, "rvr-a"), storage.ErrInUse)
-	unix.Close(fd)
+	release()
 	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("file removed while locked: %v", err)
+		t.Fatalf("file removed while claimed: %v", err)
 	}
 	if err := p.Delete(ctx, "rvr-a"); err != nil {
 		t.Fatal(err)
@@ -62,5 +63,68 @@ func TestPlainFilesPool(t *testing.T) {
 	// One directory is one kind of pool in a process.
 	if _, err := New(dir); !errors.Is(err, storage.ErrFailedPrecondition) {
 		t.Fatalf("New of a directory NewFiles made a pool of: %v, want %v", err, storage.ErrFailedPrecondition)
+	}
+}
+
+// claimHolderEnv names the file a re-run of this test binary claims
+// (TestMain), for a claim held by another process.
+const claimHolderEnv = "MESHVOL_TEST_HOLD_CLAIM"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(claimHolderEnv); path != "" {
+		os.Exit(holdClaim(path))
+	}
+	os.Exit(m.Run())
+}
+
+// holdClaim claims path, says so on stdout and holds the claim until stdin
+// closes.
+func holdClaim(path string) int {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	lock, err := backingclaim.Open(filepath.Dir(path))
+	if err == nil {
+		err = backingclaim.Take(lock, st.Ino)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("claimed")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// holdClaimElsewhere has another process claim path until release.
+func holdClaimElsewhere(t *testing.T, path string) (release func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), claimHolderEnv+"="+path)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "claimed\n" {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+		t.Fatalf("the claiming process said %q (%v)", line, err)
+	}
+	return func() {
+		_ = stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("the claiming process: %v", err)
+		}
 	}
 }
