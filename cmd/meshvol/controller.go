@@ -198,6 +198,7 @@ func runController(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	ctrl.SetLogger(jsonLogger(stderr, f.verbosity))
 	log := ctrl.Log.WithName("meshvol-controller")
+	applyMemoryLimit(log)
 
 	cfg, err := restConfig(f.kubeconfig)
 	if err != nil {

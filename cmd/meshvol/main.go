@@ -12,6 +12,9 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
+
+	"github.com/meshvol/meshvol/internal/memlimit"
 	"github.com/meshvol/meshvol/pkg/version"
 )
 
@@ -71,5 +74,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "meshvol: unknown command %q\n\n", args[0])
 		usage(stderr)
 		return 2
+	}
+}
+
+// applyMemoryLimit gives the Go runtime a soft memory limit below the memory
+// limit of the process's container, so that the heap stays within what the
+// chart allows the pod instead of growing to twice what is live
+// (internal/memlimit). Not finding the limit is logged, not fatal: the process
+// runs as it would without it.
+func applyMemoryLimit(log logr.Logger) {
+	cgroup, soft, err := memlimit.Apply()
+	switch {
+	case err != nil:
+		log.Info("no soft memory limit: the container's memory limit could not be read", "error", err.Error())
+	case soft > 0:
+		log.Info("soft memory limit set from the container's", "containerLimitBytes", cgroup, "softLimitBytes", soft)
 	}
 }

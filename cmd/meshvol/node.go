@@ -107,6 +107,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(stderr, prefix, args) }, funcr.Options{Verbosity: *verbose})
+	applyMemoryLimit(log)
 
 	restCfg, err := restConfig(*kubeconfig)
 	if err != nil {

@@ -28,9 +28,10 @@ type controllerProc struct {
 	probeAddr   string
 	done        chan error
 	started     time.Time
-	// bin, kubeconfig and extra start it again (restart).
+	// bin, kubeconfig, extra and cgroup start it again (restart).
 	bin, kubeconfig string
 	extra           []string
+	cgroup          *memoryCgroup // nil: none of its own
 	// base is what the processes before this one counted (restart): the
 	// counters of a run continue across a restart.
 	base controllerCounters
@@ -41,8 +42,9 @@ type controllerProc struct {
 
 // startController runs bin as `meshvol controller` against env, as the user
 // controllerUser, without leader election (one replica), its metrics, health
-// probes and profiles on free local ports, its log in logPath.
-func startController(env *testenv.Env, bin, dir, logPath string, extra []string) (*controllerProc, error) {
+// probes and profiles on free local ports, its log in logPath; in cg, a memory
+// cgroup, unless nil.
+func startController(env *testenv.Env, bin, dir, logPath string, extra []string, cg *memoryCgroup) (*controllerProc, error) {
 	kc, err := env.KubeConfig(controllerUser, "system:masters")
 	if err != nil {
 		return nil, err
@@ -51,10 +53,10 @@ func startController(env *testenv.Env, bin, dir, logPath string, extra []string)
 	if err := os.WriteFile(kcPath, kc, 0o600); err != nil {
 		return nil, err
 	}
-	return launch(bin, kcPath, logPath, extra, controllerCounters{})
+	return launch(bin, kcPath, logPath, extra, cg, controllerCounters{})
 }
 
-func launch(bin, kubeconfig, logPath string, extra []string, base controllerCounters) (*controllerProc, error) {
+func launch(bin, kubeconfig, logPath string, extra []string, cg *memoryCgroup, base controllerCounters) (*controllerProc, error) {
 	var addrs [3]string
 	for i := range addrs {
 		a, err := freeAddr()
@@ -70,14 +72,18 @@ func launch(bin, kubeconfig, logPath string, extra []string, base controllerCoun
 	args := append([]string{"controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
 		"--metrics-bind-address", addrs[0], "--health-probe-bind-address", addrs[1],
 		"--pprof-bind-address", addrs[2]}, extra...)
-	cmd := exec.Command(bin, args...)
+	name := bin
+	if cg != nil {
+		name, args = cg.wrap(bin, args)
+	}
+	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err
 	}
 	p := &controllerProc{cmd: cmd, metricsAddr: addrs[0], probeAddr: addrs[1], pprofAddr: addrs[2], done: make(chan error, 1),
-		started: time.Now(), bin: bin, kubeconfig: kubeconfig, extra: extra, base: base}
+		started: time.Now(), bin: bin, kubeconfig: kubeconfig, extra: extra, cgroup: cg, base: base}
 	go func() { p.done <- cmd.Wait(); logf.Close() }()
 	return p, nil
 }
@@ -93,7 +99,7 @@ func (p *controllerProc) restart(ctx context.Context, logPath string) (*controll
 	if err := p.stop(); err != nil {
 		return nil, err
 	}
-	return launch(p.bin, p.kubeconfig, logPath, p.extra, last)
+	return launch(p.bin, p.kubeconfig, logPath, p.extra, p.cgroup, last)
 }
 
 // waitReady polls /readyz until it answers 200 (the controller's caches are

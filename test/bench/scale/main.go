@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/resource"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -87,6 +88,11 @@ type Result struct {
 	// ControllerArgs are the flags the run gave `meshvol controller` besides
 	// the benchmark's own (kubeconfig, addresses, no leader election).
 	ControllerArgs string `json:"controllerArgs,omitempty"`
+	// ControllerMemoryLimit is the memory cgroup's limit the controller ran
+	// in (-controller-memory-limit), and ControllerOOMKills how many times the
+	// kernel killed it for going over it.
+	ControllerMemoryLimit string `json:"controllerMemoryLimit,omitempty"`
+	ControllerOOMKills    string `json:"controllerOOMKills,omitempty"`
 
 	Error string `json:"error,omitempty"`
 }
@@ -166,6 +172,7 @@ func main() {
 		hold       = flag.Bool("hold", false, "leave the volumes at the end instead of deleting them (no delete figures): what holding N volumes costs, in less time")
 		plotLabels = flag.String("plot-labels", "", "plot only the runs whose label starts with one of these, comma separated (results.md keeps every run)")
 		agentProcs = flag.Bool("agent-processes", false, "run each node's agent as a `meshvol node` process of its own (-meshvol), with its production DRBD driver through the drbd-utils stand-ins (internal/drbdsimd) and its production file pool (loop devices), so that one agent's memory and CPU are its own")
+		memLimit   = flag.String("controller-memory-limit", "", "run the controller in a memory cgroup of this size (e.g. 512Mi, the chart's limit), as in its container (root)")
 		loops      = flag.Bool("loop-devices", false, "back each replica with a loop device over its file, as `meshvol node` does, instead of the file itself (one machine holds far fewer loop devices than files)")
 	)
 	flag.Parse()
@@ -190,6 +197,14 @@ func main() {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		commit := gitCommit()
+		var memBytes int64
+		if *memLimit != "" {
+			q, err := resource.ParseQuantity(*memLimit)
+			if err != nil || q.Value() <= 0 {
+				fail(fmt.Errorf("-controller-memory-limit: %q is not a positive quantity (e.g. 512Mi)", *memLimit))
+			}
+			memBytes = q.Value()
+		}
 		for _, c := range strings.Split(*cls, ",") {
 			if _, ok := classes[c]; !ok {
 				fail(fmt.Errorf("-classes: unknown class %q (1D, 3D)", c))
@@ -201,7 +216,8 @@ func main() {
 				}
 				fmt.Fprintf(os.Stderr, "bench-scale: %s N=%d (load %s)\n", c, n, loadAvg())
 				r, err := run(ctx, runConfig{Class: c, N: n, Meshvol: *meshvol, Idle: *idle, Timeout: *timeout,
-					Parallel: *par, LogDir: *logDir, ExtraArgs: strings.Fields(*extra), LoopDevices: *loops, Hold: *hold, AgentProcesses: *agentProcs})
+					Parallel: *par, LogDir: *logDir, ExtraArgs: strings.Fields(*extra), LoopDevices: *loops, Hold: *hold, AgentProcesses: *agentProcs,
+					ControllerMemoryLimit: memBytes, ControllerMemoryLimitText: *memLimit})
 				r.Label, r.Commit = *label, commit
 				if err != nil {
 					r.Error = joinMsg(r.Error, err.Error())

@@ -64,7 +64,7 @@ func render(dir string, rs []Result, plotLabels []string) error {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %d | %.1f s | %.1f s | %d (%d + %d) | %d | %d | %s |\n", r.Label, r.Class, r.N, rs.SyncedSeconds, rs.PassSeconds,
 			rs.Writes.AuditController+rs.Writes.AuditAgents-rs.Writes.Leases, rs.Writes.AuditController, rs.Writes.AuditAgents-rs.Writes.Leases,
-			rs.RVUpdates, rs.LeftReady, orDash(r.ControllerArgs))
+			rs.RVUpdates, rs.LeftReady, controllerSetting(r))
 	}
 	b.WriteString("\n## Writes of each formation, by component, verb and resource (audit log)\n\n")
 	for _, r := range rs {
@@ -172,4 +172,14 @@ func orDash(s string) string {
 		return "-"
 	}
 	return "`" + s + "`"
+}
+
+// controllerSetting is how the run ran the controller: its flags and, when it
+// ran in a memory cgroup, the cgroup's limit and the kernel's kills in it.
+func controllerSetting(r Result) string {
+	s := r.ControllerArgs
+	if r.ControllerMemoryLimit != "" {
+		s = strings.TrimSpace(s + " in a memory cgroup of " + r.ControllerMemoryLimit + " (OOM kills: " + r.ControllerOOMKills + ")")
+	}
+	return orDash(s)
 }

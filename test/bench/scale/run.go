@@ -55,6 +55,11 @@ type runConfig struct {
 	// what holding N volumes costs (formation, idle, memory, a restart) in
 	// less time than a run with the deletion.
 	Hold bool
+	// ControllerMemoryLimit, when positive, runs the controller in a memory
+	// cgroup of that many bytes (cgroup.go), as the chart's limit of its
+	// container; ControllerMemoryLimitText is the quantity as given.
+	ControllerMemoryLimit     int64
+	ControllerMemoryLimitText string
 }
 
 // backing names the replicas' backing disks of a run, as the results show it.
@@ -120,7 +125,18 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		args = append(slices.Clone(args), "--port-range", fmt.Sprintf("7000-%d", 7000+cfg.N-1))
 	}
 	res.ControllerArgs = strings.Join(args, " ")
-	ctrl, err := startController(env, cfg.Meshvol, dir, filepath.Join(cfg.LogDir, "controller-"+tag+".log"), args)
+	var cg *memoryCgroup
+	if cfg.ControllerMemoryLimit > 0 {
+		if cg, err = newMemoryCgroup(cfg.ControllerMemoryLimit); err != nil {
+			return res, err
+		}
+		res.ControllerMemoryLimit = cfg.ControllerMemoryLimitText
+		defer func() {
+			res.ControllerOOMKills = cg.oomKills()
+			err = joinErr(err, cg.remove())
+		}()
+	}
+	ctrl, err := startController(env, cfg.Meshvol, dir, filepath.Join(cfg.LogDir, "controller-"+tag+".log"), args, cg)
 	if err != nil {
 		return res, err
 	}
