@@ -102,8 +102,13 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
 		return res, err
 	}
+	// The audit log must not rotate: readAudit reads the one file.
+	// kube-apiserver 1.33 hands --audit-log-maxsize to its log writer
+	// (lumberjack), which takes 0 as its default of 100 MB, not as no limit,
+	// and a formation of 10,000 3D volumes logs more (docs/scale.md, "Seventh
+	// pass: 10,000 3D volumes held"). 1 TiB is beyond any run.
 	env, err := testenv.Start(testenv.Options{Log: os.Stderr, APIServerArgs: map[string][]string{
-		"audit-policy-file": {policy}, "audit-log-path": {auditLog}, "audit-log-maxsize": {"0"},
+		"audit-policy-file": {policy}, "audit-log-path": {auditLog}, "audit-log-maxsize": {"1048576"},
 	}})
 	if err != nil {
 		return res, err
