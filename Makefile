@@ -179,7 +179,7 @@ SCALE_ARGS    ?=
 .PHONY: bench-scale
 bench-scale: k8s build ## Scale benchmark: SCALE_N volumes at once per class in SCALE_CLASSES, the controller as its own process; results and plots in docs/scale/ (root; docs/scale.md)
 	$(GO) build -o _output/bin/bench-scale ./test/bench/scale
-	nice -n 10 _output/bin/bench-scale -meshvol bin/meshvol -n $(SCALE_N) -classes $(SCALE_CLASSES) -label $(SCALE_LABEL) -out docs/scale -logs _output/bench-scale $(SCALE_ARGS)
+	nice -n 10 _output/bin/bench-scale -meshvol bin/meshvol -n $(SCALE_N) -classes $(SCALE_CLASSES) -label '$(SCALE_LABEL)' -out docs/scale -logs _output/bench-scale $(SCALE_ARGS)
 
 .PHONY: image
 image: ## Build the image as an OCI archive without a container engine: bin/image/meshvol.oci.tar (root; debootstrap, minutes cold)
