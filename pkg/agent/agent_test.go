@@ -507,6 +507,24 @@ func TestDeleteTearsDown(t *testing.T) {
 	}
 }
 
+// holdVolume puts the controller's finalizer on the rig's volume, as the controller
+// holds a volume while its replicas go, and takes it off at the end of the test; it
+// returns the volume as updated.
+func (r *rig) holdVolume() *v1.ReplicatedVolume {
+	rv := &v1.ReplicatedVolume{}
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
+	rv.Finalizers = append(rv.Finalizers, v1.FinalizerController)
+	r.must(r.cl.Update(r.ctx, rv))
+	r.t.Cleanup(func() {
+		rv := &v1.ReplicatedVolume{}
+		if r.cl.Get(context.Background(), client.ObjectKey{Name: r.rv}, rv) == nil {
+			rv.Finalizers = nil
+			_ = r.cl.Update(context.Background(), rv)
+		}
+	})
+	return rv
+}
+
 // Deletion with the volume (docs/contract.md, "Deleting a volume"): the volume is
 // marked deleted with nothing attached and its replicas deleted, with no teardown
 // revision published; each agent takes its replica down, deletes its backing volume
@@ -515,19 +533,7 @@ func TestDeleteTearsDown(t *testing.T) {
 func TestDeleteWithVolumeTearsDown(t *testing.T) {
 	r := newRig(t, 3, nil)
 	names := r.form3D()
-	// A finalizer stands for the controller's, which holds the volume while its
-	// replicas go.
-	rv := &v1.ReplicatedVolume{}
-	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
-	rv.Finalizers = append(rv.Finalizers, v1.FinalizerController)
-	r.must(r.cl.Update(r.ctx, rv))
-	t.Cleanup(func() {
-		rv := &v1.ReplicatedVolume{}
-		if r.cl.Get(context.Background(), client.ObjectKey{Name: r.rv}, rv) == nil {
-			rv.Finalizers = nil
-			_ = r.cl.Update(context.Background(), rv)
-		}
-	})
+	rv := r.holdVolume()
 	attached := r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = true })
 	r.confirmed(attached, "", names...)
 	r.must(r.cl.Delete(r.ctx, rv))
@@ -571,17 +577,7 @@ func TestDeleteWithVolumeTearsDown(t *testing.T) {
 func TestReplicaDeletedBeforeItsVolumesMark(t *testing.T) {
 	r := newRig(t, 3, nil)
 	names := r.form3D()
-	rv := &v1.ReplicatedVolume{}
-	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
-	rv.Finalizers = append(rv.Finalizers, v1.FinalizerController)
-	r.must(r.cl.Update(r.ctx, rv))
-	t.Cleanup(func() {
-		rv := &v1.ReplicatedVolume{}
-		if r.cl.Get(context.Background(), client.ObjectKey{Name: r.rv}, rv) == nil {
-			rv.Finalizers = nil
-			_ = r.cl.Update(context.Background(), rv)
-		}
-	})
+	rv := r.holdVolume()
 	for _, n := range names {
 		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
 	}
