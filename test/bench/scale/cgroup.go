@@ -49,14 +49,11 @@ func (cg *memoryCgroup) wrap(bin string, args []string) (string, []string) {
 // going over its limit (v2's memory.events, v1's memory.oom_control), "-" when
 // neither says.
 func (cg *memoryCgroup) oomKills() string {
-	if b, err := os.ReadFile(filepath.Join(cg.dir, "memory.events")); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
-				return v
-			}
+	for _, file := range []string{"memory.events", "memory.oom_control"} {
+		b, err := os.ReadFile(filepath.Join(cg.dir, file))
+		if err != nil {
+			continue
 		}
-	}
-	if b, err := os.ReadFile(filepath.Join(cg.dir, "memory.oom_control")); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
 				return v
