@@ -25,7 +25,7 @@ func TestSameStatusCoversEveryField(t *testing.T) {
 		{v1.DatameshTransition{}, 9},
 		{v1.DatameshTransitionStep{}, 6},
 		{v1.DatameshReplicaRequest{}, 4},
-		{v1.SharedSecretReference{}, 3},
+		{v1.SharedSecretReference{}, 5}, // compared whole (==)
 		{metav1.Condition{}, 6},
 	} {
 		typ := reflect.TypeOf(c.v)

@@ -103,7 +103,8 @@ func rvAutoFixture(name string) *v1.ReplicatedVolume {
 				Port:                    7001,
 				Minor:                   1001,
 				Size:                    qtyPtr("10Gi"),
-				SharedSecret:            &v1.SharedSecretReference{SecretName: "meshvol-drbd-" + name, Key: "secret", Algorithm: "sha256"},
+				SharedSecret: &v1.SharedSecretReference{SecretName: "meshvol-drbd-key", Key: "key", Algorithm: "sha256",
+					Derivation: v1.DerivationHMACSHA256, KeyFingerprint: "a056d92a0ef9f0f5"},
 			},
 			DatameshRevision: 7,
 			DatameshTransitions: []v1.DatameshTransition{{

@@ -872,6 +872,32 @@ status:
 		field: "status.datamesh.sharedSecret.algorithm", msg: `Unsupported value: "crc32c": supported values: "sha256", "sha1", "md5"`,
 	},
 	{
+		name:   "rv status/shared secret derived without the key's fingerprint",
+		before: rvOK,
+		status: true,
+		bad: `
+kind: ReplicatedVolume
+metadata: {name: $NAME}
+status:
+  datamesh:
+    sharedSecret: {secretName: meshvol-drbd-key, key: key, algorithm: sha256, derivation: HMAC-SHA256}
+`,
+		field: "status.datamesh.sharedSecret", msg: "derivation and keyFingerprint go together",
+	},
+	{
+		name:   "rv status/shared secret key fingerprint not 16 hex digits",
+		before: rvOK,
+		status: true,
+		bad: `
+kind: ReplicatedVolume
+metadata: {name: $NAME}
+status:
+  datamesh:
+    sharedSecret: {secretName: meshvol-drbd-key, key: key, algorithm: sha256, derivation: HMAC-SHA256, keyFingerprint: A056D92A0EF9F0F5}
+`,
+		field: "status.datamesh.sharedSecret.keyFingerprint", msg: "should match '^[0-9a-f]{16}$'",
+	},
+	{
 		name:   "rsp status/eligible nodeName not a DNS subdomain",
 		before: rspLVMOK,
 		status: true,

@@ -225,12 +225,16 @@ type DatameshMember struct {
 	Attached bool `json:"attached,omitempty"`
 }
 
-// SharedSecretReference points at the Secret that holds a volume's DRBD shared secret.
-// The secret itself never appears in a status.
+// SharedSecretReference says where a volume's DRBD shared secret comes from
+// (docs/contract.md, "The shared secret"): the volume's own Secret (volumes formed
+// before the cluster key), or derived from the cluster key in the Secret named, for
+// this volume. The secret and the key never appear in a status.
+// +kubebuilder:validation:XValidation:rule="has(self.derivation) == has(self.keyFingerprint)",message="derivation and keyFingerprint go together: a derived secret names the key it is derived from, a Secret of the volume's own has neither"
 type SharedSecretReference struct {
-	// secretName is the Secret's name, in the controller's namespace.
+	// secretName is the Secret's name, in the controller's namespace: the volume's own
+	// (drbd-<rv>), or the cluster key's when derivation is set.
 	SecretName string `json:"secretName"`
-	// key is the key of the secret inside the Secret's data.
+	// key is the key inside the Secret's data: of the secret, or of the cluster key.
 	// +kubebuilder:default=secret
 	// +kubebuilder:validation:MinLength=1
 	// +optional
@@ -238,7 +242,27 @@ type SharedSecretReference struct {
 	// algorithm is DRBD's cram-hmac-alg.
 	// +kubebuilder:validation:Enum=sha256;sha1;md5
 	Algorithm string `json:"algorithm"`
+	// derivation, when set, says the Secret holds the cluster key and the volume's
+	// secret is derived from it: HMAC-SHA256 under the key of a fixed context and the
+	// volume's UID, base64url-encoded. Unset: the Secret holds the volume's secret.
+	// +kubebuilder:validation:Enum=HMAC-SHA256
+	// +optional
+	Derivation SharedSecretDerivation `json:"derivation,omitempty"`
+	// keyFingerprint is the fingerprint of the key the secret is derived from (16 hex
+	// digits, derived from the key; never the key). An agent refuses to derive the
+	// secret from a key of any other fingerprint: a key Secret replaced would otherwise
+	// change the secret of every volume under its running replicas.
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{16}$`
+	// +optional
+	KeyFingerprint string `json:"keyFingerprint,omitempty"`
 }
+
+// SharedSecretDerivation names how a volume's shared secret is derived from the
+// cluster key.
+type SharedSecretDerivation string
+
+// DerivationHMACSHA256: HMAC-SHA256(key, context || UID), base64url (pkg/sharedsecret).
+const DerivationHMACSHA256 SharedSecretDerivation = "HMAC-SHA256"
 
 // Datamesh is the replica set and DRBD settings that every replica converges to. The
 // controller publishes it; each change bumps status.datameshRevision.

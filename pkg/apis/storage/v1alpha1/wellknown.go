@@ -239,5 +239,16 @@ const (
 )
 
 // SecretKeySharedSecret is the key of the per-volume Secret holding DRBD's shared
-// secret (32 random bytes, base64 in the Secret's data as usual).
+// secret (32 random bytes, base64 in the Secret's data as usual). Volumes formed
+// before the cluster key have such a Secret; newer ones derive theirs from the key.
 const SecretKeySharedSecret = "secret"
+
+// SecretDRBDKey is the Secret, in the controller's namespace, that holds the cluster
+// key every newer volume's DRBD shared secret is derived from (docs/contract.md, "The
+// shared secret"), under SecretKeyDRBDKey. The controller creates it when absent and no
+// volume uses a key yet; nothing rotates it. Back it up: a volume's secret can be
+// derived only from the key it was formed with.
+const (
+	SecretDRBDKey    = "meshvol-drbd-key"
+	SecretKeyDRBDKey = "key"
+)
