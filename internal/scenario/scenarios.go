@@ -277,8 +277,10 @@ func (r *run) ready(t *testing.T, l Layout) {
 		return ""
 	})
 	dm := rv.Status.Datamesh
-	if dm.SharedSecret != nil {
-		r.secrets[id] = dm.SharedSecret.SecretName
+	// Only a Secret of the volume's own goes with it; the cluster key a derived
+	// secret names stays (docs/contract.md, "The shared secret").
+	if ss := dm.SharedSecret; ss != nil && ss.Derivation == "" {
+		r.secrets[id] = ss.SecretName
 	}
 	count := map[v1.MemberType]int{}
 	for _, m := range dm.Members {

@@ -182,6 +182,10 @@ type Agent struct {
 	// secrets: each volume's shared secret, by volume name, until its
 	// replica here is released.
 	secrets map[string]volumeSecret
+	// key: the cluster key last read, which the volumes whose secret is derived
+	// share (read once, not once a volume; read again when a volume names another
+	// fingerprint: drbdKey).
+	key     *clusterKey
 	pools   map[string]poolEntry
 	volumes map[types.UID]storage.Volume
 	// freed: replicas retyped to a diskless type whose backing volume this agent
@@ -232,7 +236,15 @@ type heldReport struct {
 type volumeSecret struct {
 	uid         types.UID
 	secretName  string
+	fingerprint string // of the key it is derived from; "" for a Secret of its own
 	sharedValue string
+}
+
+// clusterKey is the cluster key as read from its Secret, with its fingerprint.
+type clusterKey struct {
+	secretName, dataKey string
+	key                 []byte
+	fingerprint         string
 }
 
 type writtenStatus struct {

@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/sharedsecret"
 	"github.com/meshvol/meshvol/pkg/storage"
 )
 
@@ -872,32 +873,77 @@ func (a *Agent) providerFor(rsp *v1.ReplicatedStoragePool) (storage.Provider, er
 	return p, nil
 }
 
-// sharedSecret reads the volume's Secret (get only, never cached as an
-// object; the value is kept in memory because it never changes).
+// sharedSecret is the volume's DRBD shared secret (docs/contract.md, "The shared
+// secret"): read from the volume's own Secret, or derived from the cluster key for the
+// volume's UID. Secrets are read by get only, never cached as objects; the value is
+// kept in memory because it never changes for the volume.
 func (a *Agent) sharedSecret(ctx context.Context, rv *v1.ReplicatedVolume, ref *v1.SharedSecretReference) (string, error) {
 	a.mu.Lock()
 	known, ok := a.secrets[rv.Name]
 	a.mu.Unlock()
-	if ok && known.uid == rv.UID && known.secretName == ref.SecretName {
+	if ok && known.uid == rv.UID && known.secretName == ref.SecretName && known.fingerprint == ref.KeyFingerprint {
 		return known.sharedValue, nil
-	}
-	sec := &corev1.Secret{}
-	if err := a.reader.Get(ctx, types.NamespacedName{Namespace: a.cfg.Namespace, Name: ref.SecretName}, sec); err != nil {
-		return "", fmt.Errorf("reading Secret %s/%s: %w", a.cfg.Namespace, ref.SecretName, err)
 	}
 	key := ref.Key
 	if key == "" {
 		key = v1.SecretKeySharedSecret
 	}
-	b := sec.Data[key]
-	if len(b) == 0 {
-		return "", fmt.Errorf("secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
+	var v string
+	switch ref.Derivation {
+	case "":
+		sec := &corev1.Secret{}
+		if err := a.reader.Get(ctx, types.NamespacedName{Namespace: a.cfg.Namespace, Name: ref.SecretName}, sec); err != nil {
+			return "", fmt.Errorf("reading Secret %s/%s: %w", a.cfg.Namespace, ref.SecretName, err)
+		}
+		b := sec.Data[key]
+		if len(b) == 0 {
+			return "", fmt.Errorf("secret %s/%s has no key %q", a.cfg.Namespace, ref.SecretName, key)
+		}
+		v = drbdSecret(b)
+	case v1.DerivationHMACSHA256:
+		k, err := a.drbdKey(ctx, ref.SecretName, key, ref.KeyFingerprint)
+		if err != nil {
+			return "", err
+		}
+		v = sharedsecret.Derive(k, rv.UID)
+	default:
+		return "", fmt.Errorf("status.datamesh.sharedSecret.derivation: %q is none this agent knows (%s): upgrade the agent", ref.Derivation, v1.DerivationHMACSHA256)
 	}
-	v := drbdSecret(b)
 	a.mu.Lock()
-	a.secrets[rv.Name] = volumeSecret{uid: rv.UID, secretName: ref.SecretName, sharedValue: v}
+	a.secrets[rv.Name] = volumeSecret{uid: rv.UID, secretName: ref.SecretName, fingerprint: ref.KeyFingerprint, sharedValue: v}
 	a.mu.Unlock()
 	return v, nil
+}
+
+// drbdKey is the cluster key of the fingerprint a volume names, from the key read
+// last when it has that fingerprint, else read again from its Secret: a key
+// Secret deleted and created again holds another key, which the fingerprint tells
+// apart. A key of another fingerprint is refused, never used: every volume's secret
+// would change under its running replicas, which could then no longer connect.
+func (a *Agent) drbdKey(ctx context.Context, secretName, dataKey, fingerprint string) ([]byte, error) {
+	a.mu.Lock()
+	k := a.key
+	a.mu.Unlock()
+	if k == nil || k.secretName != secretName || k.dataKey != dataKey || k.fingerprint != fingerprint {
+		sec := &corev1.Secret{}
+		if err := a.reader.Get(ctx, types.NamespacedName{Namespace: a.cfg.Namespace, Name: secretName}, sec); err != nil {
+			return nil, fmt.Errorf("reading Secret %s/%s (the cluster key): %w", a.cfg.Namespace, secretName, err)
+		}
+		b := sec.Data[dataKey]
+		if err := sharedsecret.CheckKey("Secret "+a.cfg.Namespace+"/"+secretName+" data."+dataKey, b); err != nil {
+			return nil, err
+		}
+		k = &clusterKey{secretName: secretName, dataKey: dataKey, key: b, fingerprint: sharedsecret.Fingerprint(b)}
+		a.mu.Lock()
+		a.key = k
+		a.mu.Unlock()
+	}
+	if k.fingerprint != fingerprint {
+		return nil, fmt.Errorf("status.datamesh.sharedSecret.keyFingerprint: is %s, but Secret %s/%s holds a key of fingerprint %s: "+
+			"a volume's shared secret is derived only from the key it was formed with (restore that key's Secret)",
+			fingerprint, a.cfg.Namespace, secretName, k.fingerprint)
+	}
+	return k.key, nil
 }
 
 // drbdSecret is the string DRBD gets: it takes the shared secret as a quoted

@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -46,7 +47,8 @@ import (
 
 // Options configure the reconcilers. The zero value of each field means its default.
 type Options struct {
-	// Namespace holds the per-volume Secrets and the agents' Leases
+	// Namespace holds the cluster key's Secret (and the Secrets of volumes formed
+	// before it), and the agents' Leases
 	// (default v1alpha1.DefaultNamespace).
 	Namespace string
 	// AgentGracePeriod is how long past its expiry an agent Lease may stay unrenewed
@@ -177,7 +179,8 @@ func nonZero(d time.Duration) *time.Duration {
 // keeps no managedFields (every write is an apply or a patch built afresh, never an
 // object read back), and of a Node only what the controller reads: its metadata and
 // spec (labels, cordon, taints), not the status a kubelet fills with images and
-// conditions — the largest objects in a cluster, and one per node.
+// conditions — the largest objects in a cluster, and one per node. Of a Secret it keeps
+// the data only for the cluster key's (secretMetaExceptKey).
 func CacheOptions(namespace string) cache.Options {
 	if namespace == "" {
 		namespace = v1.DefaultNamespace
@@ -186,11 +189,26 @@ func CacheOptions(namespace string) cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:        {Namespaces: only},
+			&corev1.Secret{}:        {Namespaces: only, Transform: secretMetaExceptKey},
 			&coordinationv1.Lease{}: {Namespaces: only},
 			&corev1.Node{}:          {Transform: nodeMetaAndSpec},
 		},
 	}
+}
+
+// secretMetaExceptKey is the cache's transform of a Secret: managedFields dropped, and
+// the data of every Secret but the cluster key's. The controller reads only whether a
+// volume's own Secret exists (to delete it with its volume), and nothing of the other
+// Secrets of the namespace (Helm's releases, anyone's): it keeps no copy of a secret it
+// does not need, and the memory they took (docs/scale.md, "Eighth pass").
+func secretMetaExceptKey(o any) (any, error) {
+	if s, ok := o.(*corev1.Secret); ok {
+		s.ManagedFields = nil
+		if s.Name != v1.SecretDRBDKey {
+			s.Data, s.StringData = nil, nil
+		}
+	}
+	return o, nil
 }
 
 // nodeMetaAndSpec is the cache's transform of a Node: managedFields and status dropped.
@@ -342,6 +360,17 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 		return nil, err
 	}
 	if err := c.setupSnapshot(mgr); err != nil {
+		return nil, err
+	}
+	// The cluster key is made once the controller leads (a RunnableFunc waits for
+	// the election) and its caches are synced, so that a formation does not pay for
+	// it; allocation makes it too if it is missing then (drbdKey).
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if _, why, err := c.drbdKey(ctx); err != nil || why != "" {
+			mgr.GetLogger().Info("the DRBD cluster key is not available yet; each new volume's allocation tries again", "why", why, "err", err)
+		}
+		return nil
+	})); err != nil {
 		return nil, err
 	}
 	return c, nil

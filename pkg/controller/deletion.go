@@ -32,7 +32,8 @@ import (
 //  3. The datamesh torn down (no members, no transitions, one new revision) is published
 //     only when the replicas take longer than teardownUnpublished, with the replicas the
 //     deletion waits for; agents that see it take DRBD down as they would anyway.
-//  4. When no replica is left: the Secret, the port and minor, and the finalizer.
+//  4. When no replica is left: the volume's own Secret if it has one, the port and
+//     minor, and the finalizer.
 
 func (c *Controller) readyToTearDown(v *volume) bool {
 	if len(v.rvas) > 0 {
@@ -216,8 +217,10 @@ func (c *Controller) labelSelectsExactly(ctx context.Context, v *volume) bool {
 	return len(elsewhere.Items) == 0
 }
 
-// releaseVolume is step 4, once no replica is left: the Secret, the port and minor,
-// then the finalizer.
+// releaseVolume is step 4, once no replica is left: the volume's own Secret, the port
+// and minor, then the finalizer. Only volumes formed before the cluster key have a
+// Secret of their own; the cache says so, so a volume whose secret is derived costs no
+// Secret request (docs/controller.md, "Allocation and the shared secret").
 func (c *Controller) releaseVolume(ctx context.Context, rv *v1.ReplicatedVolume) error {
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: c.opts.Namespace, Name: SecretName(rv.Name)}}
 	if err := c.reader.Get(ctx, client.ObjectKeyFromObject(secret), &corev1.Secret{}); err == nil {

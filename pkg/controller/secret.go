@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,8 +11,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/sharedsecret"
 )
 
 // Allocation and the shared secret happen before the first member joins: the engine
@@ -23,11 +23,13 @@ import (
 
 const (
 	reasonNoAlgorithm = "NoSharedSecretAlgorithm"
+	// reasonNoKey: the cluster key's Secret holds no usable key (drbdKey).
+	reasonNoKey = "SharedSecretKeyUnavailable"
 )
 
 // allocate fills status.datamesh's minor, size and sharedSecret in work where they
-// are missing, creating the Secret if needed (each member's port is given once it is a
-// member: memberPorts). A non-empty why says what blocks it.
+// are missing (each member's port is given once it is a member: memberPorts). A
+// non-empty why says what blocks it.
 func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.ReplicatedVolume) (why, reason string, err error) {
 	dm := &work.Status.Datamesh
 	minor, err := c.alloc.Minor(v.rv.Name)
@@ -54,54 +56,88 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 		c.recorder.Eventf(v.rv, corev1.EventTypeNormal, "Expanding", "Volume size %s → %s published at revision %d",
 			old, q.String(), work.Status.DatameshRevision)
 	}
-	if err := c.ensureSecret(ctx, v.rv); err != nil {
-		return "", "", err
-	}
+	// A reference once written is never changed: a volume formed with a Secret of its
+	// own keeps it, and the controller never creates one again (a new random value
+	// would differ from what the running replicas use).
 	if dm.SharedSecret == nil {
 		alg, ok := c.chooseAlgorithm(v)
 		if !ok {
 			return "No HMAC algorithm of " + strings.Join(c.opts.HMACAlgorithms, ", ") + " is offered by the nodes of storage pool " + v.poolName,
 				reasonNoAlgorithm, nil
 		}
-		dm.SharedSecret = &v1.SharedSecretReference{SecretName: SecretName(v.rv.Name), Key: v1.SecretKeySharedSecret, Algorithm: alg}
+		fingerprint, why, err := c.drbdKey(ctx)
+		if err != nil || why != "" {
+			return why, reasonNoKey, err
+		}
+		dm.SharedSecret = &v1.SharedSecretReference{
+			SecretName: v1.SecretDRBDKey, Key: v1.SecretKeyDRBDKey, Algorithm: alg,
+			Derivation: v1.DerivationHMACSHA256, KeyFingerprint: fingerprint,
+		}
 	}
 	return "", "", nil
 }
 
-// ensureSecret creates the volume's Secret if the cache does not have it. The secret is
-// 32 bytes from crypto/rand, stored base64url-encoded (43 printable characters, within
-// DRBD's 64-character shared-secret limit, and safe to put in a config file as is).
-// The value is never logged, never put in an event, a status or an error.
-func (c *Controller) ensureSecret(ctx context.Context, rv *v1.ReplicatedVolume) error {
-	name := SecretName(rv.Name)
+// drbdKey is the fingerprint of the cluster key every new volume's shared secret is
+// derived from (docs/controller.md, "Allocation and the shared secret"), creating the
+// key's Secret when it is absent. A non-empty why says what blocks it (a key Secret
+// someone else wrote, holding no usable key). The key is 32 bytes from crypto/rand; it
+// is never logged, never put in an event, a status or an error, and never rotated.
+//
+// A key Secret deleted is made again with a new key: the volumes formed since derive
+// their secrets from it, and the agents refuse to derive the older volumes' secrets
+// from it (their status names the old key's fingerprint) until the old Secret is
+// restored; the kernels keep running what they run meanwhile.
+//
+// Only the leader reconciles, so only it creates the key; two controllers racing at a
+// hand-over both create, one gets AlreadyExists and reads the other's key from the
+// apiserver (the cache may not have it yet), so every volume gets the one key stored.
+func (c *Controller) drbdKey(ctx context.Context) (fingerprint, why string, err error) {
+	name := types.NamespacedName{Namespace: c.opts.Namespace, Name: v1.SecretDRBDKey}
 	s := &corev1.Secret{}
-	err := c.reader.Get(ctx, types.NamespacedName{Namespace: c.opts.Namespace, Name: name}, s)
-	if err == nil {
-		return nil
+	switch err := c.reader.Get(ctx, name, s); {
+	case apierrors.IsNotFound(err):
+		if s, err = c.createKey(ctx); err != nil {
+			return "", "", err
+		}
+	case err != nil:
+		return "", "", fmt.Errorf("reading Secret %s: %w", name, err)
 	}
-	if !apierrors.IsNotFound(err) {
-		return fmt.Errorf("reading Secret %s/%s: %w", c.opts.Namespace, name, err)
+	key := s.Data[v1.SecretKeyDRBDKey]
+	if err := sharedsecret.CheckKey("Secret "+name.String()+" data."+v1.SecretKeyDRBDKey, key); err != nil {
+		return "", err.Error() + " (the cluster key every new volume's DRBD shared secret is derived from)", nil
 	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		return fmt.Errorf("generating the shared secret of %s: %w", rv.Name, err)
+	return sharedsecret.Fingerprint(key), "", nil
+}
+
+// createKey creates the key's Secret, or reads the one another controller created.
+func (c *Controller) createKey(ctx context.Context) (*corev1.Secret, error) {
+	key, err := sharedsecret.NewKey()
+	if err != nil {
+		return nil, err
 	}
-	s = &corev1.Secret{
+	s := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: name, Namespace: c.opts.Namespace,
-			Labels: map[string]string{v1.LabelVolume: rv.Name},
-			// The RV owns it, so it cannot outlive a volume whose finalizer was removed by
-			// hand; normally the controller deletes it last.
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}},
+			Name: v1.SecretDRBDKey, Namespace: c.opts.Namespace,
+			// No owner: the key outlives every volume, and a volume formed later
+			// derives its secret from the same key.
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "meshvol"},
 		},
 		Type: corev1.SecretTypeOpaque,
-		Data: map[string][]byte{v1.SecretKeySharedSecret: []byte(base64.RawURLEncoding.EncodeToString(raw))},
+		Data: map[string][]byte{v1.SecretKeyDRBDKey: key},
 	}
 	err = c.client.Create(ctx, s)
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating Secret %s/%s: %s", c.opts.Namespace, name, apierrors.ReasonForError(err))
+	if apierrors.IsAlreadyExists(err) {
+		key := client.ObjectKeyFromObject(s)
+		s = &corev1.Secret{}
+		if err := c.api.Get(ctx, key, s); err != nil {
+			return nil, fmt.Errorf("reading Secret %s/%s, created meanwhile: %s", c.opts.Namespace, v1.SecretDRBDKey, apierrors.ReasonForError(err))
+		}
+		return s, nil
 	}
-	return nil
+	if err != nil {
+		return nil, fmt.Errorf("creating Secret %s/%s: %s", c.opts.Namespace, v1.SecretDRBDKey, apierrors.ReasonForError(err))
+	}
+	return s, nil
 }
 
 // chooseAlgorithm picks the volume's cram-hmac-alg (docs/controller.md, "Allocation and

@@ -49,7 +49,8 @@ const (
 	reasonWaitingReplicas  = "WaitingForReplicas"
 )
 
-// SecretName is the name of a volume's shared-secret Secret.
+// SecretName is the name of a volume's own shared-secret Secret: volumes formed before
+// the cluster key have one (docs/controller.md, "Allocation and the shared secret").
 func SecretName(rv string) string { return "drbd-" + rv }
 
 func (c *Controller) setupVolume(mgr ctrl.Manager) error {
@@ -77,12 +78,30 @@ func (c *Controller) setupVolume(mgr ctrl.Manager) error {
 			}
 			return out
 		})).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			return volumeRequest(o.GetLabels()[v1.LabelVolume])
-		})).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(c.volumesOfSecret)).
 		WatchesRawSource(source.Channel(c.volumes, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: c.opts.Workers}).
 		Complete(reconcile.Func(c.reconcileVolume))
+}
+
+// volumesOfSecret maps a Secret to the volumes it concerns: a volume's own Secret to
+// its volume; the cluster key's to the volumes whose allocation waits for it (drbdKey),
+// so that a key restored or created by hand lets them form at once.
+func (c *Controller) volumesOfSecret(ctx context.Context, o client.Object) []reconcile.Request {
+	if o.GetName() != v1.SecretDRBDKey {
+		return volumeRequest(o.GetLabels()[v1.LabelVolume])
+	}
+	var rvs v1.ReplicatedVolumeList
+	if err := c.reader.List(ctx, &rvs, client.UnsafeDisableDeepCopy); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range rvs.Items {
+		if cond := meta.FindStatusCondition(rvs.Items[i].Status.Conditions, v1.ConditionAllocated); cond != nil && cond.Reason == reasonNoKey {
+			out = append(out, volumeRequest(rvs.Items[i].Name)...)
+		}
+	}
+	return out
 }
 
 func volumeRequest(name string) []reconcile.Request {
@@ -391,9 +410,17 @@ func (c *Controller) allocation(ctx context.Context, v *volume, work *v1.Replica
 		return why, false, nil
 	}
 	dm := &work.Status.Datamesh
-	v.setCondition(work, v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD minor %d, shared secret in Secret %s/%s (%s); each member's port on its node",
-		dm.Minor, c.opts.Namespace, SecretName(v.rv.Name), dm.SharedSecret.Algorithm))
+	v.setCondition(work, v1.ConditionAllocated, true, reasonAllocated, fmt.Sprintf("DRBD minor %d, %s; each member's port on its node",
+		dm.Minor, c.secretSource(dm.SharedSecret)))
 	return "", true, nil
+}
+
+// secretSource says where the volume's shared secret comes from, for a person.
+func (c *Controller) secretSource(ref *v1.SharedSecretReference) string {
+	if ref.Derivation != "" {
+		return fmt.Sprintf("shared secret derived from the key in Secret %s/%s (fingerprint %s; %s)", c.opts.Namespace, ref.SecretName, ref.KeyFingerprint, ref.Algorithm)
+	}
+	return fmt.Sprintf("shared secret in Secret %s/%s (%s)", c.opts.Namespace, ref.SecretName, ref.Algorithm)
 }
 
 // engineOutput is what the reconcile keeps of the engine's Result (copies: the Result's

@@ -585,9 +585,10 @@ func leftOver(ctx context.Context, cl client.Client, lc *localcluster.Cluster) s
 	}{
 		{"RVs", "ReplicatedVolume", nil},
 		{"RVRs", "ReplicatedVolumeReplica", nil},
-		// The controller's namespace holds the volumes' Secrets and nothing
-		// else of a run's.
-		{"Secrets", "Secret", []client.ListOption{client.InNamespace(lc.Namespace)}},
+		// A volume's own Secret carries its label; the cluster key's Secret,
+		// which every volume's derived secret names, stays (docs/contract.md,
+		// "The shared secret").
+		{"Secrets", "Secret", []client.ListOption{client.InNamespace(lc.Namespace), client.HasLabels{v1.LabelVolume}}},
 	}
 	for i, k := range kinds {
 		n, err := count(ctx, cl, k.kind, k.opts...)

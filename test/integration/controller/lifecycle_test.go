@@ -22,6 +22,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/sharedsecret"
 )
 
 type eventList []corev1.Event
@@ -344,8 +345,8 @@ func TestNodeWithoutAgentNeverTainted(t *testing.T) {
 	}
 }
 
-// The shared secret never appears in the volume's status, in events, in the
-// controller's logs or in its metrics.
+// Neither the shared secret nor the cluster key it is derived from ever appears in the
+// volume's status, in events, in the controller's logs or in its metrics.
 func TestSecretNeverLeaks(t *testing.T) {
 	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
 	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
@@ -353,12 +354,17 @@ func TestSecretNeverLeaks(t *testing.T) {
 	cur := cl.formed(rv.Name, 2)
 	s := &corev1.Secret{}
 	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: cur.Status.Datamesh.SharedSecret.SecretName}, s))
-	secret := string(s.Data[v1.SecretKeySharedSecret])
+	key := s.Data[v1.SecretKeyDRBDKey]
+	if len(key) != sharedsecret.KeyLen {
+		t.Fatalf("the cluster key is %d bytes, want %d", len(key), sharedsecret.KeyLen)
+	}
+	secret := sharedsecret.Derive(key, cur.UID)
 	raw, err := base64.RawURLEncoding.DecodeString(secret)
 	if err != nil || len(raw) != 32 {
-		t.Fatalf("the secret is not 32 random bytes, base64url: %v (%d bytes)", err, len(raw))
+		t.Fatalf("the secret is not 32 bytes, base64url: %v (%d bytes)", err, len(raw))
 	}
-	needles := []string{secret, base64.StdEncoding.EncodeToString([]byte(secret)), base64.StdEncoding.EncodeToString(raw), fmt.Sprintf("%x", raw)}
+	needles := []string{secret, base64.StdEncoding.EncodeToString([]byte(secret)), base64.StdEncoding.EncodeToString(raw), fmt.Sprintf("%x", raw),
+		base64.StdEncoding.EncodeToString(key), base64.RawURLEncoding.EncodeToString(key), fmt.Sprintf("%x", key)}
 
 	haystacks := map[string]string{}
 	for _, r := range cl.rvrs(rv.Name) {
@@ -392,4 +398,82 @@ func scrapeMetrics(t *testing.T) string {
 		t.Fatalf("metrics: HTTP %d", rec.Code)
 	}
 	return rec.Body.String()
+}
+
+// A volume formed before the cluster key keeps its own Secret and its reference across
+// an upgrade of the controller, and the controller deletes that Secret with the volume;
+// it creates no Secret for it (docs/controller.md, "Allocation and the shared secret").
+func TestVolumeWithItsOwnSecretAcrossUpgrade(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
+	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
+	cl.stop()
+	// What the earlier controller left: the volume, its Secret, the reference.
+	rv := cl.volume("old", class, "1Gi")
+	own := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: controller.SecretName(rv.Name), Namespace: cl.ns, Labels: map[string]string{v1.LabelVolume: rv.Name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}}},
+		Data: map[string][]byte{v1.SecretKeySharedSecret: []byte("its-own-secret-of-43-characters-base64url-x")},
+	}
+	must(t, cl.c.Create(cl.ctx, own))
+	ref := v1.SharedSecretReference{SecretName: own.Name, Key: v1.SecretKeySharedSecret, Algorithm: "sha256"}
+	rv.Status.Datamesh.SharedSecret = ref.DeepCopy()
+	must(t, cl.c.Status().Update(cl.ctx, rv))
+	mark := cl.writes.mark()
+	cl.start()
+	cur := cl.formed(rv.Name, 2)
+	if got := *cur.Status.Datamesh.SharedSecret; got != ref {
+		t.Fatalf("the reference changed: %+v, want %+v", got, ref)
+	}
+	if c := meta.FindStatusCondition(cur.Status.Conditions, v1.ConditionAllocated); c == nil || !strings.Contains(c.Message, "shared secret in Secret "+cl.ns+"/"+own.Name) {
+		t.Errorf("Allocated: %v, want it to name the volume's own Secret", c)
+	}
+
+	must(t, cl.c.Delete(cl.ctx, rv))
+	cl.eventually(t, "volume gone", func() (bool, string) {
+		if cur := cl.rv(rv.Name); cur != nil {
+			cl.agentConfirm(rv.Name, cur.Status.DatameshRevision, nil)
+			cl.agentReleaseDeleted(rv.Name)
+			return false, phaseOf(cur)
+		}
+		return true, ""
+	})
+	if err := cl.c.Get(cl.ctx, client.ObjectKeyFromObject(own), &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the volume's own Secret after its deletion: %v, want it deleted", err)
+	}
+	var secretWrites []string
+	for _, w := range cl.writes.since(mark, rv.Name) {
+		if w.Kind == "Secret" {
+			secretWrites = append(secretWrites, w.Verb+" "+w.Name)
+		}
+	}
+	if !slices.Equal(secretWrites, []string{"delete " + own.Name}) {
+		t.Errorf("Secret writes for the volume: %v, want its own Secret's delete alone", secretWrites)
+	}
+}
+
+// A key Secret that holds no usable key (written by someone else) holds allocation back
+// with a condition that names the Secret, the field and the rule; the key put right, the
+// volume allocates at once (the key's Secret wakes the volumes waiting for it).
+func TestUnusableKeyHoldsAllocation(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100})
+	class := cl.class("one", 0, 0, v1.TopologyIgnored)
+	cl.stop()
+	short := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: v1.SecretDRBDKey, Namespace: cl.ns},
+		Data: map[string][]byte{v1.SecretKeyDRBDKey: []byte("too short")}}
+	must(t, cl.c.Create(cl.ctx, short))
+	cl.start()
+	rv := cl.volume("vol", class, "1Gi")
+	want := "Secret " + cl.ns + "/" + v1.SecretDRBDKey + " data." + v1.SecretKeyDRBDKey + ": is 9 bytes, must be at least 32"
+	cl.eventually(t, "allocation held back, naming the key", func() (bool, string) {
+		c := meta.FindStatusCondition(cl.rv(rv.Name).Status.Conditions, v1.ConditionAllocated)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "SharedSecretKeyUnavailable" && strings.Contains(c.Message, want), fmt.Sprint(c)
+	})
+	key, err := sharedsecret.NewKey()
+	must(t, err)
+	short.Data[v1.SecretKeyDRBDKey] = key
+	must(t, cl.c.Update(cl.ctx, short))
+	cur := cl.formed(rv.Name, 1)
+	if ref := cur.Status.Datamesh.SharedSecret; ref.KeyFingerprint != sharedsecret.Fingerprint(key) || ref.Derivation != v1.DerivationHMACSHA256 {
+		t.Fatalf("reference %+v, want one derived from the key put right (fingerprint %s)", ref, sharedsecret.Fingerprint(key))
+	}
 }

@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/sharedsecret"
 )
 
 // A 3D volume from creation to Ready, attached, steady, then deleted with nothing left
@@ -27,9 +29,15 @@ func TestVolumeLifecycle(t *testing.T) {
 	class := cl.class("3d", 1, 1, v1.TopologyTransZonal)
 	mark := cl.writes.mark()
 	rv := cl.volume("vol", class, "10Gi")
+	var secretWrites []string
 	step := func(name string) {
 		ws := cl.writes.since(mark, rv.Name)
 		t.Logf("writes: %-44s %s", name, summarizeWrites(ws))
+		for _, w := range ws {
+			if w.Kind == "Secret" {
+				secretWrites = append(secretWrites, name+": "+w.Verb+" "+w.Name)
+			}
+		}
 		mark = cl.writes.mark()
 	}
 
@@ -50,14 +58,20 @@ func TestVolumeLifecycle(t *testing.T) {
 		return slices.Equal(nodes, want) && got.Status.Datamesh.SharedSecret != nil, fmt.Sprintf("replicas on %v, want %v; rv %s", nodes, want, phaseOf(got))
 	})
 	dm := got.Status.Datamesh
-	if dm.Port != 0 || dm.Minor < 1000 || dm.SharedSecret.SecretName != "drbd-"+rv.Name ||
-		dm.SharedSecret.Algorithm != "sha256" || dm.SharedSecret.Key != v1.SecretKeySharedSecret || dm.Size == nil || dm.Size.String() != "10Gi" {
+	if dm.Port != 0 || dm.Minor < 1000 || dm.SharedSecret.SecretName != v1.SecretDRBDKey || dm.SharedSecret.Key != v1.SecretKeyDRBDKey ||
+		dm.SharedSecret.Derivation != v1.DerivationHMACSHA256 || dm.SharedSecret.Algorithm != "sha256" || dm.Size == nil || dm.Size.String() != "10Gi" {
 		t.Fatalf("datamesh allocation: %+v", dm)
 	}
-	secret := &corev1.Secret{}
-	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: dm.SharedSecret.SecretName}, secret))
-	if n := len(secret.Data[v1.SecretKeySharedSecret]); n < 43 {
-		t.Fatalf("shared secret is %d characters, want the base64 of 32 random bytes", n)
+	// The secret is derived from the cluster key, whose fingerprint the reference
+	// carries; the volume has no Secret of its own (docs/contract.md, "The shared secret").
+	key := &corev1.Secret{}
+	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.SecretDRBDKey}, key))
+	if k := key.Data[v1.SecretKeyDRBDKey]; len(k) != sharedsecret.KeyLen || dm.SharedSecret.KeyFingerprint != sharedsecret.Fingerprint(k) {
+		t.Fatalf("cluster key: %d bytes, fingerprint %q in the reference, want 32 bytes of fingerprint %q",
+			len(k), dm.SharedSecret.KeyFingerprint, sharedsecret.Fingerprint(k))
+	}
+	if err := cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: controller.SecretName(rv.Name)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("Secret %s: %v, want none (the secret is derived)", controller.SecretName(rv.Name), err)
 	}
 	if !slices.Contains(got.Finalizers, v1.FinalizerController) {
 		t.Fatalf("rv has no controller finalizer: %v", got.Finalizers)
@@ -65,7 +79,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	if got.Status.Phase != v1.VolumePhaseForming {
 		t.Fatalf("phase %s, want Forming (no agent confirmed anything yet)", phaseOf(got))
 	}
-	step("1 create: finalizer, allocation, Secret, 3 RVRs, members")
+	step("1 create: finalizer, allocation, 3 RVRs, members")
 
 	// The agents report their addresses (the members joined with their nodes' Lease
 	// addresses already: nothing to publish again).
@@ -171,11 +185,11 @@ func TestVolumeLifecycle(t *testing.T) {
 	if n := len(cl.rvrs(rv.Name)); n != 0 {
 		t.Errorf("%d replicas left behind", n)
 	}
-	err := cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: "drbd-" + rv.Name}, &corev1.Secret{})
-	if !apierrors.IsNotFound(err) {
-		t.Errorf("Secret left behind: %v", err)
+	// A volume whose secret is derived costs no Secret write, at formation or deletion.
+	if len(secretWrites) > 0 {
+		t.Errorf("Secret writes for a volume whose secret is derived: %v", secretWrites)
 	}
-	err = cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, &v1.ReplicatedVolumeAttachment{})
+	err := cl.c.Get(cl.ctx, types.NamespacedName{Name: rva.Name}, &v1.ReplicatedVolumeAttachment{})
 	if !apierrors.IsNotFound(err) {
 		t.Errorf("RVA left behind: %v", err)
 	}
