@@ -330,3 +330,19 @@ func TestLostMembersNamesEveryReplicaTheDatameshWaitsFor(t *testing.T) {
 		t.Fatalf("ForceLeave %v, ForceDetach %v; want [r-lost r-leaving], [r-lost]", forceLeave, forceDetach)
 	}
 }
+
+// The cache keeps the data of the cluster key's Secret alone: of a volume's own Secret,
+// and of any other Secret of the namespace, the controller needs only the metadata.
+func TestSecretCacheKeepsOnlyTheKeysData(t *testing.T) {
+	for name, keep := range map[string]bool{v1.SecretDRBDKey: true, SecretName("pvc-1"): false, "sh.helm.release.v1.meshvol.v1": false} {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"a": "b"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}},
+			Data: map[string][]byte{"k": []byte("v")}, StringData: map[string]string{"k": "v"}}
+		if _, err := secretMetaExceptKey(s); err != nil {
+			t.Fatal(err)
+		}
+		if (s.Data != nil) != keep || s.ManagedFields != nil || s.Labels["a"] != "b" {
+			t.Errorf("%s: data kept %v (want %v), managedFields %v, labels %v", name, s.Data != nil, keep, s.ManagedFields, s.Labels)
+		}
+	}
+}
