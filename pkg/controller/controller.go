@@ -177,7 +177,9 @@ func nonZero(d time.Duration) *time.Duration {
 // CacheOptions restricts the cache's Secrets and Leases to the controller's namespace:
 // the controller reads no other Secret, and every agent Lease lives there. The cache
 // keeps no managedFields (every write is an apply or a patch built afresh, never an
-// object read back), and of a Node only what the controller reads: its metadata and
+// object read back, but for the update that releases a deleted volume's last finalizer,
+// which the apiserver gives the stored managedFields, and which deletes the volume:
+// releaseFinalizer), and of a Node only what the controller reads: its metadata and
 // spec (labels, cordon, taints), not the status a kubelet fills with images and
 // conditions — the largest objects in a cluster, and one per node. Of a Secret it keeps
 // the data only for the cluster key's (secretMetaExceptKey).
@@ -200,7 +202,8 @@ func CacheOptions(namespace string) cache.Options {
 // the data of every Secret but the cluster key's. The controller reads only whether a
 // volume's own Secret exists (to delete it with its volume), and nothing of the other
 // Secrets of the namespace (Helm's releases, anyone's): it keeps no copy of a secret it
-// does not need, and the memory they took (docs/scale.md, "Eighth pass").
+// does not need, and the memory they took (docs/scale.md, "Eighth pass: one key, no
+// Secret per volume").
 func secretMetaExceptKey(o any) (any, error) {
 	if s, ok := o.(*corev1.Secret); ok {
 		s.ManagedFields = nil

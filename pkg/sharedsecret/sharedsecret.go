@@ -3,7 +3,8 @@
 // and references it from every volume's status.datamesh.sharedSecret with the key's
 // fingerprint; each agent derives the volume's secret from the key and the volume's UID.
 // A new volume therefore needs no Secret of its own: no create at formation, no delete
-// at deletion, no object per volume in the namespace (docs/scale.md, "Eighth pass").
+// at deletion, no object per volume in the namespace (docs/scale.md, "Eighth pass: one
+// key, no Secret per volume").
 //
 // It is a package of its own because the controller (the key, its fingerprint) and the
 // agent (the derivation) must agree on every byte.

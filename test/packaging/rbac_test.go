@@ -52,7 +52,8 @@ var rbacMatrix = map[string][]access{
 		allow("list", meshvolGroup, "replicatedstoragepools", "", ""),
 		allow("watch", meshvolGroup, "replicatedvolumereplicas", "", ""),
 		allow("patch", meshvolGroup, "replicatedvolumereplicas", "status", ""),
-		allow("patch", meshvolGroup, "replicatedvolumereplicas", "", ""), // its finalizer, after teardown
+		allow("patch", meshvolGroup, "replicatedvolumereplicas", "", ""),  // its finalizer, after teardown
+		allow("update", meshvolGroup, "replicatedvolumereplicas", "", ""), // the same, when it is the last one
 		allow("get", "", "secrets", "", namespace),
 		allow("update", "coordination.k8s.io", "leases", "", namespace),
 		allow("get", "", "nodes", "", ""),
