@@ -388,13 +388,6 @@ const (
 	indexPool    = "meshvol.pool" // the pool a volume uses (resolved or manual)
 	indexNodeRVA = "spec.nodeName"
 	indexWaiting = "meshvol.waiting" // what a volume waits for (waitingFor)
-	// indexLabelElsewhere: the volume an RVR's storage.meshvol.io/volume label names
-	// when that is not the replica's own volume (a label edited by hand), which a
-	// deletion of that volume's replicas by the label would select too
-	// (labelSelectsExactly). The cache has no index of labels: a list by label
-	// selector scans every replica of the cluster. Only such replicas are indexed, so
-	// the index costs nothing while labels are as the controller set them.
-	indexLabelElsewhere = "meshvol.label.elsewhere"
 )
 
 func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
@@ -405,13 +398,6 @@ func setupIndexes(ctx context.Context, fi client.FieldIndexer) error {
 	}{
 		{&v1.ReplicatedVolumeReplica{}, indexVolume, func(o client.Object) []string {
 			return []string{o.(*v1.ReplicatedVolumeReplica).Spec.ReplicatedVolumeName}
-		}},
-		{&v1.ReplicatedVolumeReplica{}, indexLabelElsewhere, func(o client.Object) []string {
-			r := o.(*v1.ReplicatedVolumeReplica)
-			if n, ok := r.Labels[v1.LabelVolume]; ok && n != r.Spec.ReplicatedVolumeName {
-				return []string{n}
-			}
-			return nil
 		}},
 		{&v1.ReplicatedVolumeReplica{}, indexNode, func(o client.Object) []string {
 			if n := o.(*v1.ReplicatedVolumeReplica).Spec.NodeName; n != "" {

@@ -27,7 +27,7 @@ func Scheme() *runtime.Scheme {
 var (
 	writesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshvol_controller_writes_total",
-		Help: "Apiserver writes made by the meshvol controller's reconcilers, by kind and verb (create, delete, deletecollection, patch, apply, status-apply).",
+		Help: "Apiserver writes made by the meshvol controller's reconcilers, by kind and verb (create, delete, update, patch, apply, status-apply).",
 	}, []string{"kind", "verb"})
 	placementFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshvol_controller_placement_failures_total",
@@ -84,23 +84,6 @@ func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...
 func (c *countingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
 	err := c.Client.Delete(ctx, obj, opts...)
 	c.count(obj, "delete", err)
-	return err
-}
-
-// DeleteAllOf is one request that deletes every object its selector selects; it is
-// counted once, as the apiserver and its audit log see it (verb deletecollection),
-// under the name of the volume it selects (label storage.meshvol.io/volume).
-func (c *countingClient) DeleteAllOf(ctx context.Context, obj client.Object, opts ...client.DeleteAllOfOption) error {
-	err := c.Client.DeleteAllOf(ctx, obj, opts...)
-	var o client.DeleteAllOfOptions
-	o.ApplyOptions(opts)
-	named := obj.DeepCopyObject().(client.Object)
-	if o.LabelSelector != nil {
-		if v, ok := o.LabelSelector.RequiresExactMatch(v1.LabelVolume); ok {
-			named.SetName(v)
-		}
-	}
-	c.count(named, "deletecollection", err)
 	return err
 }
 

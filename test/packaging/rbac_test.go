@@ -76,8 +76,8 @@ var rbacMatrix = map[string][]access{
 		allow("create", meshvolGroup, "replicatedvolumes", "", ""), // the CSI controller service
 		allow("create", meshvolGroup, "replicatedvolumereplicas", "", ""),
 		allow("delete", meshvolGroup, "replicatedvolumereplicas", "", ""),
-		allow("deletecollection", meshvolGroup, "replicatedvolumereplicas", "", ""), // a deleted volume's replicas at once
-		allow("patch", meshvolGroup, "replicatedvolumereplicas", "status", ""),      // AgentReady only, by SSA
+		deny("deletecollection", meshvolGroup, "replicatedvolumereplicas", "", ""), // a deleted volume's replicas go by name
+		allow("patch", meshvolGroup, "replicatedvolumereplicas", "status", ""),     // AgentReady only, by SSA
 		allow("create", meshvolGroup, "replicatedvolumeattachments", "", ""),
 		allow("patch", meshvolGroup, "replicatedstoragepools", "status", ""),
 		allow("create", "", "secrets", "", namespace),

@@ -24,9 +24,12 @@ import (
 const formationBudget = 15
 
 // deleteBudget is the same for deleting a formed, detached 3D volume: the goal is 8
-// (docs/scale.md) and a delete takes 6–7 (no teardown revision, docs/contract.md,
-// "Deleting a volume"); the rest is left for a report whose timing the load decides
-// (an agent's hold that runs out), so that the check does not fail by timing alone.
+// (docs/scale.md), and a delete takes 7 (no teardown revision, docs/contract.md,
+// "Deleting a volume"; each replica deleted by name, docs/controller.md, "Deletion"; no
+// Secret of the volume's own, its shared secret derived from the cluster key,
+// docs/controller.md, "Allocation and the shared secret"). A report whose timing the
+// load decides (an agent's hold that runs out before its replica is deleted) would be
+// an eighth: the budget has room for it.
 const deleteBudget = 8
 
 // Scenario 8: apiserver writes per operation, counted at the HTTP layer for

@@ -226,10 +226,9 @@ func TestFinalizerSetByCreator(t *testing.T) {
 	})
 }
 
-// A volume's replicas are deleted by their label in one request only when the label
-// selects exactly them: a replica of another volume labelled with this volume's name
-// (by hand) is found (the controller finds the label's replicas by an index of its
-// cache, not by a scan) and survives the deletion, which then deletes by name.
+// A volume's replicas are deleted by name, never by their label: a replica of another
+// volume labelled with this volume's name (by hand) survives the deletion
+// (docs/controller.md, "Deletion").
 func TestDeleteSparesAReplicaLabelledForAnother(t *testing.T) {
 	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
 	x := cl.volume("x", cl.class("2d", 0, 1, v1.TopologyIgnored), "1Gi")
