@@ -165,10 +165,10 @@ func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
 // Not one deletecollection by the volume's label: the apiserver indexes no label of a
 // custom resource, so it matched that label against every replica of the cluster for
 // each volume deleted, a cost quadratic in the volumes deleted at once (docs/scale.md,
-// "Eighth pass"). Two requests more per 3D volume cost about as much as that scan when
-// 500 volumes go at once and less from there on (6 % less CPU deleting 2,000), and a
-// deletion by name never depends on labels a person may edit (docs/controller.md,
-// "Deletion").
+// "Eighth pass"). Two requests more per 3D volume cost about as much CPU as that scan
+// when 500 to 2,000 volumes go at once; the requests grow as the volumes deleted, the
+// scan as their square. And a deletion by name never depends on labels a person may
+// edit (docs/controller.md, "Deletion").
 func (c *Controller) deleteReplicas(ctx context.Context, v *volume) error {
 	var deleted []string
 	for _, r := range v.rvrs {
