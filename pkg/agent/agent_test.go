@@ -27,6 +27,7 @@ import (
 	"github.com/meshvol/meshvol/internal/localcluster"
 	"github.com/meshvol/meshvol/internal/testenv"
 	"github.com/meshvol/meshvol/pkg/agent"
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd/drbdsim"
 	"github.com/meshvol/meshvol/pkg/storage"
@@ -811,6 +812,45 @@ func TestLeaseCarriesCapacityAfterAFailedWrite(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// The agent announces on its Lease that it derives shared secrets, with its version
+// beside the announcement, in every write of the Lease: the controller derives a new
+// volume's secret only while every agent does, and an earlier agent that replaces this
+// one keeps the annotation but rewrites the version (docs/install.md, "Upgrading").
+// Here the announcement is taken off the Lease, as an earlier agent's Lease lacks it:
+// the next renewal carries it again, with no write of its own.
+func TestLeaseAnnouncesDerivedSharedSecrets(t *testing.T) {
+	r := newRigWith(t, 1, localcluster.Options{Agent: func(c *agent.Config) { c.RenewInterval = 200 * time.Millisecond }})
+	key := client.ObjectKey{Namespace: r.c.Namespace, Name: agent.LeaseName(r.node(0).Name)}
+	announced := func(what string) *coordinationv1.Lease {
+		l := &coordinationv1.Lease{}
+		r.eventually(what, time.Minute, func() string {
+			if err := r.cl.Get(r.ctx, key, l); err != nil {
+				return err.Error()
+			}
+			if !agentlease.Announces(l, v1.CapabilityDerivedSharedSecret) {
+				return fmt.Sprintf("the Lease does not announce %s: %v", v1.CapabilityDerivedSharedSecret, l.Annotations)
+			}
+			return ""
+		})
+		return l
+	}
+	l := announced("the Lease announcing derived shared secrets")
+	if v := l.Annotations[v1.AnnotationCapabilitiesAgentVersion]; v == "" || v != l.Annotations[v1.AnnotationAgentVersion] {
+		t.Fatalf("the announcement's version %q, want the agent's %q", v, l.Annotations[v1.AnnotationAgentVersion])
+	}
+	r.must(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l := &coordinationv1.Lease{}
+		if err := r.cl.Get(r.ctx, key, l); err != nil {
+			return err
+		}
+		delete(l.Annotations, v1.AnnotationCapabilities)
+		delete(l.Annotations, v1.AnnotationCapabilitiesAgentVersion)
+		l.Annotations[v1.AnnotationAgentVersion] = "v-earlier"
+		return r.cl.Update(r.ctx, l)
+	}))
+	announced("the announcement written again at the next renewal")
 }
 
 // A connection DRBD left StandAlone is connected again once the cause is gone: DRBD

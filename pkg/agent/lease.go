@@ -37,6 +37,12 @@ func (a *Agent) runLease(ctx context.Context) error {
 	}
 }
 
+// capabilities is what the agent announces on its Lease (v1alpha1.AnnotationCapabilities):
+// it derives a volume's shared secret from the cluster key (sharedSecret), so the
+// controller may give new volumes derived references once every agent announces it
+// (docs/contract.md, "The shared secret"; docs/install.md, "Upgrading").
+var capabilities = []string{v1.CapabilityDerivedSharedSecret}
+
 // LeaseName is the name of a node's agent Lease.
 func LeaseName(node string) string { return v1.AgentLeasePrefix + node }
 
@@ -124,6 +130,11 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 	ann[v1.AnnotationHMACAlgorithms] = strings.Join(a.cfg.HMACAlgorithms, ",")
 	ann[v1.AnnotationVerifyAlgorithms] = strings.Join(a.cfg.VerifyAlgorithms, ",")
 	ann[v1.AnnotationAgentVersion] = a.cfg.Version
+	// What this agent understands, in every write of the Lease (no write of its own),
+	// with the version that says so: an earlier agent that replaces this one keeps the
+	// announcement but rewrites the version, which voids it (agentlease.Capabilities).
+	ann[v1.AnnotationCapabilities] = strings.Join(capabilities, ",")
+	ann[v1.AnnotationCapabilitiesAgentVersion] = a.cfg.Version
 
 	a.mu.Lock()
 	dirty := a.capDirty

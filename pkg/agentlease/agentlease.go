@@ -5,6 +5,7 @@
 package agentlease
 
 import (
+	"slices"
 	"strings"
 	"time"
 
@@ -153,4 +154,35 @@ func Addresses(l *coordinationv1.Lease) []string {
 		return nil
 	}
 	return strings.Split(l.Annotations[v1.AnnotationAddresses], ",")
+}
+
+// Capabilities returns what the node's agent announces it understands
+// (v1alpha1.AnnotationCapabilities): nil for a missing Lease, one that announces
+// nothing, or one whose announcement was written by another agent version than the
+// one that renews the Lease now. An agent keeps the annotations it does not know when
+// it renews, so an earlier agent that replaced a newer one would otherwise carry the
+// newer one's announcement; it rewrites the version annotation, which voids it
+// (docs/contract.md, "Node facts and liveness").
+func Capabilities(l *coordinationv1.Lease) []string {
+	if l == nil {
+		return nil
+	}
+	caps, ok := l.Annotations[v1.AnnotationCapabilities]
+	writer, okWriter := l.Annotations[v1.AnnotationCapabilitiesAgentVersion]
+	renewer, okRenewer := l.Annotations[v1.AnnotationAgentVersion]
+	if !ok || !okWriter || !okRenewer || writer != renewer || caps == "" {
+		return nil
+	}
+	var out []string
+	for c := range strings.SplitSeq(caps, ",") {
+		if c = strings.TrimSpace(c); c != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Announces reports whether the node's agent announces capability (Capabilities).
+func Announces(l *coordinationv1.Lease, capability string) bool {
+	return slices.Contains(Capabilities(l), capability)
 }

@@ -100,3 +100,36 @@ func TestFleetJudge(t *testing.T) {
 		t.Errorf("a Lease renewed after the disruption, expired past the grace period: not lost (%s)", lv.Message)
 	}
 }
+
+// An announcement counts only while the agent version that wrote it renews the Lease:
+// an earlier agent that replaced a newer one keeps the annotation (agents keep the
+// annotations they do not know) but rewrites the version, which voids it.
+func TestCapabilities(t *testing.T) {
+	lease := func(ann map[string]string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "meshvol-node-a", Annotations: ann}}
+	}
+	announced := func(writer, renewer string) map[string]string {
+		return map[string]string{v1.AnnotationCapabilities: "derived-shared-secret, later-thing",
+			v1.AnnotationCapabilitiesAgentVersion: writer, v1.AnnotationAgentVersion: renewer}
+	}
+	for _, tc := range []struct {
+		name string
+		l    *coordinationv1.Lease
+		want []string
+	}{
+		{"written by the agent that renews", lease(announced("v0.3.0", "v0.3.0")), []string{"derived-shared-secret", "later-thing"}},
+		{"renewed by an earlier agent since", lease(announced("v0.3.0", "v0.2.0")), nil},
+		{"no version beside the announcement", lease(map[string]string{v1.AnnotationCapabilities: "derived-shared-secret", v1.AnnotationAgentVersion: "v0.3.0"}), nil},
+		{"an agent that announces nothing", lease(map[string]string{v1.AnnotationAgentVersion: "v0.2.0"}), nil},
+		{"no annotations", lease(nil), nil},
+		{"no Lease", nil, nil},
+	} {
+		got := Capabilities(tc.l)
+		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+		if want := len(tc.want) > 0; Announces(tc.l, v1.CapabilityDerivedSharedSecret) != want {
+			t.Errorf("%s: Announces(%s) = %v, want %v", tc.name, v1.CapabilityDerivedSharedSecret, !want, want)
+		}
+	}
+}

@@ -98,6 +98,17 @@ const (
 	AnnotationPoolCapacityPrefix = "capacity.storage.meshvol.io/"
 	// AnnotationAgentVersion: the agent's build version.
 	AnnotationAgentVersion = "storage.meshvol.io/agent-version"
+	// AnnotationCapabilities: what the agent understands of what the controller
+	// publishes, comma-separated (CapabilityDerivedSharedSecret), for the controller to
+	// publish it only once every agent does (docs/contract.md, "The shared secret").
+	// It counts only beside AnnotationCapabilitiesAgentVersion equal to
+	// AnnotationAgentVersion: an agent renews its Lease keeping the annotations it does
+	// not know, so an earlier agent that replaced a newer one (a rollback) would
+	// carry the newer one's announcement; it rewrites its version, which voids it.
+	AnnotationCapabilities = "storage.meshvol.io/capabilities"
+	// AnnotationCapabilitiesAgentVersion: the agent version that wrote
+	// AnnotationCapabilities.
+	AnnotationCapabilitiesAgentVersion = "storage.meshvol.io/capabilities-agent-version"
 	// AnnotationPrerequisites: empty when every node prerequisite check passed
 	// (pkg/nodecheck), else the failed findings, "; "-separated. The controller
 	// reports such a node not ready in the pool's eligible nodes, with the message.
@@ -238,9 +249,19 @@ const (
 	ReasonDemoteRefused = "DemoteRefused"
 )
 
+// CapabilityDerivedSharedSecret, in AnnotationCapabilities: the agent derives a
+// volume's shared secret from the cluster key when the volume's reference says
+// derivation HMAC-SHA256. The controller derives a new volume's secret only while every
+// agent announces it; otherwise the volume gets a Secret of its own (docs/controller.md,
+// "Allocation and the shared secret"), since an agent that does not know derivation
+// would configure the volume with a wrong secret.
+const CapabilityDerivedSharedSecret = "derived-shared-secret"
+
 // SecretKeySharedSecret is the key of the per-volume Secret holding DRBD's shared
 // secret (32 random bytes, base64 in the Secret's data as usual). Volumes formed
-// before the cluster key have such a Secret; newer ones derive theirs from the key.
+// before the cluster key, or while some agent did not announce
+// CapabilityDerivedSharedSecret, have such a Secret; the others derive theirs from the
+// key.
 const SecretKeySharedSecret = "secret"
 
 // SecretDRBDKey is the Secret, in the controller's namespace, that holds the cluster
