@@ -2,17 +2,22 @@ package controller
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/sharedsecret"
 )
@@ -65,6 +70,19 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 			return "No HMAC algorithm of " + strings.Join(c.opts.HMACAlgorithms, ", ") + " is offered by the nodes of storage pool " + v.poolName,
 				reasonNoAlgorithm, nil
 		}
+		if node := derivationHoldout(v.leases, v.nodes); node != "" {
+			// An agent that does not know derived references would configure the
+			// volume with a wrong secret, and its replicas would not connect until it
+			// is upgraded: the volume gets a Secret of its own, which every agent
+			// reads (docs/install.md, "Upgrading").
+			if err := c.ensureOwnSecret(ctx, v.rv); err != nil {
+				return "", "", err
+			}
+			ctrl.LoggerFrom(ctx).Info("the volume's shared secret is in a Secret of its own: not every agent announces "+
+				v1.CapabilityDerivedSharedSecret, "rv", v.rv.Name, "secret", SecretName(v.rv.Name), "node", node)
+			dm.SharedSecret = &v1.SharedSecretReference{SecretName: SecretName(v.rv.Name), Key: v1.SecretKeySharedSecret, Algorithm: alg}
+			return "", "", nil
+		}
 		fingerprint, why, err := c.drbdKey(ctx)
 		if err != nil || why != "" {
 			return why, reasonNoKey, err
@@ -75,6 +93,86 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 		}
 	}
 	return "", "", nil
+}
+
+// derivationHoldout names a node whose agent does not announce
+// CapabilityDerivedSharedSecret on its Lease ("" when every agent does; the first by
+// name, so that the log says the same from one pass to the next). Every agent Lease
+// counts, live or not, whatever its pool, in maintenance or not: a node whose agent is
+// away (restarting, rolled by the DaemonSet, in maintenance) comes back with a version
+// that may lag, and an Access replica may go to any node with an agent. A Lease whose
+// Node is gone does not count: no agent runs there any more, and an agent that comes
+// back under that name renews the Lease (voiding an older agent's announcement) before
+// placement gives it a replica. A node whose agent never ran has no Lease and holds no
+// replica until it has one. Both maps are the caches' (docs/controller.md, "Allocation
+// and the shared secret").
+func derivationHoldout(leases map[string]*coordinationv1.Lease, nodes map[string]*corev1.Node) string {
+	holdout := ""
+	for node, l := range leases {
+		if nodes[node] == nil || agentlease.Announces(l, v1.CapabilityDerivedSharedSecret) {
+			continue
+		}
+		if holdout == "" || node < holdout {
+			holdout = node
+		}
+	}
+	return holdout
+}
+
+// ensureOwnSecret makes sure the volume has its own Secret SecretName(rv) (key
+// SecretKeySharedSecret: 32 bytes from crypto/rand, base64url-encoded: 43 printable
+// characters, within DRBD's 64-character limit), creating it when the cache has none.
+// It is called only while the volume has no reference yet, so no replica uses a value
+// yet: one found in the cache (a pass whose status write failed made it) is kept, unless
+// it belongs to an earlier volume of the same name (its owner's UID), which is deleted
+// and made again — the garbage collector would delete it under the new volume. The
+// value is never logged, never put in an event, a status or an error.
+func (c *Controller) ensureOwnSecret(ctx context.Context, rv *v1.ReplicatedVolume) error {
+	name := types.NamespacedName{Namespace: c.opts.Namespace, Name: SecretName(rv.Name)}
+	cached := &corev1.Secret{}
+	switch err := c.reader.Get(ctx, name, cached); {
+	case err == nil:
+		if ownedBy(cached, rv) {
+			return nil
+		}
+		uid := cached.UID
+		err := c.client.Delete(ctx, cached, client.Preconditions{UID: &uid})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting Secret %s of an earlier volume of the same name: %s", name, apierrors.ReasonForError(err))
+		}
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading Secret %s: %w", name, err)
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return fmt.Errorf("generating the shared secret of %s: %w", rv.Name, err)
+	}
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name.Name, Namespace: name.Namespace,
+			Labels: map[string]string{v1.LabelVolume: rv.Name},
+			// The RV owns it, so it cannot outlive a volume whose finalizer was
+			// removed by hand; normally the controller deletes it last (releaseVolume).
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: rv.Name, UID: rv.UID}},
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{v1.SecretKeySharedSecret: []byte(base64.RawURLEncoding.EncodeToString(raw))},
+	}
+	// AlreadyExists: made by an earlier pass the cache has not shown yet.
+	if err := c.client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating Secret %s: %s", name, apierrors.ReasonForError(err))
+	}
+	return nil
+}
+
+// ownedBy: the Secret names rv (this incarnation of the name, by UID) as its owner.
+func ownedBy(s *corev1.Secret, rv *v1.ReplicatedVolume) bool {
+	for _, o := range s.OwnerReferences {
+		if o.Kind == "ReplicatedVolume" && o.UID == rv.UID {
+			return true
+		}
+	}
+	return false
 }
 
 // drbdKey is the fingerprint of the cluster key every new volume's shared secret is

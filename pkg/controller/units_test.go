@@ -346,3 +346,37 @@ func TestSecretCacheKeepsOnlyTheKeysData(t *testing.T) {
 		}
 	}
 }
+
+// A new volume's secret is derived only while every agent whose node exists announces
+// it knows derived references; a Lease whose Node is gone does not count, an expired
+// one does (its node may come back with the agent it had), and an announcement written
+// by another version than the one renewing the Lease is void.
+func TestDerivationHoldout(t *testing.T) {
+	lease := func(writer, renewer string) *coordinationv1.Lease {
+		ann := map[string]string{v1.AnnotationAgentVersion: renewer}
+		if writer != "" {
+			ann[v1.AnnotationCapabilities] = v1.CapabilityDerivedSharedSecret
+			ann[v1.AnnotationCapabilitiesAgentVersion] = writer
+		}
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Annotations: ann}}
+	}
+	nodes := map[string]*corev1.Node{}
+	for _, n := range []string{"a", "b", "c"} {
+		nodes[n] = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}
+	}
+	for _, tc := range []struct {
+		name   string
+		leases map[string]*coordinationv1.Lease
+		want   string
+	}{
+		{"every agent announces", map[string]*coordinationv1.Lease{"a": lease("v2", "v2"), "b": lease("v2", "v2")}, ""},
+		{"no agent yet", map[string]*coordinationv1.Lease{}, ""},
+		{"one agent of the earlier version", map[string]*coordinationv1.Lease{"a": lease("v2", "v2"), "c": lease("", "v1"), "b": lease("", "v1")}, "b"},
+		{"an earlier agent renews a newer one's Lease", map[string]*coordinationv1.Lease{"a": lease("v2", "v2"), "c": lease("v2", "v1")}, "c"},
+		{"the earlier agent's Node is gone", map[string]*coordinationv1.Lease{"a": lease("v2", "v2"), "gone": lease("", "v1")}, ""},
+	} {
+		if got := derivationHoldout(tc.leases, nodes); got != tc.want {
+			t.Errorf("%s: holdout %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

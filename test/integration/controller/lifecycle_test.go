@@ -12,14 +12,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 	"github.com/meshvol/meshvol/pkg/sharedsecret"
@@ -449,6 +452,108 @@ func TestVolumeWithItsOwnSecretAcrossUpgrade(t *testing.T) {
 	if !slices.Equal(secretWrites, []string{"delete " + own.Name}) {
 		t.Errorf("Secret writes for the volume: %v, want its own Secret's delete alone", secretWrites)
 	}
+}
+
+// During a rolling upgrade of the agents a new volume's shared secret is derived only
+// once every agent announces that it knows derived references: while an agent of the
+// earlier version runs, a new volume gets a Secret of its own, which that agent reads;
+// once every agent announces, the next volume's secret is derived; a reference once
+// given never changes (an expansion goes through the allocation again); and an earlier
+// agent that renews a newer one's Lease (a rollback) voids the announcement it kept
+// (docs/install.md, "Upgrading").
+func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
+	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
+	mark := cl.writes.mark()
+	// Node b's agent is of the earlier version: it announces nothing.
+	cl.editLease("b", func(ann map[string]string) {
+		delete(ann, v1.AnnotationCapabilities)
+		delete(ann, v1.AnnotationCapabilitiesAgentVersion)
+		ann[v1.AnnotationAgentVersion] = "v-earlier"
+	})
+	cl.controllerSeesAnnouncement("b", false)
+	first := cl.volume("first", class, "1Gi")
+	cur := cl.formed(first.Name, 2)
+	ref := *cur.Status.Datamesh.SharedSecret
+	if want := (v1.SharedSecretReference{SecretName: controller.SecretName(first.Name), Key: v1.SecretKeySharedSecret, Algorithm: "sha256"}); ref != want {
+		t.Fatalf("with an agent of the earlier version, the reference is %+v, want the volume's own Secret %+v", ref, want)
+	}
+	own := &corev1.Secret{}
+	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: ref.SecretName}, own))
+	if raw, err := base64.RawURLEncoding.DecodeString(string(own.Data[v1.SecretKeySharedSecret])); err != nil || len(raw) != 32 {
+		t.Errorf("Secret %s: data.%s is not 32 bytes base64url (%d bytes, %v)", own.Name, v1.SecretKeySharedSecret, len(raw), err)
+	}
+	if len(own.OwnerReferences) != 1 || own.OwnerReferences[0].UID != cur.UID || own.Labels[v1.LabelVolume] != first.Name {
+		t.Errorf("Secret %s: owners %+v, labels %v, want the volume (UID %s) and its label", own.Name, own.OwnerReferences, own.Labels, cur.UID)
+	}
+	if c := meta.FindStatusCondition(cur.Status.Conditions, v1.ConditionAllocated); c == nil || !strings.Contains(c.Message, "shared secret in Secret "+cl.ns+"/"+own.Name) {
+		t.Errorf("Allocated: %v, want it to name the volume's own Secret", c)
+	}
+
+	// Node b's agent upgraded: every agent announces.
+	cl.editLease("b", func(ann map[string]string) {
+		ann[v1.AnnotationAgentVersion] = agentVersion
+		ann[v1.AnnotationCapabilities] = v1.CapabilityDerivedSharedSecret
+		ann[v1.AnnotationCapabilitiesAgentVersion] = agentVersion
+	})
+	cl.controllerSeesAnnouncement("b", true)
+	second := cl.volume("second", class, "1Gi")
+	if ref := cl.formed(second.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != v1.SecretDRBDKey || ref.Derivation != v1.DerivationHMACSHA256 || ref.KeyFingerprint == "" {
+		t.Fatalf("with every agent announcing, the reference is %+v, want one derived from the cluster key", ref)
+	}
+
+	// The first volume keeps its reference and its Secret through a pass of the
+	// allocation (an expansion), now that every agent would take a derived one.
+	grown := cl.rv(first.Name)
+	grown.Spec.Size = resource.MustParse("2Gi")
+	must(t, cl.c.Update(cl.ctx, grown))
+	cl.eventually(t, "the first volume's expansion published", func() (bool, string) {
+		cur = cl.rv(first.Name)
+		cl.agentConfirm(first.Name, cur.Status.DatameshRevision, nil)
+		return cur.Status.Datamesh.Size != nil && cur.Status.Datamesh.Size.String() == "2Gi", fmt.Sprint(cur.Status.Datamesh.Size)
+	})
+	if got := *cur.Status.Datamesh.SharedSecret; got != ref {
+		t.Errorf("the first volume's reference changed to %+v, want %+v", got, ref)
+	}
+	again := &corev1.Secret{}
+	must(t, cl.c.Get(cl.ctx, client.ObjectKeyFromObject(own), again))
+	if again.UID != own.UID || string(again.Data[v1.SecretKeySharedSecret]) != string(own.Data[v1.SecretKeySharedSecret]) {
+		t.Errorf("the first volume's Secret was replaced or changed")
+	}
+
+	// Node a's agent rolled back: the earlier agent renews the Lease keeping the
+	// announcement it does not know, but writes its own version.
+	cl.editLease("a", func(ann map[string]string) { ann[v1.AnnotationAgentVersion] = "v-earlier" })
+	cl.controllerSeesAnnouncement("a", false)
+	third := cl.volume("third", class, "1Gi")
+	if ref := cl.formed(third.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != controller.SecretName(third.Name) || ref.Derivation != "" {
+		t.Fatalf("after a rollback of node a's agent, the reference is %+v, want the volume's own Secret", ref)
+	}
+
+	var secretWrites []string
+	for _, w := range cl.writes.since(mark, cl.prefix) {
+		if w.Kind == "Secret" {
+			secretWrites = append(secretWrites, w.Verb+" "+w.Name)
+		}
+	}
+	slices.Sort(secretWrites)
+	if want := []string{"create " + controller.SecretName(first.Name), "create " + controller.SecretName(third.Name)}; !slices.Equal(secretWrites, want) {
+		t.Errorf("Secret writes of the volumes: %v, want %v", secretWrites, want)
+	}
+}
+
+// controllerSeesAnnouncement waits until the controller's cache shows node's agent Lease
+// announcing derived shared secrets, or not: the next volume's allocation reads it there.
+func (cl *cluster) controllerSeesAnnouncement(node string, announces bool) {
+	cl.t.Helper()
+	key := types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}
+	cl.eventually(cl.t, fmt.Sprintf("the controller's cache shows node %s announcing %s: %v", node, v1.CapabilityDerivedSharedSecret, announces), func() (bool, string) {
+		l := &coordinationv1.Lease{}
+		if err := cl.cache.Get(cl.ctx, key, l); err != nil {
+			return false, err.Error()
+		}
+		return agentlease.Announces(l, v1.CapabilityDerivedSharedSecret) == announces, fmt.Sprint(l.Annotations)
+	})
 }
 
 // A key Secret that holds no usable key (written by someone else) holds allocation back

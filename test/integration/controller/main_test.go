@@ -133,6 +133,9 @@ type cluster struct {
 	writes *writes
 	stop   func()
 	grace  time.Duration
+	// cache is the running controller's informer cache, for a test that must know the
+	// controller has seen a write before it goes on.
+	cache client.Reader
 
 	mu      sync.Mutex
 	renew   map[string]bool // node → its fake agent renews the Lease
@@ -214,6 +217,10 @@ func (cl *cluster) addNode(n nodeSpec) {
 			v1.AnnotationAddresses:                    "10.0.0.1",
 			v1.AnnotationHMACAlgorithms:               "sha256,sha1,md5",
 			v1.AnnotationPoolCapacityPrefix + cl.pool: capacityAnnotation(n.freeGi),
+			// An agent of this version: it derives shared secrets, and says so.
+			v1.AnnotationAgentVersion:             agentVersion,
+			v1.AnnotationCapabilities:             v1.CapabilityDerivedSharedSecret,
+			v1.AnnotationCapabilitiesAgentVersion: agentVersion,
 		}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &cl.leaseSz, RenewTime: &now, AcquireTime: &now}}
 	must(cl.t, cl.c.Create(cl.ctx, l))
@@ -224,6 +231,9 @@ func (cl *cluster) addNode(n nodeSpec) {
 		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	})
 }
+
+// agentVersion is the version the fake agents' Leases carry.
+const agentVersion = "v-test"
 
 // capacityAnnotation is the pool capacity annotation's value for a node with freeGi GiB free.
 func capacityAnnotation(freeGi int64) string {
@@ -286,6 +296,7 @@ func (cl *cluster) start() {
 		PortMin: 7000, PortMax: cl.portMax, TaintLostNodes: cl.taint,
 	}, controller.ManagerOptions{Scheme: env.Scheme})
 	must(cl.t, err)
+	cl.cache = mgr.GetCache()
 	ctx, cancel := context.WithCancel(cl.ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
