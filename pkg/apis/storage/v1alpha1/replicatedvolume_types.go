@@ -227,8 +227,9 @@ type DatameshMember struct {
 
 // SharedSecretReference says where a volume's DRBD shared secret comes from
 // (docs/contract.md, "The shared secret"): the volume's own Secret (volumes formed
-// before the cluster key), or derived from the cluster key in the Secret named, for
-// this volume. The secret and the key never appear in a status.
+// before the cluster key, or while not every agent announced derived references), or
+// derived from the cluster key in the Secret named, for this volume. The secret and
+// the key never appear in a status.
 // +kubebuilder:validation:XValidation:rule="has(self.derivation) == has(self.keyFingerprint)",message="derivation and keyFingerprint go together: a derived secret names the key it is derived from, a Secret of the volume's own has neither"
 type SharedSecretReference struct {
 	// secretName is the Secret's name, in the controller's namespace: the volume's own
