@@ -132,7 +132,7 @@ func (c *Controller) ensureOwnSecret(ctx context.Context, rv *v1.ReplicatedVolum
 	cached := &corev1.Secret{}
 	switch err := c.reader.Get(ctx, name, cached); {
 	case err == nil:
-		if ownedBy(cached, rv) {
+		if ownedBy(cached, rv) && cached.DeletionTimestamp == nil {
 			return nil
 		}
 		uid := cached.UID
@@ -158,8 +158,21 @@ func (c *Controller) ensureOwnSecret(ctx context.Context, rv *v1.ReplicatedVolum
 		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{v1.SecretKeySharedSecret: []byte(base64.RawURLEncoding.EncodeToString(raw))},
 	}
-	// AlreadyExists: made by an earlier pass the cache has not shown yet.
-	if err := c.client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+	err := c.client.Create(ctx, s)
+	if apierrors.IsAlreadyExists(err) {
+		// Made by an earlier pass the cache has not shown yet, or one the cache has
+		// not shown of an earlier volume (or still being deleted): only the first
+		// will do, and the apiserver says which (a rare case: one request).
+		held := &corev1.Secret{}
+		if err := c.api.Get(ctx, name, held); err != nil {
+			return fmt.Errorf("reading Secret %s, created meanwhile: %s", name, apierrors.ReasonForError(err))
+		}
+		if !ownedBy(held, rv) || held.DeletionTimestamp != nil {
+			return fmt.Errorf("secret %s: held by an earlier volume of the same name (owner UID not %s), or being deleted; the next pass replaces it", name, rv.UID)
+		}
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("creating Secret %s: %s", name, apierrors.ReasonForError(err))
 	}
 	return nil

@@ -460,7 +460,8 @@ func TestVolumeWithItsOwnSecretAcrossUpgrade(t *testing.T) {
 // once every agent announces, the next volume's secret is derived; a reference once
 // given never changes (an expansion goes through the allocation again); and an earlier
 // agent that renews a newer one's Lease (a rollback) voids the announcement it kept
-// (docs/install.md, "Upgrading").
+// (docs/install.md, "Upgrading"). A Secret left by an earlier volume of the same name is
+// replaced, not used.
 func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
 	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
@@ -472,6 +473,16 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 		ann[v1.AnnotationAgentVersion] = "v-earlier"
 	})
 	cl.controllerSeesAnnouncement("b", false)
+	// A Secret of an earlier volume of the same name, which the garbage collector
+	// would delete: replaced, not used.
+	stale := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: controller.SecretName(cl.prefix + "-first"), Namespace: cl.ns,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: v1.SchemeGroupVersion.String(), Kind: "ReplicatedVolume", Name: cl.prefix + "-first", UID: "an-earlier-volume"}}},
+		Data: map[string][]byte{v1.SecretKeySharedSecret: []byte("the-earlier-volumes-secret")}}
+	must(t, cl.c.Create(cl.ctx, stale))
+	cl.eventually(t, "the controller's cache shows the earlier volume's Secret", func() (bool, string) {
+		err := cl.cache.Get(cl.ctx, client.ObjectKeyFromObject(stale), &corev1.Secret{})
+		return err == nil, fmt.Sprint(err)
+	})
 	first := cl.volume("first", class, "1Gi")
 	cur := cl.formed(first.Name, 2)
 	ref := *cur.Status.Datamesh.SharedSecret
@@ -483,7 +494,7 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 	if raw, err := base64.RawURLEncoding.DecodeString(string(own.Data[v1.SecretKeySharedSecret])); err != nil || len(raw) != 32 {
 		t.Errorf("Secret %s: data.%s is not 32 bytes base64url (%d bytes, %v)", own.Name, v1.SecretKeySharedSecret, len(raw), err)
 	}
-	if len(own.OwnerReferences) != 1 || own.OwnerReferences[0].UID != cur.UID || own.Labels[v1.LabelVolume] != first.Name {
+	if own.UID == stale.UID || len(own.OwnerReferences) != 1 || own.OwnerReferences[0].UID != cur.UID || own.Labels[v1.LabelVolume] != first.Name {
 		t.Errorf("Secret %s: owners %+v, labels %v, want the volume (UID %s) and its label", own.Name, own.OwnerReferences, own.Labels, cur.UID)
 	}
 	if c := meta.FindStatusCondition(cur.Status.Conditions, v1.ConditionAllocated); c == nil || !strings.Contains(c.Message, "shared secret in Secret "+cl.ns+"/"+own.Name) {
@@ -537,7 +548,7 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 		}
 	}
 	slices.Sort(secretWrites)
-	if want := []string{"create " + controller.SecretName(first.Name), "create " + controller.SecretName(third.Name)}; !slices.Equal(secretWrites, want) {
+	if want := []string{"create " + controller.SecretName(first.Name), "create " + controller.SecretName(third.Name), "delete " + stale.Name}; !slices.Equal(secretWrites, want) {
 		t.Errorf("Secret writes of the volumes: %v, want %v", secretWrites, want)
 	}
 }
