@@ -62,8 +62,9 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 			old, q.String(), work.Status.DatameshRevision)
 	}
 	// A reference once written is never changed: a volume formed with a Secret of its
-	// own keeps it, and the controller never creates one again (a new random value
-	// would differ from what the running replicas use).
+	// own keeps it once every agent derives, and the controller never creates one again
+	// (a new random value would differ from what the running replicas use); a derived
+	// one stays derived.
 	if dm.SharedSecret == nil {
 		alg, ok := c.chooseAlgorithm(v)
 		if !ok {
