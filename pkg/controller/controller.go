@@ -322,6 +322,9 @@ type Controller struct {
 	disrupt disruption
 	// load: the replicas on each node, for placement (nodeLoads).
 	load *nodeLoads
+	// crd: whether the installed RV CRD keeps a derived shared-secret reference
+	// (crdKeepsDerivation).
+	crd crdSchema
 }
 
 // Setup registers the field indexes and the reconcilers with mgr.
@@ -371,6 +374,9 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		if _, why, err := c.drbdKey(ctx); err != nil || why != "" {
 			mgr.GetLogger().Info("the DRBD cluster key is not available yet; each new volume's allocation tries again", "why", why, "err", err)
+		}
+		if ok, why := c.crdKeepsDerivation(ctx); !ok {
+			mgr.GetLogger().Info("new volumes get Secrets of their own until the ReplicatedVolume CRD keeps derived references", "why", why)
 		}
 		return nil
 	})); err != nil {

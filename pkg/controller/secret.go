@@ -71,16 +71,17 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 			return "No HMAC algorithm of " + strings.Join(c.opts.HMACAlgorithms, ", ") + " is offered by the nodes of storage pool " + v.poolName,
 				reasonNoAlgorithm, nil
 		}
-		if node := derivationHoldout(v.leases, v.nodes); node != "" {
+		if why := c.derivationBlocked(ctx, v); why != "" {
 			// An agent that does not know derived references would configure the
 			// volume with a wrong secret, and its replicas would not connect until it
-			// is upgraded: the volume gets a Secret of its own, which every agent
-			// reads (docs/install.md, "Upgrading").
+			// is upgraded; a CRD that drops the reference's fields would turn it into
+			// one to the key itself: the volume gets a Secret of its own, which every
+			// agent reads (docs/install.md, "Upgrading").
 			if err := c.ensureOwnSecret(ctx, v.rv); err != nil {
 				return "", "", err
 			}
-			ctrl.LoggerFrom(ctx).Info("the volume's shared secret is in a Secret of its own: not every agent announces "+
-				v1.CapabilityDerivedSharedSecret, "rv", v.rv.Name, "secret", SecretName(v.rv.Name), "node", node)
+			ctrl.LoggerFrom(ctx).Info("the volume's shared secret is in a Secret of its own", "rv", v.rv.Name,
+				"secret", SecretName(v.rv.Name), "why", why)
 			dm.SharedSecret = &v1.SharedSecretReference{SecretName: SecretName(v.rv.Name), Key: v1.SecretKeySharedSecret, Algorithm: alg}
 			return "", "", nil
 		}
@@ -94,6 +95,19 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 		}
 	}
 	return "", "", nil
+}
+
+// derivationBlocked says why a new volume's secret may not be derived now ("" when it
+// may): an agent that does not announce it knows derived references, or an installed
+// ReplicatedVolume CRD that would drop their fields (crdKeepsDerivation).
+func (c *Controller) derivationBlocked(ctx context.Context, v *volume) string {
+	if node := derivationHoldout(v.leases, v.nodes); node != "" {
+		return "the agent of node " + node + " does not announce " + v1.CapabilityDerivedSharedSecret + " on its Lease"
+	}
+	if ok, why := c.crdKeepsDerivation(ctx); !ok {
+		return why
+	}
+	return ""
 }
 
 // derivationHoldout names a node whose agent does not announce

@@ -15,6 +15,8 @@ import (
 type access struct {
 	verb, group, resource, subresource, namespace string
 	allowed                                       bool
+	// name is the object's name, for a rule that names its objects ("" for any).
+	name string
 }
 
 func (a access) String() string {
@@ -29,6 +31,9 @@ func (a access) String() string {
 	if a.namespace != "" {
 		where = "in " + a.namespace
 	}
+	if a.name != "" {
+		r += " " + a.name
+	}
 	return fmt.Sprintf("%s %s %s", a.verb, r, where)
 }
 
@@ -38,10 +43,16 @@ const (
 )
 
 func allow(verb, group, resource, sub, ns string) access {
-	return access{verb, group, resource, sub, ns, true}
+	return access{verb: verb, group: group, resource: resource, subresource: sub, namespace: ns, allowed: true}
 }
 func deny(verb, group, resource, sub, ns string) access {
-	return access{verb, group, resource, sub, ns, false}
+	return access{verb: verb, group: group, resource: resource, subresource: sub, namespace: ns}
+}
+
+// named is a for the object called name.
+func named(a access, name string) access {
+	a.name = name
+	return a
 }
 
 // rbacMatrix is the table in docs/install.md ("What each component may do"). Keep
@@ -105,6 +116,11 @@ var rbacMatrix = map[string][]access{
 		deny("patch", meshvolGroup, "replicatednodemaintenances", "", ""),
 		deny("create", "coordination.k8s.io", "leases", "", other),
 		deny("create", "storage.k8s.io", "csistoragecapacities", "", other),
+		// The ReplicatedVolume CRD, by name only (whether it keeps derived references).
+		named(allow("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedvolumes.storage.meshvol.io"),
+		named(deny("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedstoragepools.storage.meshvol.io"),
+		deny("list", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+		named(deny("update", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedvolumes.storage.meshvol.io"),
 	},
 }
 
@@ -174,7 +190,7 @@ func may(t *testing.T, sa string, a access) bool {
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
 		ResourceAttributes: &authzv1.ResourceAttributes{
 			Namespace: a.namespace, Verb: a.verb, Group: a.group,
-			Resource: a.resource, Subresource: a.subresource,
+			Resource: a.resource, Subresource: a.subresource, Name: a.name,
 		},
 	}}
 	if err := env.Client.Create(ctx(t), sar); err != nil {

@@ -8,17 +8,20 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -551,6 +554,97 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 	if want := []string{"create " + controller.SecretName(first.Name), "create " + controller.SecretName(third.Name), "delete " + stale.Name}; !slices.Equal(secretWrites, want) {
 		t.Errorf("Secret writes of the volumes: %v, want %v", secretWrites, want)
 	}
+}
+
+// helm upgrade leaves a chart's CRDs alone: a cluster upgraded with it alone keeps the
+// earlier ReplicatedVolume CRD, whose schema lacks a derived reference's derivation and
+// keyFingerprint, and the apiserver would drop them. While the installed CRD lacks them,
+// new volumes get Secrets of their own; the CRD applied and the controller restarted
+// (as helm upgrade restarts it), the next volume's secret is derived and stored whole
+// (docs/install.md, "Upgrading").
+func TestOwnSecretWhileTheCRDLacksDerivation(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
+	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
+	cl.stop()
+	restore := cl.earlierRVCRD()
+	cl.start()
+	first := cl.volume("first", class, "1Gi")
+	if ref := cl.formed(first.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != controller.SecretName(first.Name) || ref.Key != v1.SecretKeySharedSecret {
+		t.Fatalf("with the earlier CRD, the reference is %+v, want the volume's own Secret", ref)
+	}
+	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: controller.SecretName(first.Name)}, &corev1.Secret{}))
+
+	cl.stop()
+	restore()
+	cl.start()
+	second := cl.volume("second", class, "1Gi")
+	if ref := cl.formed(second.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != v1.SecretDRBDKey || ref.Derivation != v1.DerivationHMACSHA256 || ref.KeyFingerprint == "" {
+		t.Fatalf("with this tree's CRD, the reference is %+v, want one derived from the cluster key", ref)
+	}
+}
+
+// earlierRVCRD makes the installed ReplicatedVolume CRD the release before's (no
+// derivation, no keyFingerprint, and so no rule that ties them) until the returned
+// function, or the test's end, puts this tree's back. Each waits until the apiserver
+// stores status by the schema it set: a derived reference whole, or pruned.
+func (cl *cluster) earlierRVCRD() (restore func()) {
+	cl.t.Helper()
+	key := types.NamespacedName{Name: "replicatedvolumes.storage.meshvol.io"}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	must(cl.t, cl.c.Get(cl.ctx, key, crd))
+	original := crd.Spec.DeepCopy()
+	set := func(spec func(*apiextensionsv1.CustomResourceDefinitionSpec), keeps bool) {
+		must(cl.t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur := &apiextensionsv1.CustomResourceDefinition{}
+			if err := cl.c.Get(context.Background(), key, cur); err != nil {
+				return err
+			}
+			spec(&cur.Spec)
+			return cl.c.Update(context.Background(), cur)
+		}))
+		cl.waitStoresDerivation(keeps)
+	}
+	set(func(spec *apiextensionsv1.CustomResourceDefinitionSpec) {
+		for i := range spec.Versions {
+			ss := spec.Versions[i].Schema.OpenAPIV3Schema.Properties["status"].Properties["datamesh"].Properties["sharedSecret"]
+			delete(ss.Properties, "derivation")
+			delete(ss.Properties, "keyFingerprint")
+			ss.XValidations = nil
+			spec.Versions[i].Schema.OpenAPIV3Schema.Properties["status"].Properties["datamesh"].Properties["sharedSecret"] = ss
+		}
+	}, false)
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			set(func(spec *apiextensionsv1.CustomResourceDefinitionSpec) { *spec = *original.DeepCopy() }, true)
+		})
+	}
+	cl.t.Cleanup(restore)
+	return restore
+}
+
+// waitStoresDerivation waits until the apiserver stores a derived reference's fields in
+// an RV's status (keeps), or drops them, trying on a probe volume of its own with no
+// controller running.
+func (cl *cluster) waitStoresDerivation(keeps bool) {
+	cl.t.Helper()
+	probe := &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: cl.prefix + "-crd-probe"}, Spec: v1.ReplicatedVolumeSpec{
+		Size: resource.MustParse("1Gi"), ReplicatedStorageClassName: cl.prefix + "-crd-probe"}}
+	must(cl.t, cl.c.Create(context.Background(), probe))
+	defer func() { _ = cl.c.Delete(context.Background(), probe) }()
+	cl.eventually(cl.t, fmt.Sprintf("the apiserver storing a derived reference whole: %v", keeps), func() (bool, string) {
+		cur := &v1.ReplicatedVolume{}
+		if err := cl.c.Get(context.Background(), client.ObjectKeyFromObject(probe), cur); err != nil {
+			return false, err.Error()
+		}
+		cur.Status.Datamesh.SharedSecret = &v1.SharedSecretReference{SecretName: v1.SecretDRBDKey, Key: v1.SecretKeyDRBDKey, Algorithm: "sha256",
+			Derivation: v1.DerivationHMACSHA256, KeyFingerprint: "0123456789abcdef"}
+		if err := cl.c.Status().Update(context.Background(), cur); err != nil {
+			return false, err.Error()
+		}
+		stored := cur.Status.Datamesh.SharedSecret
+		return (stored.Derivation != "" && stored.KeyFingerprint != "") == keeps, fmt.Sprintf("%+v", stored)
+	})
 }
 
 // controllerSeesAnnouncement waits until the controller's cache shows node's agent Lease
