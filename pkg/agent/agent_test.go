@@ -598,6 +598,49 @@ func TestReplicaDeletedBeforeItsVolumesMark(t *testing.T) {
 	})
 }
 
+// The members of a volume that goes (marked deleted, nothing attached) are left as
+// they are until their own deletion: a resource taken down under one of them (the
+// take-downs of a deletion's first replicas wake their peers the same way) is not
+// read back, brought up or reported on. Their deletion takes down what is left.
+func TestMembersOfAGoingVolumeWaitForTheirDeletion(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	rv := r.holdVolume()
+	r.must(r.cl.Delete(r.ctx, rv))
+	// The mark alone wakes no replica (TestDeletionMarkOnlyWakesNoReplica); the
+	// agents' caches have it within milliseconds.
+	time.Sleep(2 * time.Second)
+	r.must(r.node(0).Sim.Down(r.ctx, r.rv))
+	time.Sleep(3 * time.Second)
+	if res, err := r.node(0).Resources(r.ctx); err != nil || len(res) > 0 {
+		t.Fatalf("the member taken down on %s was brought back while its volume goes: resources %v, %v", r.node(0).Name, res, err)
+	}
+	for i := 1; i < len(names); i++ {
+		if res, err := r.node(i).Resources(r.ctx); err != nil || len(res) == 0 {
+			t.Fatalf("a member of a volume that goes was taken down before its deletion on %s: resources %v, %v", r.node(i).Name, res, err)
+		}
+	}
+
+	for _, n := range names {
+		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
+	}
+	r.eventually("replicas gone", 60*time.Second, func() string {
+		for _, n := range names {
+			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
+				return n + " still exists"
+			}
+		}
+		return ""
+	})
+	for _, n := range r.c.Nodes {
+		res, err := n.Resources(r.ctx)
+		r.must(err)
+		if len(res) > 0 || len(n.Files()) > 0 {
+			t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
+		}
+	}
+}
+
 // Steady state writes nothing: after formation, no RVR is modified for a
 // while (the Lease is the only periodic write, and it is not an RVR).
 func TestSteadyStateWritesNothing(t *testing.T) {

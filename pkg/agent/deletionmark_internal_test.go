@@ -50,8 +50,9 @@ func TestDeletionMarkOnlyWakesNoReplica(t *testing.T) {
 	}
 }
 
-// A replica is deleted with its volume only when both are marked and the volume
-// shows no member attached and no Attach or Detach in flight.
+// A volume goes (its members are left as they are until their own deletion) when it
+// is marked and shows no member attached and no Attach or Detach in flight; a replica
+// is deleted with it when the replica is marked too.
 func TestDeletedWithVolume(t *testing.T) {
 	now := metav1.Now()
 	rv := &v1.ReplicatedVolume{
@@ -72,19 +73,22 @@ func TestDeletedWithVolume(t *testing.T) {
 	kept.DeletionTimestamp = nil
 
 	for _, tc := range []struct {
-		name string
-		rvr  *v1.ReplicatedVolumeReplica
-		rv   *v1.ReplicatedVolume
-		want bool
+		name       string
+		rvr        *v1.ReplicatedVolumeReplica
+		rv         *v1.ReplicatedVolume
+		goes, want bool
 	}{
-		{"both deleted, nothing attached", rvr, rv, true},
-		{"both deleted while forming", rvr, forming, true},
-		{"the volume not deleted", rvr, live, false},
-		{"the volume gone from the cache", rvr, nil, false},
-		{"the replica not deleted", kept, rv, false},
-		{"a member attached", rvr, attached, false},
-		{"a Detach in flight", rvr, detaching, false},
+		{"both deleted, nothing attached", rvr, rv, true, true},
+		{"both deleted while forming", rvr, forming, true, true},
+		{"the volume not deleted", rvr, live, false, false},
+		{"the volume gone from the cache", rvr, nil, false, false},
+		{"the replica not deleted", kept, rv, true, false},
+		{"a member attached", rvr, attached, false, false},
+		{"a Detach in flight", rvr, detaching, false, false},
 	} {
+		if got := volumeGoes(tc.rv); got != tc.goes {
+			t.Errorf("%s: volumeGoes = %v, want %v", tc.name, got, tc.goes)
+		}
 		if got := deletedWithVolume(tc.rvr, tc.rv); got != tc.want {
 			t.Errorf("%s: deletedWithVolume = %v, want %v", tc.name, got, tc.want)
 		}

@@ -136,6 +136,15 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	if member == nil || deletedWithVolume(rvr, rv) {
 		return a.leave(ctx, r)
 	}
+	if volumeGoes(rv) {
+		// The replica's own deletion comes next, and with it its teardown: until then
+		// there is nothing to converge to, and a report would be read by no one. Its
+		// kernel keeps what it runs; the peers' take-downs, which wake it, are not
+		// read back from the kernel for each volume of a deletion of thousands
+		// (docs/scale.md, "Ninth pass").
+		r.unread = true
+		return r.step
+	}
 	if a.userSuspended(rv.Name) {
 		// suspend-io is only ever meshvol's, for a snapshot; none holds it now (a
 		// crash between suspend and resume, or a snapshot deleted meanwhile).
@@ -373,17 +382,21 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	return r.step
 }
 
-// deletedWithVolume: the replica is deleted, its volume is being deleted, and the
-// volume shows no member attached and no Attach or Detach in flight: the controller
-// deletes a volume's replicas then, without publishing a teardown revision first, and
-// each agent takes its replica down on seeing it deleted (docs/contract.md, "Deleting
-// a volume"). It holds for good once seen: the volume's deletion mark comes with every
-// status published before it, and no Attach starts on a volume being deleted
-// (pkg/datamesh attachBlocked), so nothing will be attached again. A member deleted
-// while its volume still waits for a detach leaves as the engine decides, as any
-// member deleted does.
+// deletedWithVolume: the replica is deleted and its volume goes (volumeGoes): each
+// agent takes its replica down on seeing it deleted (docs/contract.md, "Deleting a
+// volume"). A member deleted while its volume still waits for a detach leaves as the
+// engine decides, as any member deleted does.
 func deletedWithVolume(rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) bool {
-	if rvr.DeletionTimestamp == nil || rv == nil || rv.DeletionTimestamp == nil {
+	return rvr.DeletionTimestamp != nil && volumeGoes(rv)
+}
+
+// volumeGoes: the volume is being deleted and shows no member attached and no Attach
+// or Detach in flight: the controller deletes its replicas then, without publishing a
+// teardown revision first. It holds for good once seen: the volume's deletion mark
+// comes with every status published before it, and no Attach starts on a volume being
+// deleted (pkg/datamesh attachBlocked), so nothing will be attached again.
+func volumeGoes(rv *v1.ReplicatedVolume) bool {
+	if rv == nil || rv.DeletionTimestamp == nil {
 		return false
 	}
 	for _, m := range rv.Status.Datamesh.Members {

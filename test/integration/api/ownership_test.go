@@ -60,6 +60,17 @@ func ownsUnder(paths map[string]bool, prefix string) bool {
 	return false
 }
 
+// ownsBeneath: some path below prefix, not prefix itself, is owned — what an atomic
+// field never shows.
+func ownsBeneath(paths map[string]bool, prefix string) bool {
+	for p := range paths {
+		if strings.HasPrefix(p, prefix+".") {
+			return true
+		}
+	}
+	return false
+}
+
 // TestStatusIsASubresource proves the two halves of an object are written apart: a
 // write to the main resource cannot change status, a write to the status subresource
 // cannot change spec, and only spec changes move metadata.generation (which is what
@@ -143,16 +154,18 @@ status: {observedGeneration: 2, phase: Degraded, layout: 3D, readyMembers: 2/3, 
 	if !ok {
 		t.Fatalf("no managedFields entry for %s on the status subresource", managerController)
 	}
-	if ownsUnder(ctl, ".spec") || !ctl[".status.phase"] {
+	if ownsUnder(ctl, ".spec") || !ctl[".status"] {
 		t.Errorf("%s owns %v; want .status fields and no .spec field", managerController, keys(ctl))
 	}
 }
 
-// TestStatusManagersShareRV: the controller publishes the datamesh, another manager
-// publishes conditions, both with server-side apply on the same status. Each re-applies
-// only its own intent; neither removes or overwrites the other's fields, and taking
-// the other's field is refused as a conflict unless forced.
-func TestStatusManagersShareRV(t *testing.T) {
+// TestRVStatusIsOneField: an RV's status has one writer, the controller, which
+// always writes it whole (docs/contract.md): the schema makes it atomic, so the
+// apiserver records one owned field, not every member and condition. Another
+// manager's status apply is refused as a conflict naming the controller; forced, it
+// replaces the whole status, and the controller's next apply in turn conflicts:
+// ownership changed hands as a whole, it was never shared by accident.
+func TestRVStatusIsOneField(t *testing.T) {
 	name := testenv.Name(t)
 	rv := fromYAML(t, `
 kind: ReplicatedVolume
@@ -171,72 +184,39 @@ kind: ReplicatedVolume
 metadata: {name: $NAME}
 status:
   datameshRevision: %d
-  datamesh: {members: [%s], quorum: 2, quorumMinimumRedundancy: 2, port: 7001, minor: 1001}
+  datamesh: {members: [%s], quorum: 2, quorumMinimumRedundancy: 2}
   layout: %dD
   readyMembers: %d/%d
   conditions:
   - {type: Formed, status: "True", reason: Formed, message: datamesh formed, lastTransitionTime: "2025-03-14T15:09:26Z"}
 `, revision, strings.Join(ms, ", "), len(members), len(members), len(members)), name)
 	}
-	ready := func(status, reason string) *unstructured.Unstructured {
-		return fromYAML(t, fmt.Sprintf(`
+
+	mustApplyStatus(t, datamesh(3, "a", "b", "c"), managerController)
+	mustApplyStatus(t, datamesh(4, "a", "b", "d"), managerController)
+	got := get(t, rv)
+	if m := memberNames(t, got); !reflect.DeepEqual(m, []string{name + "-a", name + "-b", name + "-d"}) {
+		t.Errorf("members after the controller's second apply = %v, want a, b, d", m)
+	}
+	ctl, _ := managed(t, got, managerController, "status")
+	if !ctl[".status"] || ownsBeneath(ctl, ".status") {
+		t.Errorf("%s should own .status as one field; owns %v", managerController, keys(ctl))
+	}
+
+	// Another manager's condition: a conflict that names the owner and the field,
+	// and changes nothing.
+	ready := fromYAML(t, `
 kind: ReplicatedVolume
 metadata: {name: $NAME}
 status:
   conditions:
-  - {type: Ready, status: "%s", reason: %s, message: "from the health manager", lastTransitionTime: "2025-03-14T15:10:00Z"}
-`, status, reason), name)
-	}
-
-	mustApplyStatus(t, datamesh(3, "a", "b", "c"), managerController)
-	mustApplyStatus(t, ready("True", "InSync"), managerHealth)
-
-	// The controller replaces member c by member d and bumps the revision. Its apply
-	// carries no Ready condition: Ready is not its field, so it stays.
-	mustApplyStatus(t, datamesh(4, "a", "b", "d"), managerController)
-	got := get(t, rv)
-	if m := memberNames(t, got); !reflect.DeepEqual(m, []string{name + "-a", name + "-b", name + "-d"}) {
-		t.Errorf("members after the controller's second apply = %v, want a, b, d (c removed by its owner)", m)
-	}
-	if c := conditions(t, got); c["Ready"] != "True/InSync" || c["Formed"] != "True/Formed" {
-		t.Errorf("conditions after the controller's apply = %v, want Formed from the controller and Ready from %s", c, managerHealth)
-	}
-
-	// The health manager flips Ready; its apply carries no datamesh and no Formed.
-	mustApplyStatus(t, ready("False", "Degraded"), managerHealth)
-	got = get(t, rv)
-	if r := field(t, got, "status", "datameshRevision"); r != int64(4) {
-		t.Errorf("datameshRevision after the health manager's apply = %v, want 4", r)
-	}
-	if m := memberNames(t, got); len(m) != 3 {
-		t.Errorf("members after the health manager's apply = %v, want the controller's three", m)
-	}
-	if c := conditions(t, got); c["Ready"] != "False/Degraded" || c["Formed"] != "True/Formed" {
-		t.Errorf("conditions = %v, want Ready False/Degraded and Formed untouched", c)
-	}
-
-	// Per-key ownership of the conditions list: each manager owns its own entries.
-	ctl, _ := managed(t, got, managerController, "status")
-	health, _ := managed(t, got, managerHealth, "status")
-	if !ctl[`.status.conditions.k:{"type":"Formed"}`] || ctl[`.status.conditions.k:{"type":"Ready"}`] {
-		t.Errorf("%s should own the Formed condition only; owns %v", managerController, keys(ctl))
-	}
-	if !health[`.status.conditions.k:{"type":"Ready"}`] || ownsUnder(health, ".status.datamesh") {
-		t.Errorf("%s should own the Ready condition and nothing of the datamesh; owns %v", managerHealth, keys(health))
-	}
-
-	// Taking the controller's field without force is a conflict that names the owner
-	// and the field, and changes nothing.
-	steal := fromYAML(t, `
-kind: ReplicatedVolume
-metadata: {name: $NAME}
-status: {datameshRevision: 99, datamesh: {quorum: 1}}
+  - {type: Ready, status: "False", reason: Degraded, message: "from another manager", lastTransitionTime: "2025-03-14T15:10:00Z"}
 `, name)
-	err := applyStatus(ctx(t), steal, managerHealth)
+	err := applyStatus(ctx(t), ready, managerHealth)
 	if !apierrors.IsConflict(err) {
-		t.Fatalf("applying the controller's fields as %s: want a conflict, got %v", managerHealth, err)
+		t.Fatalf("applying a condition as %s: want a conflict, got %v", managerHealth, err)
 	}
-	for _, want := range []string{`with "meshvol-controller" with subresource "status"`, ".status.datameshRevision", ".status.datamesh.quorum"} {
+	for _, want := range []string{`with "meshvol-controller" with subresource "status"`, ".status"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("conflict message %q does not contain %q", err.Error(), want)
 		}
@@ -245,17 +225,19 @@ status: {datameshRevision: 99, datamesh: {quorum: 1}}
 		t.Errorf("datameshRevision after a refused apply = %v, want 4", r)
 	}
 
-	// With force the field moves to the new manager, and the old owner in turn gets
-	// the conflict: ownership changed hands, it was not shared by accident.
-	if err := applyStatus(ctx(t), steal, managerHealth, client.ForceOwnership); err != nil {
+	// Forced, the status is taken whole: the datamesh goes with it.
+	if err := applyStatus(ctx(t), ready, managerHealth, client.ForceOwnership); err != nil {
 		t.Fatalf("forced apply: %v", err)
 	}
 	got = get(t, rv)
-	if r := field(t, got, "status", "datameshRevision"); r != int64(99) {
-		t.Errorf("datameshRevision after a forced apply = %v, want 99", r)
+	if c := conditions(t, got); c["Ready"] != "False/Degraded" || c["Formed"] != "" {
+		t.Errorf("conditions after a forced apply = %v, want Ready alone", c)
 	}
-	if ctl, _ := managed(t, got, managerController, "status"); ctl[".status.datameshRevision"] {
-		t.Errorf("%s still owns .status.datameshRevision after a forced takeover", managerController)
+	if _, found, _ := unstructured.NestedMap(got.Object, "status", "datamesh"); found {
+		t.Errorf("datamesh after another manager's forced apply: still there, want the status replaced whole")
+	}
+	if ctl, _ := managed(t, got, managerController, "status"); len(ctl) > 0 {
+		t.Errorf("%s still owns %v after a forced takeover", managerController, keys(ctl))
 	}
 	err = applyStatus(ctx(t), datamesh(5, "a", "b", "d"), managerController)
 	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), `with "meshvol-health"`) {
@@ -303,6 +285,11 @@ status:
 	}
 	if c := conditions(t, got); c["Scheduled"] != "True/Placed" || c["DRBDConfigured"] != "True/Configured" {
 		t.Errorf("conditions = %v, want the controller's Scheduled and the agent's DRBDConfigured", c)
+	}
+	// The peers, which only the agent writes and always whole, are one field to the
+	// apiserver (atomic), not one per peer and per peer's field.
+	if ag, _ := managed(t, got, managerAgent, "status"); !ag[".status.peers"] || ownsBeneath(ag, ".status.peers") {
+		t.Errorf("%s should own .status.peers as one field; owns %v", managerAgent, keys(ag))
 	}
 
 	// The controller rewrites its own condition; the agent's fields stay.

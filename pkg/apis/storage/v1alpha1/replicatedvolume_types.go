@@ -430,6 +430,9 @@ type DatameshReplicaRequest struct {
 }
 
 // ReplicatedVolumeStatus is what the controller publishes for a volume.
+// The controller alone writes it, and always whole: it is atomic, one field to
+// server-side apply, so the object's managedFields stay small (docs/contract.md).
+// +structType=atomic
 type ReplicatedVolumeStatus struct {
 	// observedGeneration is the spec generation this status reflects.
 	// +optional

@@ -138,8 +138,10 @@ const (
 	ReasonConfigured = "Configured"
 )
 
-// ReplicatedVolumeReplicaStatus is what the replica's node agent observes. Only that
-// agent writes it (field manager meshvol-agent).
+// ReplicatedVolumeReplicaStatus is what the replica's node agent observes. That agent
+// writes it (field manager meshvol-agent), but for the controller's AgentReady
+// condition. peers and backingVolume, which the agent writes whole, are atomic: one
+// field each to server-side apply (docs/contract.md).
 type ReplicatedVolumeReplicaStatus struct {
 	// observedGeneration is the spec generation this status reflects.
 	// +optional
@@ -171,11 +173,11 @@ type ReplicatedVolumeReplicaStatus struct {
 	// +optional
 	DevicePath string `json:"devicePath,omitempty"`
 	// backingVolume is the replica's backing volume, for diskful replicas.
+	// +structType=atomic
 	// +optional
 	BackingVolume *BackingVolumeStatus `json:"backingVolume,omitempty"`
 	// peers are this replica's DRBD connections.
-	// +listType=map
-	// +listMapKey=name
+	// +listType=atomic
 	// +optional
 	Peers []PeerStatus `json:"peers,omitempty"`
 	// conditions: DRBDConfigured, BackingVolumeReady, InSync, Ready.
