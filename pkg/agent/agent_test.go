@@ -487,6 +487,16 @@ func TestDeleteTearsDown(t *testing.T) {
 	for _, n := range names {
 		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
 	}
+	r.replicasGone(names)
+	r.nothingLeftOnNodes()
+	if left := r.c.Leftovers(); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+// replicasGone waits until none of the replicas names exists any more.
+func (r *rig) replicasGone(names []string) {
+	r.t.Helper()
 	r.eventually("replicas gone", 60*time.Second, func() string {
 		for _, n := range names {
 			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
@@ -495,15 +505,17 @@ func TestDeleteTearsDown(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// nothingLeftOnNodes fails the test if a node keeps a DRBD resource or a backing file.
+func (r *rig) nothingLeftOnNodes() {
+	r.t.Helper()
 	for _, n := range r.c.Nodes {
 		res, err := n.Resources(r.ctx)
 		r.must(err)
 		if len(res) > 0 || len(n.Files()) > 0 {
-			t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
+			r.t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
 		}
-	}
-	if left := r.c.Leftovers(); len(left) > 0 {
-		t.Errorf("left behind: %v", left)
 	}
 }
 
@@ -550,25 +562,12 @@ func TestDeleteWithVolumeTearsDown(t *testing.T) {
 			r.must(err)
 		}
 	}
-	r.eventually("replicas gone", 60*time.Second, func() string {
-		for _, n := range names {
-			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
-				return n + " still exists"
-			}
-		}
-		return ""
-	})
+	r.replicasGone(names)
 	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
 	if got := rv.Status.Datamesh.Members; len(got) != 3 {
 		t.Fatalf("the volume's datamesh has %d members, want the 3 it had (no teardown revision)", len(got))
 	}
-	for _, n := range r.c.Nodes {
-		res, err := n.Resources(r.ctx)
-		r.must(err)
-		if len(res) > 0 || len(n.Files()) > 0 {
-			t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
-		}
-	}
+	r.nothingLeftOnNodes()
 }
 
 // An agent may see its replica deleted before it sees the volume's deletion mark (two
@@ -588,14 +587,7 @@ func TestReplicaDeletedBeforeItsVolumesMark(t *testing.T) {
 		}
 	}
 	r.must(r.cl.Delete(r.ctx, rv))
-	r.eventually("replicas gone", 60*time.Second, func() string {
-		for _, n := range names {
-			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
-				return n + " still exists"
-			}
-		}
-		return ""
-	})
+	r.replicasGone(names)
 }
 
 // The members of a volume that goes (marked deleted, nothing attached) are left as
@@ -624,21 +616,8 @@ func TestMembersOfAGoingVolumeWaitForTheirDeletion(t *testing.T) {
 	for _, n := range names {
 		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
 	}
-	r.eventually("replicas gone", 60*time.Second, func() string {
-		for _, n := range names {
-			if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
-				return n + " still exists"
-			}
-		}
-		return ""
-	})
-	for _, n := range r.c.Nodes {
-		res, err := n.Resources(r.ctx)
-		r.must(err)
-		if len(res) > 0 || len(n.Files()) > 0 {
-			t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
-		}
-	}
+	r.replicasGone(names)
+	r.nothingLeftOnNodes()
 }
 
 // Steady state writes nothing: after formation, no RVR is modified for a

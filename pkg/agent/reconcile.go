@@ -138,10 +138,11 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	}
 	if volumeGoes(rv) {
 		// The replica's own deletion comes next, and with it its teardown: until then
-		// there is nothing to converge to, and a report would be read by no one. Its
-		// kernel keeps what it runs; the peers' take-downs, which wake it, are not
-		// read back from the kernel for each volume of a deletion of thousands
-		// (docs/scale.md, "Ninth pass").
+		// there is nothing to converge to, and a report would be read by no one
+		// (docs/contract.md, "Deleting a volume"). Its kernel keeps what it runs; the
+		// peers' take-downs, which wake it, are not read back from the kernel for each
+		// volume of a deletion of thousands (docs/scale.md, "The members of a volume
+		// that goes, and two more runs").
 		r.unread = true
 		return r.step
 	}

@@ -174,26 +174,8 @@ spec: {size: 10Gi, replicatedStorageClassName: rsc-3d}
 `, name)
 	mustApply(t, rv, managerCSI)
 
-	datamesh := func(revision int, members ...string) *unstructured.Unstructured {
-		var ms []string
-		for i, m := range members {
-			ms = append(ms, fmt.Sprintf("{name: %s-%s, type: Diskful, nodeName: node-%s, nodeID: %d}", name, m, m, i))
-		}
-		return fromYAML(t, fmt.Sprintf(`
-kind: ReplicatedVolume
-metadata: {name: $NAME}
-status:
-  datameshRevision: %d
-  datamesh: {members: [%s], quorum: 2, quorumMinimumRedundancy: 2}
-  layout: %dD
-  readyMembers: %d/%d
-  conditions:
-  - {type: Formed, status: "True", reason: Formed, message: datamesh formed, lastTransitionTime: "2025-03-14T15:09:26Z"}
-`, revision, strings.Join(ms, ", "), len(members), len(members), len(members)), name)
-	}
-
-	mustApplyStatus(t, datamesh(3, "a", "b", "c"), managerController)
-	mustApplyStatus(t, datamesh(4, "a", "b", "d"), managerController)
+	mustApplyStatus(t, rvStatus(t, name, 3, "a", "b", "c"), managerController)
+	mustApplyStatus(t, rvStatus(t, name, 4, "a", "b", "d"), managerController)
 	got := get(t, rv)
 	if m := memberNames(t, got); !reflect.DeepEqual(m, []string{name + "-a", name + "-b", name + "-d"}) {
 		t.Errorf("members after the controller's second apply = %v, want a, b, d", m)
@@ -239,7 +221,7 @@ status:
 	if ctl, _ := managed(t, got, managerController, "status"); len(ctl) > 0 {
 		t.Errorf("%s still owns %v after a forced takeover", managerController, keys(ctl))
 	}
-	err = applyStatus(ctx(t), datamesh(5, "a", "b", "d"), managerController)
+	err = applyStatus(ctx(t), rvStatus(t, name, 5, "a", "b", "d"), managerController)
 	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), `with "meshvol-health"`) {
 		t.Errorf("the former owner's apply: want a conflict with %s, got %v", managerHealth, err)
 	}
@@ -334,6 +316,27 @@ status:
 	if d := field(t, got, "status", "diskState"); d != "Outdated" {
 		t.Errorf("diskState after the controller's forced condition = %v, want the agent's Outdated", d)
 	}
+}
+
+// rvStatus is an RV status as the controller applies it: revision, the datamesh of the
+// members named (replicas <name>-<m> on nodes node-<m>), the layout and a condition.
+func rvStatus(t *testing.T, name string, revision int, members ...string) *unstructured.Unstructured {
+	t.Helper()
+	var ms []string
+	for i, m := range members {
+		ms = append(ms, fmt.Sprintf("{name: %s-%s, type: Diskful, nodeName: node-%s, nodeID: %d}", name, m, m, i))
+	}
+	return fromYAML(t, fmt.Sprintf(`
+kind: ReplicatedVolume
+metadata: {name: $NAME}
+status:
+  datameshRevision: %d
+  datamesh: {members: [%s], quorum: 2, quorumMinimumRedundancy: 2}
+  layout: %dD
+  readyMembers: %d/%d
+  conditions:
+  - {type: Formed, status: "True", reason: Formed, message: datamesh formed, lastTransitionTime: "2025-03-14T15:09:26Z"}
+`, revision, strings.Join(ms, ", "), len(members), len(members), len(members)), name)
 }
 
 func memberNames(t *testing.T, u *unstructured.Unstructured) []string {

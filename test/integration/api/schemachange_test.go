@@ -2,11 +2,9 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
 
@@ -68,21 +66,6 @@ spec: {size: 10Gi, replicatedStorageClassName: rsc-3d}
 	if err := e.Client.Patch(c, rv.DeepCopy(), client.Apply, client.FieldOwner(managerCSI)); err != nil {
 		t.Fatal(err)
 	}
-	status := func(revision int, members ...string) *unstructured.Unstructured {
-		var ms []string
-		for i, m := range members {
-			ms = append(ms, fmt.Sprintf("{name: %s-%s, type: Diskful, nodeName: node-%s, nodeID: %d}", name, m, m, i))
-		}
-		return fromYAML(t, fmt.Sprintf(`
-kind: ReplicatedVolume
-metadata: {name: $NAME}
-status:
-  datameshRevision: %d
-  datamesh: {members: [%s], quorum: 2, quorumMinimumRedundancy: 2}
-  conditions:
-  - {type: Formed, status: "True", reason: Formed, message: datamesh formed, lastTransitionTime: "2025-03-14T15:09:26Z"}
-`, revision, strings.Join(ms, ", ")), name)
-	}
 	applyStatus := func(u *unstructured.Unstructured) error {
 		return e.Client.Status().Patch(c, u.DeepCopy(), client.Apply, client.FieldOwner(managerController), client.ForceOwnership)
 	}
@@ -95,7 +78,7 @@ status:
 		return got
 	}
 
-	if err := applyStatus(status(3, "a", "b", "c")); err != nil {
+	if err := applyStatus(rvStatus(t, name, 3, "a", "b", "c")); err != nil {
 		t.Fatal(err)
 	}
 	if ctl, _ := managed(t, read(), managerController, "status"); !ownsBeneath(ctl, ".status.datamesh.members") {
@@ -116,7 +99,7 @@ status:
 	// then an apply is still tracked field by field. Every apply must land.
 	revision := 4
 	for {
-		if err := applyStatus(status(revision, "a", "b", "d")); err != nil {
+		if err := applyStatus(rvStatus(t, name, revision, "a", "b", "d")); err != nil {
 			t.Fatalf("the controller's apply over the earlier schema's ownership: %v", err)
 		}
 		got := read()
