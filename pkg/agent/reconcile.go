@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/drbd"
+	"github.com/meshvol/meshvol/pkg/finalizer"
 	"github.com/meshvol/meshvol/pkg/sharedsecret"
 	"github.com/meshvol/meshvol/pkg/storage"
 )
@@ -1029,46 +1030,25 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 }
 
 // releaseFinalizer removes the agent's finalizer from the deleted replica rvr, as the
-// cache shows it.
-//
-// When it is the replica's last finalizer, the write deletes the replica, and it is an
-// update of the replica as cached, under its resourceVersion, rather than a patch: the
-// apiserver then neither encodes the stored replica nor applies a patch to it, a part
-// of the CPU of thousands of deletions (docs/scale.md, "Eighth pass"). What such an
-// update could lose does not matter, as the replica is gone with it: the status is
-// the status subresource's, which the replica's own update leaves as stored, so it is
-// not even sent (the cache keeps only this agent's conditions, agentReplica); the
-// apiserver keeps the stored managedFields of an update that carries none (the cache
-// drops them); fields of a newer API version that this agent does not know would be
-// dropped. A conflict (the replica changed since the cache showed it) refuses it.
-//
-// Otherwise someone else's finalizer stays, and with it the replica: a JSON patch
-// removes this entry of metadata.finalizers only if it is still the agent's (test), so
-// no one else's finalizer or field is touched, and a status written meanwhile (which
-// moves the resourceVersion) does not refuse it.
+// cache shows it: when it is the replica's last, by an update that deletes the replica
+// (finalizer.Release; docs/controller.md, "Deletion"), which a status written since the
+// cache showed rvr refuses with a Conflict. Otherwise someone else's finalizer stays,
+// and with it the replica: a JSON patch removes this entry of metadata.finalizers only
+// if it is still the agent's (test), so no one else's finalizer or field is touched,
+// and a status written meanwhile (which moves the resourceVersion) does not refuse it
+// (docs/contract.md, "Objects, names, writers").
 func releaseFinalizer(ctx context.Context, c client.Writer, rvr *v1.ReplicatedVolumeReplica) error {
-	if rvr.DeletionTimestamp != nil && slices.Equal(rvr.Finalizers, []string{v1.FinalizerAgent}) {
-		last := rvr.DeepCopy()
-		last.Finalizers = nil
-		last.Status = v1.ReplicatedVolumeReplicaStatus{}
-		err := c.Update(ctx, last, client.FieldOwner(v1.FieldManagerAgent))
-		if !apierrors.IsInvalid(err) {
+	return finalizer.Release(ctx, c, rvr, v1.FinalizerAgent, v1.FieldManagerAgent, func() error {
+		i := slices.Index(rvr.Finalizers, v1.FinalizerAgent)
+		patch, err := json.Marshal([]map[string]any{
+			{"op": "test", "path": fmt.Sprintf("/metadata/finalizers/%d", i), "value": v1.FinalizerAgent},
+			{"op": "remove", "path": fmt.Sprintf("/metadata/finalizers/%d", i)},
+		})
+		if err != nil {
 			return err
 		}
-		// The spec as decoded does not pass the schema's rules as an update of the
-		// stored one: a field stored with an explicit empty value, which the typed
-		// API leaves out and a rule comparing it with the old value then sees
-		// changed. The patch touches the finalizers alone.
-	}
-	i := slices.Index(rvr.Finalizers, v1.FinalizerAgent)
-	patch, err := json.Marshal([]map[string]any{
-		{"op": "test", "path": fmt.Sprintf("/metadata/finalizers/%d", i), "value": v1.FinalizerAgent},
-		{"op": "remove", "path": fmt.Sprintf("/metadata/finalizers/%d", i)},
+		return c.Patch(ctx, rvr.DeepCopy(), client.RawPatch(types.JSONPatchType, patch))
 	})
-	if err != nil {
-		return err
-	}
-	return c.Patch(ctx, rvr.DeepCopy(), client.RawPatch(types.JSONPatchType, patch))
 }
 
 // deleteBacking deletes the replica's own backing volume (backingKey) from its pool

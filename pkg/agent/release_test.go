@@ -4,18 +4,19 @@ import (
 	"context"
 	"slices"
 	"testing"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/internal/testenv"
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
+
+// These are the tests of the agent's release of its finalizer; the mechanism it shares
+// with the controller (every kind, the fallback when the update is refused as Invalid)
+// is tested in pkg/finalizer.
 
 // otherFinalizer is someone else's finalizer on a replica, which the agent's release
 // must leave in place.
@@ -43,14 +44,6 @@ func deletedReplica(t *testing.T, ctx context.Context, name string, finalizers .
 	return rvr
 }
 
-// touch changes the replica behind the caller's back (an annotation), moving its
-// resourceVersion: a copy read before is stale.
-func touch(t *testing.T, ctx context.Context, name string) {
-	t.Helper()
-	patch := []byte(`{"metadata":{"annotations":{"example.com/touched":"` + time.Now().Format(time.RFC3339Nano) + `"}}}`)
-	mustDo(t, env.Client.Patch(ctx, &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch(types.MergePatchType, patch)))
-}
-
 func mustDo(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -66,7 +59,7 @@ func TestReleaseOfTheLastFinalizerIsAnUpdate(t *testing.T) {
 	ctx := context.Background()
 	name := testenv.Name(t)
 	stale := deletedReplica(t, ctx, name, v1.FinalizerAgent)
-	touch(t, ctx, name)
+	testenv.Touch(t, ctx, env.Client, stale)
 
 	err := agent.ReleaseFinalizer(ctx, env.Client, stale)
 	if !apierrors.IsConflict(err) {
@@ -91,7 +84,7 @@ func TestReleaseKeepsAnotherFinalizer(t *testing.T) {
 	ctx := context.Background()
 	name := testenv.Name(t)
 	stale := deletedReplica(t, ctx, name, v1.FinalizerAgent, otherFinalizer)
-	touch(t, ctx, name)
+	testenv.Touch(t, ctx, env.Client, stale)
 
 	mustDo(t, agent.ReleaseFinalizer(ctx, env.Client, stale))
 	cur := &v1.ReplicatedVolumeReplica{}
@@ -99,48 +92,7 @@ func TestReleaseKeepsAnotherFinalizer(t *testing.T) {
 	if !slices.Equal(cur.Finalizers, []string{otherFinalizer}) {
 		t.Errorf("finalizers after the agent's release: %v, want only %s", cur.Finalizers, otherFinalizer)
 	}
-	if cur.Annotations["example.com/touched"] == "" {
+	if cur.Annotations[testenv.TouchedAnnotation] == "" {
 		t.Errorf("the release from a stale copy undid a change made after it: annotations %v", cur.Annotations)
-	}
-}
-
-// A replica whose stored spec does not survive the typed API's round trip (an optional
-// field stored as an explicit empty string, which the typed API leaves out) fails the
-// schema's rule that compares its storage with the old one as an update; its last
-// finalizer goes by the patch then.
-func TestReleaseOfASpecThatDoesNotRoundTrip(t *testing.T) {
-	ctx := context.Background()
-	name := testenv.Name(t)
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1.SchemeGroupVersion.String(), "kind": "ReplicatedVolumeReplica",
-		"metadata": map[string]any{"name": name, "finalizers": []any{v1.FinalizerAgent}},
-		"spec": map[string]any{"replicatedVolumeName": name, "nodeName": "nowhere", "type": string(v1.ReplicaTypeDiskful),
-			"storage": map[string]any{"pool": "pool", "volumeGroup": ""}},
-	}}
-	mustDo(t, env.Client.Create(ctx, u))
-	t.Cleanup(func() {
-		_ = env.Client.Patch(context.Background(), &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: name}},
-			client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
-	})
-	// Retyped to a TieBreaker keeping its storage, as a Diskful retyped keeps it
-	// (docs/controller.md, "Retyping a replica"): the schema then asks that the
-	// storage stay as it was.
-	mustDo(t, env.Client.Patch(ctx, &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: name}},
-		client.RawPatch(types.MergePatchType, []byte(`{"spec":{"type":"`+string(v1.ReplicaTypeTieBreaker)+`"}}`))))
-	mustDo(t, env.Client.Delete(ctx, &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: name}}))
-	rvr := &v1.ReplicatedVolumeReplica{}
-	mustDo(t, env.Client.Get(ctx, client.ObjectKey{Name: name}, rvr))
-
-	// The premise: the update alone is refused.
-	direct := rvr.DeepCopy()
-	direct.Finalizers = nil
-	err := env.Client.Update(ctx, direct)
-	if !apierrors.IsInvalid(err) {
-		t.Fatalf("an update of the replica as decoded: %v, want it refused as Invalid (the test's premise)", err)
-	}
-	t.Logf("the update alone: %v", err)
-	mustDo(t, agent.ReleaseFinalizer(ctx, env.Client, rvr))
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("the replica after its last finalizer's release: %v, want NotFound", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/finalizer"
 )
 
 // Every write of the controller is a server-side apply of the fields it owns, with field
@@ -74,31 +75,38 @@ func applyStatus(ctx context.Context, c client.Client, kind, name, resourceVersi
 	return c.Status().Patch(ctx, u, client.Apply, applyStatusOpts()...)
 }
 
-// applyFinalizer adds (present) the controller's finalizer to kind/name by applying it
-// as a set member, or removes it (absent) with a JSON merge patch of the list under
-// resourceVersion: the CSI service creates RVs and RVAs with the finalizer already in
-// place (its field manager owns it then), and an apply can only release what this
-// manager owns. Both are conditional on resourceVersion (what the cache showed), so they
-// never recreate an object that is already gone; a Conflict or NotFound means the cache
-// was behind, and the watch brings the next reconcile (ignoreStale).
-func applyFinalizer(ctx context.Context, c client.Client, kind, name, resourceVersion string, present bool, finalizers []string) error {
-	if present {
-		u := applyObject(kind, "", name, resourceVersion)
-		u.SetFinalizers([]string{v1.FinalizerController})
-		return c.Patch(ctx, u, client.Apply, applyOpts...)
-	}
-	var keep []any = []any{}
-	for _, f := range finalizers {
-		if f != v1.FinalizerController {
-			keep = append(keep, f)
+// applyFinalizer adds the controller's finalizer to kind/name by applying it as a set
+// member, conditional on resourceVersion (what the cache showed), so that it never
+// recreates an object that is already gone; a Conflict or NotFound means the cache was
+// behind, and the watch brings the next reconcile (ignoreStale).
+func applyFinalizer(ctx context.Context, c client.Client, kind, name, resourceVersion string) error {
+	u := applyObject(kind, "", name, resourceVersion)
+	u.SetFinalizers([]string{v1.FinalizerController})
+	return c.Patch(ctx, u, client.Apply, applyOpts...)
+}
+
+// releaseFinalizer removes the controller's finalizer from obj, an object of kind as the
+// cache shows it, conditional on its resourceVersion (a Conflict or NotFound: the cache
+// was behind, ignoreStale). When it is the last finalizer of a deleted object, the
+// release is an update that deletes the object (finalizer.Release). Otherwise it is a
+// JSON merge patch of the list under resourceVersion, which touches nothing but the
+// list: not an apply, which would release only an entry this manager owns, not one
+// set by whoever created the object.
+func releaseFinalizer(ctx context.Context, c client.Client, kind string, obj client.Object) error {
+	return finalizer.Release(ctx, c, obj, v1.FinalizerController, v1.FieldManagerController, func() error {
+		keep := []any{}
+		for _, f := range obj.GetFinalizers() {
+			if f != v1.FinalizerController {
+				keep = append(keep, f)
+			}
 		}
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": resourceVersion, "finalizers": keep}})
-	if err != nil {
-		return err
-	}
-	u := applyObject(kind, "", name, "")
-	return c.Patch(ctx, u, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(v1.FieldManagerController))
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": obj.GetResourceVersion(), "finalizers": keep}})
+		if err != nil {
+			return err
+		}
+		u := applyObject(kind, "", obj.GetName(), "")
+		return c.Patch(ctx, u, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(v1.FieldManagerController))
+	})
 }
 
 // ignoreStale drops the errors of a conditional write made from a cache that was behind:

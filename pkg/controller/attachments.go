@@ -60,7 +60,7 @@ func (c *Controller) writeAttachments(ctx context.Context, v *volume, work *v1.R
 			}
 		}
 		if rva.DeletionTimestamp != nil && slices.Contains(rva.Finalizers, v1.FinalizerController) && detachedOn(work, rva.Spec.NodeName, out.lost) {
-			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", rva.Name, rva.ResourceVersion, false, rva.Finalizers)); err != nil {
+			if err := ignoreStale(releaseFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", rva)); err != nil {
 				return fmt.Errorf("removing finalizer of attachment %s: %w", rva.Name, err)
 			}
 		}

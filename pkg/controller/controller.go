@@ -177,9 +177,9 @@ func nonZero(d time.Duration) *time.Duration {
 // CacheOptions restricts the cache's Secrets and Leases to the controller's namespace:
 // the controller reads no other Secret, and every agent Lease lives there. The cache
 // keeps no managedFields (every write is an apply or a patch built afresh, never an
-// object read back, but for the update that releases a deleted volume's last finalizer,
-// which the apiserver gives the stored managedFields, and which deletes the volume:
-// releaseFinalizer), and of a Node only what the controller reads: its metadata and
+// object read back, but for the update that releases a deleted object's last finalizer,
+// which the apiserver gives the stored managedFields, and which deletes the object:
+// finalizer.Release), and of a Node only what the controller reads: its metadata and
 // spec (labels, cordon, taints), not the status a kubelet fills with images and
 // conditions — the largest objects in a cluster, and one per node. Of a Secret it keeps
 // the data only for the cluster key's (secretMetaExceptKey).

@@ -197,7 +197,7 @@ func (c *Controller) releaseVolume(ctx context.Context, rv *v1.ReplicatedVolume)
 	}
 	c.alloc.Release(rv.Name)
 	if slices.Contains(rv.Finalizers, v1.FinalizerController) {
-		err := c.releaseFinalizer(ctx, rv)
+		err := releaseFinalizer(ctx, c.client, "ReplicatedVolume", rv)
 		if err == nil {
 			// Reconciles queued meanwhile (the replicas' and the Secret's deletions)
 			// would find the RV still in the cache and release it again, a request
@@ -209,36 +209,4 @@ func (c *Controller) releaseVolume(ctx context.Context, rv *v1.ReplicatedVolume)
 		}
 	}
 	return nil
-}
-
-// releaseFinalizer removes the controller's finalizer from the deleted volume rv, as the
-// cache shows it, conditional on its resourceVersion (a Conflict or NotFound: the cache
-// was behind, ignoreStale).
-//
-// When it is the volume's last finalizer, the write deletes the volume, and it is an
-// update of the volume as cached rather than applyFinalizer's merge patch: the apiserver
-// then neither encodes the stored volume nor applies a patch to it, a part of the CPU of
-// thousands of deletions (docs/scale.md, "Eighth pass"). What such an update could lose
-// does not matter, as the volume is gone with it: the status is the status
-// subresource's, which the volume's own update leaves as stored, so it is not even
-// sent; the apiserver keeps the stored managedFields of an update that carries none
-// (the cache drops them); fields of a newer API version that this controller does not
-// know would be dropped. While someone else's finalizer remains, the volume stays, and
-// the merge patch touches nothing but the list.
-func (c *Controller) releaseFinalizer(ctx context.Context, rv *v1.ReplicatedVolume) error {
-	if rv.DeletionTimestamp == nil || !slices.Equal(rv.Finalizers, []string{v1.FinalizerController}) {
-		return applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)
-	}
-	last := rv.DeepCopy()
-	last.Finalizers = nil
-	last.Status = v1.ReplicatedVolumeStatus{}
-	err := c.client.Update(ctx, last, client.FieldOwner(v1.FieldManagerController))
-	if !apierrors.IsInvalid(err) {
-		return err
-	}
-	// The spec as decoded does not pass the schema's rules as an update of the stored
-	// one: a field stored with an explicit empty value, which the typed API leaves out
-	// and a rule comparing it with the old value then sees changed. The patch touches
-	// the finalizers alone.
-	return applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, false, rv.Finalizers)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/finalizer"
 )
 
 // judge is node's agent liveness as this reconcile of v sees it: its Lease, within
@@ -178,13 +179,17 @@ func inDatamesh(rv *v1.ReplicatedVolume, name string) bool {
 	return false
 }
 
-// removeAgentFinalizer drops the agent's finalizer with a merge patch under the object's
-// resourceVersion (finalizers are a list a merge patch replaces whole: the lock makes sure
-// no one else's entry is lost).
+// removeAgentFinalizer releases the agent's finalizer in the agent's stead: when it is
+// the replica's last, by the update that deletes the replica (finalizer.Release), which
+// a replica changed since the cache showed it refuses with a Conflict; otherwise by a
+// merge patch under the object's resourceVersion (finalizers are a list a merge patch
+// replaces whole: the lock makes sure no one else's entry is lost).
 func (c *Controller) removeAgentFinalizer(ctx context.Context, r *v1.ReplicatedVolumeReplica) error {
-	patched := r.DeepCopy()
-	patched.Finalizers = slices.DeleteFunc(patched.Finalizers, func(f string) bool { return f == v1.FinalizerAgent })
-	err := c.client.Patch(ctx, patched, client.MergeFromWithOptions(r, client.MergeFromWithOptimisticLock{}), client.FieldOwner(v1.FieldManagerController))
+	err := finalizer.Release(ctx, c.client, r, v1.FinalizerAgent, v1.FieldManagerController, func() error {
+		patched := r.DeepCopy()
+		patched.Finalizers = slices.DeleteFunc(patched.Finalizers, func(f string) bool { return f == v1.FinalizerAgent })
+		return c.client.Patch(ctx, patched, client.MergeFromWithOptions(r, client.MergeFromWithOptimisticLock{}), client.FieldOwner(v1.FieldManagerController))
+	})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

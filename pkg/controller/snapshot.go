@@ -71,7 +71,7 @@ func (c *Controller) reconcileSnapshot(ctx context.Context, req reconcile.Reques
 		return ctrl.Result{}, c.releaseSnapshot(ctx, rvs)
 	}
 	if !controllerutil.ContainsFinalizer(rvs, v1.FinalizerController) {
-		err := applyFinalizer(ctx, c.client, "ReplicatedVolumeSnapshot", rvs.Name, rvs.ResourceVersion, true, nil)
+		err := applyFinalizer(ctx, c.client, "ReplicatedVolumeSnapshot", rvs.Name, rvs.ResourceVersion)
 		return ctrl.Result{}, ignoreStale(err)
 	}
 	now := c.opts.Now()
@@ -277,6 +277,6 @@ func (c *Controller) releaseSnapshot(ctx context.Context, rvs *v1.ReplicatedVolu
 			return err
 		}
 	}
-	err := applyFinalizer(ctx, c.client, "ReplicatedVolumeSnapshot", rvs.Name, rvs.ResourceVersion, false, rvs.Finalizers)
+	err := releaseFinalizer(ctx, c.client, "ReplicatedVolumeSnapshot", rvs)
 	return ignoreStale(err)
 }

@@ -367,14 +367,14 @@ func (c *Controller) ensureFinalizers(ctx context.Context, v *volume) (done bool
 		if v.deleting() {
 			return true, nil
 		}
-		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion, true, nil)); err != nil {
+		if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolume", rv.Name, rv.ResourceVersion)); err != nil {
 			return true, fmt.Errorf("adding finalizer: %w", err)
 		}
 		return true, nil
 	}
 	for _, a := range v.rvas {
 		if a.DeletionTimestamp == nil && !slices.Contains(a.Finalizers, v1.FinalizerController) {
-			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion, true, nil)); err != nil {
+			if err := ignoreStale(applyFinalizer(ctx, c.client, "ReplicatedVolumeAttachment", a.Name, a.ResourceVersion)); err != nil {
 				return true, fmt.Errorf("adding finalizer to attachment %s: %w", a.Name, err)
 			}
 		}

@@ -303,8 +303,8 @@ func compatible(rv *v1.ReplicatedVolume, r createRequest, cr *csipb.CapacityRang
 func (c *Controller) createRV(ctx context.Context, r createRequest) error {
 	rv := &v1.ReplicatedVolume{
 		ObjectMeta: metav1.ObjectMeta{
-			// No finalizer here: the controller adds and releases its own by server-side
-			// apply, and a finalizer this manager co-owned would never be released.
+			// No finalizer here: the controller adds its own and releases it
+			// (docs/contract.md, "Objects, names, writers").
 			Name: r.rvName,
 		},
 		Spec: v1.ReplicatedVolumeSpec{
