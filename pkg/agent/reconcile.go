@@ -142,7 +142,7 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 		// (docs/contract.md, "Deleting a volume"). Its kernel keeps what it runs; the
 		// peers' take-downs, which wake it, are not read back from the kernel for each
 		// volume of a deletion of thousands (docs/scale.md, "The members of a volume
-		// that goes, and two more runs").
+		// that goes, and three more runs").
 		r.unread = true
 		return r.step
 	}
