@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -158,8 +157,8 @@ func (c *Controller) ensureOwnSecret(ctx context.Context, rv *v1.ReplicatedVolum
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("reading Secret %s: %w", name, err)
 	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
+	raw, err := sharedsecret.NewKey() // as many random bytes as the cluster key
+	if err != nil {
 		return fmt.Errorf("generating the shared secret of %s: %w", rv.Name, err)
 	}
 	s := &corev1.Secret{
@@ -173,7 +172,7 @@ func (c *Controller) ensureOwnSecret(ctx context.Context, rv *v1.ReplicatedVolum
 		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{v1.SecretKeySharedSecret: []byte(base64.RawURLEncoding.EncodeToString(raw))},
 	}
-	err := c.client.Create(ctx, s)
+	err = c.client.Create(ctx, s)
 	if apierrors.IsAlreadyExists(err) {
 		// Made by an earlier pass the cache has not shown yet, or one the cache has
 		// not shown of an earlier volume (or still being deleted): only the first

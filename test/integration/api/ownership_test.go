@@ -167,11 +167,7 @@ status: {observedGeneration: 2, phase: Degraded, layout: 3D, readyMembers: 2/3, 
 // ownership changed hands as a whole, it was never shared by accident.
 func TestRVStatusIsOneField(t *testing.T) {
 	name := testenv.Name(t)
-	rv := fromYAML(t, `
-kind: ReplicatedVolume
-metadata: {name: $NAME}
-spec: {size: 10Gi, replicatedStorageClassName: rsc-3d}
-`, name)
+	rv := rvSpec(t, name)
 	mustApply(t, rv, managerCSI)
 
 	mustApplyStatus(t, rvStatus(t, name, 3, "a", "b", "c"), managerController)
@@ -316,6 +312,16 @@ status:
 	if d := field(t, got, "status", "diskState"); d != "Outdated" {
 		t.Errorf("diskState after the controller's forced condition = %v, want the agent's Outdated", d)
 	}
+}
+
+// rvSpec is an RV as the CSI service creates it: a 10Gi volume of class rsc-3d.
+func rvSpec(t *testing.T, name string) *unstructured.Unstructured {
+	t.Helper()
+	return fromYAML(t, `
+kind: ReplicatedVolume
+metadata: {name: $NAME}
+spec: {size: 10Gi, replicatedStorageClassName: rsc-3d}
+`, name)
 }
 
 // rvStatus is an RV status as the controller applies it: revision, the datamesh of the

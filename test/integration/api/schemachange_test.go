@@ -58,11 +58,7 @@ func TestStatusBecomesAtomicUnderRunningVolumes(t *testing.T) {
 	defer cancel()
 
 	name := testenv.Name(t)
-	rv := fromYAML(t, `
-kind: ReplicatedVolume
-metadata: {name: $NAME}
-spec: {size: 10Gi, replicatedStorageClassName: rsc-3d}
-`, name)
+	rv := rvSpec(t, name)
 	if err := e.Client.Patch(c, rv.DeepCopy(), client.Apply, client.FieldOwner(managerCSI)); err != nil {
 		t.Fatal(err)
 	}
