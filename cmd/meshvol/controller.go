@@ -15,9 +15,11 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/crdschema"
 	"github.com/meshvol/meshvol/pkg/csi"
 	"github.com/meshvol/meshvol/pkg/datamesh"
 	"github.com/meshvol/meshvol/pkg/version"
@@ -28,7 +30,9 @@ const controllerUsage = `usage: meshvol controller [flags]
 Runs the meshvol control plane: the volume, storage pool and node lifecycle
 reconcilers (pkg/controller). One instance is active at a time (leader election on a
 Lease); it needs the meshvol CRDs (config/crd) installed and exits non-zero, saying
-why, when they are missing or the apiserver cannot be reached.
+why, when they are missing, lack a field this version writes (CRDs of an earlier
+version: helm upgrade leaves them alone; docs/install.md, "Upgrading") or the
+apiserver cannot be reached.
 
 flags:
 `
@@ -247,9 +251,10 @@ func jsonLogger(w io.Writer, verbosity int) logr.Logger {
 	})
 }
 
-// preflight checks, until timeout, that the apiserver answers and serves meshvol's five
-// kinds: a controller that cannot work says so and exits instead of logging watch errors
-// for ever.
+// preflight checks, until timeout, that the apiserver answers and serves meshvol's
+// kinds, and that their installed CRDs keep every field of this version's
+// (controller.CheckCRDs): a controller that cannot work, or would write fields the
+// apiserver drops, says so and exits instead of logging watch errors for ever.
 func preflight(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
 	c := rest.CopyConfig(cfg)
 	c.Timeout = 5 * time.Second
@@ -276,10 +281,15 @@ func preflight(ctx context.Context, cfg *rest.Config, timeout time.Duration) err
 					missing = append(missing, w)
 				}
 			}
-			if len(missing) == 0 {
-				return nil
+			if len(missing) > 0 {
+				last = fmt.Errorf("the apiserver at %s lacks the CRDs for %s in %s: install them (kubectl apply -f config/crd)", cfg.Host, strings.Join(missing, ", "), v1.SchemeGroupVersion)
+			} else if last = checkCRDs(ctx, c); last == nil || crdschema.IsStale(last) {
+				// Before the CSI service serves a call or the manager starts: an earlier
+				// CRD would drop fields of the objects either writes. A stale CRD is
+				// final (it waits for a person to apply this version's); a failed read
+				// is tried again.
+				return last
 			}
-			last = fmt.Errorf("the apiserver at %s lacks the CRDs for %s in %s: install them (kubectl apply -f config/crd)", cfg.Host, strings.Join(missing, ", "), v1.SchemeGroupVersion)
 		}
 		if time.Now().After(deadline) {
 			return last
@@ -290,4 +300,13 @@ func preflight(ctx context.Context, cfg *rest.Config, timeout time.Duration) err
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// checkCRDs runs controller.CheckCRDs with a client of cfg's.
+func checkCRDs(ctx context.Context, cfg *rest.Config) error {
+	cl, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return err
+	}
+	return controller.CheckCRDs(ctx, cl)
 }

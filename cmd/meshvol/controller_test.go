@@ -12,12 +12,16 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/meshvol/meshvol/internal/testenv"
+	"github.com/meshvol/meshvol/pkg/crdschema"
 )
 
 func TestControllerHelp(t *testing.T) {
@@ -73,7 +77,9 @@ func TestControllerUnreachableAPIServer(t *testing.T) {
 }
 
 // Against a real apiserver: without the CRDs the controller refuses to start and says
-// what to install; with them it starts, becomes ready, and stops cleanly.
+// what to install; on a CRD that lacks a field of this version's (one helm upgrade left
+// alone) it refuses at once, naming the CRD, the field and the command that applies this
+// version's; with this tree's CRDs it starts, becomes ready, and stops cleanly.
 func TestControllerStartsAgainstAPIServer(t *testing.T) {
 	env := testenv.StartT(t, testenv.Options{CRDDirs: []string{}})
 	kc := writeKubeconfig(t, env.Config)
@@ -87,9 +93,45 @@ func TestControllerStartsAgainstAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: dirs, Scheme: env.Scheme}); err != nil {
+	installed, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: dirs, Scheme: env.Scheme})
+	if err != nil {
 		t.Fatal(err)
 	}
+	rvr := crdschema.Name("replicatedvolumereplicas")
+	editCRD := func(edit func(*apiextensionsv1.CustomResourceDefinitionSpec)) {
+		t.Helper()
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur := &apiextensionsv1.CustomResourceDefinition{}
+			if err := env.Client.Get(context.Background(), client.ObjectKey{Name: rvr}, cur); err != nil {
+				return err
+			}
+			edit(&cur.Spec)
+			return env.Client.Update(context.Background(), cur)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var built *apiextensionsv1.CustomResourceDefinitionSpec
+	for _, c := range installed {
+		if c.Name == rvr {
+			built = c.Spec.DeepCopy()
+		}
+	}
+	editCRD(func(spec *apiextensionsv1.CustomResourceDefinitionSpec) {
+		delete(spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties, "peers")
+	})
+	errb.Reset()
+	began := time.Now()
+	code = runController(context.Background(), []string{"--kubeconfig", kc, "--start-timeout", "30s"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "CustomResourceDefinition "+rvr+" (v1alpha1) lacks status.peers;") ||
+		!strings.Contains(errb.String(), crdschema.Fix) {
+		t.Fatalf("on an RVR CRD without status.peers: exit %d, stderr %q", code, errb.String())
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("the refusal took %s: a stale CRD is final, not tried again until --start-timeout", took)
+	}
+	editCRD(func(spec *apiextensionsv1.CustomResourceDefinitionSpec) { *spec = *built })
+
 	probe := freePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -57,6 +57,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/crdschema"
 	"github.com/meshvol/meshvol/pkg/drbd"
 	"github.com/meshvol/meshvol/pkg/storage"
 )
@@ -288,6 +289,17 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		released:        map[string]types.UID{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
+	if err != nil {
+		return err
+	}
+	// The agent applies its replicas' status whole and reads it back (a backing
+	// volume's name, the revision DRBD runs), and writes its entries of snapshot status:
+	// on an earlier CRD that lacks one of their fields the apiserver would drop it
+	// without an error. It refuses to start so, before it writes anything
+	// (docs/install.md, "Upgrading"); nothing of the manager runs yet.
+	checkCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = crdschema.Check(checkCtx, mgr.GetAPIReader(), crdschema.Agent)
+	cancel()
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,8 @@
 // or controller.NewManager(cfg, opts, controller.ManagerOptions{...}) for a manager to
 // start yourself,
 // or, with a manager you built (its cache must restrict Secrets and Leases to the
-// namespace: use CacheOptions), controller.Setup(mgr, opts).
+// namespace: use CacheOptions), controller.Setup(mgr, opts), after CheckCRDs (the
+// managers of Run and NewManager check the installed CRDs before they start).
 package controller
 
 import (
@@ -224,7 +225,9 @@ func nodeMetaAndSpec(o any) (any, error) {
 }
 
 // NewManager builds a controller-runtime manager for cfg with the controller's
-// reconcilers set up.
+// reconcilers set up. Its Start checks first that the installed CRDs keep every field
+// of this tree's, and returns that check's error (CheckCRDs) before the leader election
+// or any write.
 func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, error) {
 	o.defaults()
 	if err := o.Validate(); err != nil {
@@ -283,7 +286,7 @@ func NewManager(cfg *rest.Config, o Options, mo ManagerOptions) (ctrl.Manager, e
 	if _, err := Setup(mgr, o); err != nil {
 		return nil, err
 	}
-	return mgr, nil
+	return checkedManager{mgr}, nil
 }
 
 var skipNameValidation = true
@@ -322,9 +325,6 @@ type Controller struct {
 	disrupt disruption
 	// load: the replicas on each node, for placement (nodeLoads).
 	load *nodeLoads
-	// crd: whether the installed RV CRD keeps a derived shared-secret reference
-	// (crdKeepsDerivation).
-	crd crdSchema
 }
 
 // Setup registers the field indexes and the reconcilers with mgr.
@@ -374,9 +374,6 @@ func Setup(mgr ctrl.Manager, o Options) (*Controller, error) {
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		if _, why, err := c.drbdKey(ctx); err != nil || why != "" {
 			mgr.GetLogger().Info("the DRBD cluster key is not available yet; each new volume's allocation tries again", "why", why, "err", err)
-		}
-		if ok, why := c.crdKeepsDerivation(ctx); !ok {
-			mgr.GetLogger().Info("new volumes get Secrets of their own until the ReplicatedVolume CRD keeps derived references", "why", why)
 		}
 		return nil
 	})); err != nil {

@@ -70,12 +70,11 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 			return "No HMAC algorithm of " + strings.Join(c.opts.HMACAlgorithms, ", ") + " is offered by the nodes of storage pool " + v.poolName,
 				reasonNoAlgorithm, nil
 		}
-		if why := c.derivationBlocked(ctx, v); why != "" {
+		if why := derivationBlocked(v); why != "" {
 			// An agent that does not know derived references would configure the
 			// volume with a wrong secret, and its replicas would not connect until it
-			// is upgraded; a CRD that drops the reference's fields would turn it into
-			// one to the key itself: the volume gets a Secret of its own, which every
-			// agent reads (docs/install.md, "Upgrading").
+			// is upgraded: the volume gets a Secret of its own, which every agent reads
+			// (docs/install.md, "Upgrading").
 			if err := c.ensureOwnSecret(ctx, v.rv); err != nil {
 				return "", "", err
 			}
@@ -97,14 +96,12 @@ func (c *Controller) allocate(ctx context.Context, v *volume, work *v1.Replicate
 }
 
 // derivationBlocked says why a new volume's secret may not be derived now ("" when it
-// may): an agent that does not announce it knows derived references, or an installed
-// ReplicatedVolume CRD that would drop their fields (crdKeepsDerivation).
-func (c *Controller) derivationBlocked(ctx context.Context, v *volume) string {
+// may): an agent that does not announce it knows derived references. The installed
+// ReplicatedVolume CRD keeps their fields: the controller does not start on one that
+// would drop them (CheckCRDs).
+func derivationBlocked(v *volume) string {
 	if node := derivationHoldout(v.leases, v.nodes); node != "" {
 		return "the agent of node " + node + " does not announce " + v1.CapabilityDerivedSharedSecret + " on its Lease"
-	}
-	if ok, why := c.crdKeepsDerivation(ctx); !ok {
-		return why
 	}
 	return ""
 }

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/yaml"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
@@ -381,40 +378,5 @@ func TestDerivationHoldout(t *testing.T) {
 		if got := derivationHoldout(tc.leases, nodes); got != tc.want {
 			t.Errorf("%s: holdout %q, want %q", tc.name, got, tc.want)
 		}
-	}
-}
-
-// The controller derives only while the installed ReplicatedVolume CRD keeps a derived
-// reference's fields: the CRD this tree installs does; one of the release before
-// (neither field: helm upgrade leaves crds/ alone) does not, and says which field.
-func TestMissingDerivationFields(t *testing.T) {
-	raw, err := os.ReadFile("../../config/crd/storage.meshvol.io_replicatedvolumes.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := map[string]any{}
-	if err := yaml.Unmarshal(raw, &crd); err != nil {
-		t.Fatal(err)
-	}
-	if why := missingDerivationFields(crd); why != "" {
-		t.Fatalf("this tree's CRD: %s", why)
-	}
-	versions, _, _ := unstructured.NestedSlice(crd, "spec", "versions")
-	for _, ver := range versions {
-		props, _, _ := unstructured.NestedMap(ver.(map[string]any), "schema", "openAPIV3Schema", "properties", "status", "properties",
-			"datamesh", "properties", "sharedSecret", "properties")
-		delete(props, "derivation")
-		delete(props, "keyFingerprint")
-		if err := unstructured.SetNestedMap(ver.(map[string]any), props, "schema", "openAPIV3Schema", "properties", "status", "properties",
-			"datamesh", "properties", "sharedSecret", "properties"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := unstructured.SetNestedSlice(crd, versions, "spec", "versions"); err != nil {
-		t.Fatal(err)
-	}
-	want := "CustomResourceDefinition replicatedvolumes.storage.meshvol.io (v1alpha1) has no status.datamesh.sharedSecret.derivation"
-	if why := missingDerivationFields(crd); !strings.HasPrefix(why, want) {
-		t.Fatalf("the earlier CRD: %q, want it to start %q", why, want)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/meshvol/meshvol/pkg/crdschema"
 )
 
 // access is one row of the RBAC matrix: may subject do verb on resource (in
@@ -81,6 +83,12 @@ var rbacMatrix = map[string][]access{
 		deny("list", "", "secrets", "", ""),
 		deny("delete", "", "pods", "", ""),
 		deny("patch", "", "nodes", "", ""),
+		// The CRDs of the kinds it writes, by name only (whether each keeps every field:
+		// TestRBACMatrix checks each), no other.
+		named(allow("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedvolumereplicas.storage.meshvol.io"),
+		named(deny("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedvolumes.storage.meshvol.io"),
+		deny("list", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+		named(deny("update", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedvolumereplicas.storage.meshvol.io"),
 	},
 	"meshvol-controller": {
 		allow("patch", meshvolGroup, "replicatedvolumes", "status", ""),
@@ -116,9 +124,10 @@ var rbacMatrix = map[string][]access{
 		deny("patch", meshvolGroup, "replicatednodemaintenances", "", ""),
 		deny("create", "coordination.k8s.io", "leases", "", other),
 		deny("create", "storage.k8s.io", "csistoragecapacities", "", other),
-		// The ReplicatedVolume CRD, by name only (whether it keeps derived references).
+		// meshvol's CRDs, by name only (whether each keeps every field: TestRBACMatrix
+		// checks every one), no other.
 		named(allow("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedvolumes.storage.meshvol.io"),
-		named(deny("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedstoragepools.storage.meshvol.io"),
+		named(deny("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "volumesnapshots.snapshot.storage.k8s.io"),
 		deny("list", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
 		named(deny("update", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), "replicatedvolumes.storage.meshvol.io"),
 	},
@@ -136,6 +145,19 @@ func TestRBACMatrix(t *testing.T) {
 					t.Errorf("system:serviceaccount:%s:%s %s: allowed=%v, want %v", namespace, sa, a, got, a.allowed)
 				}
 			})
+		}
+	}
+
+	// Each reads every CRD its start checks (crdschema): the chart names them one by one.
+	all, err := crdschema.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sa, names := range map[string][]string{"meshvol-controller": all, "meshvol-node": crdschema.Agent} {
+		for _, n := range names {
+			if a := named(allow("get", "apiextensions.k8s.io", "customresourcedefinitions", "", ""), n); !may(t, sa, a) {
+				t.Errorf("%s may not %s: its start reads it", sa, a)
+			}
 		}
 	}
 

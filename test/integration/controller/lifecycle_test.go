@@ -28,6 +28,7 @@ import (
 	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
+	"github.com/meshvol/meshvol/pkg/crdschema"
 	"github.com/meshvol/meshvol/pkg/sharedsecret"
 )
 
@@ -558,28 +559,35 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 
 // helm upgrade leaves a chart's CRDs alone: a cluster upgraded with it alone keeps the
 // earlier ReplicatedVolume CRD, whose schema lacks a derived reference's derivation and
-// keyFingerprint, and the apiserver would drop them. While the installed CRD lacks them,
-// new volumes get Secrets of their own; the CRD applied and the controller restarted
-// (as helm upgrade restarts it), the next volume's secret is derived and stored whole
-// (docs/install.md, "Upgrading").
-func TestOwnSecretWhileTheCRDLacksDerivation(t *testing.T) {
+// keyFingerprint, which the apiserver would drop. The controller does not start on it
+// (controller.CheckCRDs), so no volume gets a reference the apiserver would not keep
+// whole, nor a Secret of its own for want of one; the CRD applied and the controller
+// started, the volume created meanwhile gets a secret derived from the cluster key,
+// stored whole (docs/install.md, "Upgrading").
+func TestNoStartWhileTheCRDLacksDerivation(t *testing.T) {
 	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100})
 	class := cl.class("2d", 0, 1, v1.TopologyIgnored)
 	cl.stop()
 	restore := cl.earlierRVCRD()
-	cl.start()
-	first := cl.volume("first", class, "1Gi")
-	if ref := cl.formed(first.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != controller.SecretName(first.Name) || ref.Key != v1.SecretKeySharedSecret {
-		t.Fatalf("with the earlier CRD, the reference is %+v, want the volume's own Secret", ref)
+	mgr, err := controller.NewManager(env.Config, controller.Options{Namespace: cl.ns}, controller.ManagerOptions{Scheme: env.Scheme})
+	must(t, err)
+	ctx, cancel := context.WithTimeout(cl.ctx, time.Minute)
+	defer cancel()
+	err = mgr.Start(ctx)
+	want := "CustomResourceDefinition replicatedvolumes.storage.meshvol.io (v1alpha1) lacks status.datamesh.sharedSecret.derivation, status.datamesh.sharedSecret.keyFingerprint;"
+	if !crdschema.IsStale(err) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), crdschema.Fix) {
+		t.Fatalf("the controller on the earlier CRD: %v, want a refusal that says %q and %q", err, want, crdschema.Fix)
 	}
-	must(t, cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: controller.SecretName(first.Name)}, &corev1.Secret{}))
+	first := cl.volume("first", class, "1Gi")
 
-	cl.stop()
 	restore()
 	cl.start()
-	second := cl.volume("second", class, "1Gi")
-	if ref := cl.formed(second.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != v1.SecretDRBDKey || ref.Derivation != v1.DerivationHMACSHA256 || ref.KeyFingerprint == "" {
+	if ref := cl.formed(first.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != v1.SecretDRBDKey || ref.Derivation != v1.DerivationHMACSHA256 || ref.KeyFingerprint == "" {
 		t.Fatalf("with this tree's CRD, the reference is %+v, want one derived from the cluster key", ref)
+	}
+	err = cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: controller.SecretName(first.Name)}, &corev1.Secret{})
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("Secret %s of the volume's own: %v, want none", controller.SecretName(first.Name), err)
 	}
 }
 
