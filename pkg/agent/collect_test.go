@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/meshvol/meshvol/pkg/agent"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
@@ -71,5 +74,29 @@ func TestCollectorPassOnlyWhereSomethingMayBeLeft(t *testing.T) {
 	})
 	if n := agent.CollectorPasses() - before; n < 1 {
 		t.Fatalf("%d collector passes after the force removal, want at least 1", n)
+	}
+}
+
+// A volume deleted with its replicas, as the controller deletes one (docs/contract.md,
+// "Deleting a volume"): each agent takes its replica down and releases it — whether it
+// sees the replica deleted first or releases it while it still lives — and no
+// collector pass runs for any of them.
+func TestNoCollectorPassAfterAVolumesDeletion(t *testing.T) {
+	r := newRig(t, 3, func(c *agent.Config) { c.GCInterval = time.Hour })
+	names := r.form3D()
+	rv := r.holdVolume()
+	time.Sleep(2 * time.Second) // the agents' passes at their start are done
+	before := agent.CollectorPasses()
+	r.must(r.cl.Delete(r.ctx, rv))
+	for _, n := range names {
+		if err := r.cl.Delete(r.ctx, &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil && !apierrors.IsNotFound(err) {
+			r.must(err)
+		}
+	}
+	r.replicasGone(names)
+	r.nothingLeftOnNodes()
+	time.Sleep(3 * time.Second)
+	if n := agent.CollectorPasses() - before; n != 0 {
+		t.Fatalf("%d collector passes after the agents took their replicas of a deleted volume down and released them, want 0", n)
 	}
 }
