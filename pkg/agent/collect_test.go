@@ -78,9 +78,10 @@ func TestCollectorPassOnlyWhereSomethingMayBeLeft(t *testing.T) {
 }
 
 // A volume deleted with its replicas, as the controller deletes one (docs/contract.md,
-// "Deleting a volume"): each agent takes its replica down and releases it — whether it
-// sees the replica deleted first or releases it while it still lives — and no
-// collector pass runs for any of them.
+// "Deleting a volume"): each agent takes its replica down and releases it, and no
+// collector pass runs for any of them. The replicas are deleted a while after the
+// volume, so that an agent that releases its replica on the volume's mark does so
+// while the replica still lives, and one that waits for the replica's deletion after.
 func TestNoCollectorPassAfterAVolumesDeletion(t *testing.T) {
 	r := newRig(t, 3, func(c *agent.Config) { c.GCInterval = time.Hour })
 	names := r.form3D()
@@ -88,6 +89,7 @@ func TestNoCollectorPassAfterAVolumesDeletion(t *testing.T) {
 	time.Sleep(2 * time.Second) // the agents' passes at their start are done
 	before := agent.CollectorPasses()
 	r.must(r.cl.Delete(r.ctx, rv))
+	time.Sleep(2 * time.Second)
 	for _, n := range names {
 		if err := r.cl.Delete(r.ctx, &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil && !apierrors.IsNotFound(err) {
 			r.must(err)
