@@ -133,9 +133,12 @@ func (a *Agent) requestCollect() {
 // is left of the deletion after the ninth pass"). Every other departure asks for one: a
 // replica force-removed by the controller, one whose finalizer someone else released,
 // one whose take-down or backing volume deletion failed (it is then not released), one
-// released by an agent since restarted (the marks live in memory only). A resource the
-// event stream had not shown yet when leave decided (it takes down what the Observer
-// shows running) is the clock's to find: its appearance is a change (collectInputs).
+// released by an agent since restarted (the marks live in memory only). Two leftovers
+// no departure announces are the clock's to find, each a change (collectInputs): a
+// resource the event stream had not shown yet when leave decided (it takes down what
+// the Observer shows running), and the backing volume of an earlier replica of the
+// name that no reconcile found gone (the cache showed the next one at once; its
+// resource is evicted, evictEarlierIncarnation, its backing volume is the collector's).
 //
 // A mark is by UID: a replica created again under the name is another replica, and a
 // reconcile that finds it drops the earlier one's mark (releasedHere), so that its own
