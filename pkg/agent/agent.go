@@ -418,7 +418,7 @@ func (a *Agent) addRunnables(mgr manager.Manager) error {
 		Watches(&v1.ReplicatedVolume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return a.replicasOf(ctx, o.GetName())
 		}), builder.WithPredicates(predicate.TypedFuncs[client.Object]{UpdateFunc: func(e event.UpdateEvent) bool {
-			return !deletionMarkOnly(e.ObjectOld, e.ObjectNew) || a.anyReplicaDeleted(e.ObjectNew.GetName())
+			return volumeUpdateWakesReplicas(e.ObjectOld, e.ObjectNew)
 		}})).
 		WatchesRawSource(source.Channel(kernel, byVolume)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
@@ -447,15 +447,21 @@ func (a *Agent) addRunnables(mgr manager.Manager) error {
 	return mgr.Add(manager.RunnableFunc(a.runGC))
 }
 
+// volumeUpdateWakesReplicas: an update of a volume reconciles its replicas on this node,
+// but for a deletion mark alone of a volume that does not go (deletionMarkOnly).
+func volumeUpdateWakesReplicas(old, updated client.Object) bool {
+	rv, _ := updated.(*v1.ReplicatedVolume)
+	return !deletionMarkOnly(old, updated) || volumeGoes(rv)
+}
+
 // deletionMarkOnly: the update of a volume only marked it deleted (its spec and the
-// status the agent keeps, agentVolume, are the same). A deletion mark alone changes
-// nothing a member's step does: the member runs its revision until its replica is
-// deleted too or it is no longer a member (docs/contract.md, "Deleting a volume"), and
+// status the agent keeps, agentVolume, are the same). Such a mark matters to the
+// volume's replicas here only when the volume goes (volumeGoes): they are taken down
+// and released then, and the caller wakes them. Otherwise a member runs its revision
+// until it is no longer a member or the volume goes, which a later status says, and
 // only the pacing of a report reads the mark (goingAway), which the replica's next
-// reconcile reads from the cache. A replica seen deleted before its volume's mark does
-// wait for the mark (deletedWithVolume): the caller wakes those (anyReplicaDeleted).
-// Every agent sees every volume's mark, and deleting 2,000 3D volumes at once
-// reconciled 6,000 members for nothing, each reading its kernel (docs/scale.md,
+// reconcile reads from the cache. Every agent sees every volume's mark, and a mark of
+// a volume still attached somewhere wakes no replica for nothing (docs/scale.md,
 // "Seventh pass").
 func deletionMarkOnly(old, updated client.Object) bool {
 	o, ok1 := old.(*v1.ReplicatedVolume)
@@ -464,15 +470,6 @@ func deletionMarkOnly(old, updated client.Object) bool {
 		return false
 	}
 	return equality.Semantic.DeepEqual(o.Spec, n.Spec) && equality.Semantic.DeepEqual(o.Status, n.Status)
-}
-
-// anyReplicaDeleted: a replica of the volume on this node is being deleted.
-func (a *Agent) anyReplicaDeleted(volume string) bool {
-	var list v1.ReplicatedVolumeReplicaList
-	if err := a.cache.List(context.Background(), &list, client.MatchingFields{indexVolume: volume}, client.UnsafeDisableDeepCopy); err != nil {
-		return true // reconcile, as for any update
-	}
-	return slices.ContainsFunc(list.Items, func(r v1.ReplicatedVolumeReplica) bool { return r.DeletionTimestamp != nil })
 }
 
 // runObserver runs the events2 Observer and turns each change into a

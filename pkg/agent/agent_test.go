@@ -545,11 +545,11 @@ func (r *rig) holdVolume() *v1.ReplicatedVolume {
 	return rv
 }
 
-// Deletion with the volume (docs/contract.md, "Deleting a volume"): the volume is
-// marked deleted with nothing attached and its replicas deleted, with no teardown
-// revision published; each agent takes its replica down, deletes its backing volume
-// and releases its finalizer. While the volume is attached, a deleted member keeps
-// running: it leaves as the engine decides.
+// Deletion with the volume (docs/contract.md, "Deleting a volume"): while the volume
+// is attached, a deleted member keeps running (it leaves as the engine decides), and
+// the others too. Once it is detached, with no teardown revision published, each agent
+// takes its replica down, deletes its backing volume and releases its finalizer,
+// whether its replica is deleted yet or not.
 func TestDeleteWithVolumeTearsDown(t *testing.T) {
 	r := newRig(t, 3, nil)
 	names := r.form3D()
@@ -563,12 +563,24 @@ func TestDeleteWithVolumeTearsDown(t *testing.T) {
 		t.Fatalf("a member deleted while its volume is attached was taken down: resources %v, %v", res, err)
 	}
 
-	r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = false })
-	for _, n := range names {
-		// The member deleted above may be gone already: detached, it leaves.
-		if err := r.cl.Delete(r.ctx, &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil && !apierrors.IsNotFound(err) {
-			r.must(err)
+	for _, i := range []int{0, 2} {
+		if res, err := r.node(i).Resources(r.ctx); err != nil || len(res) == 0 {
+			t.Fatalf("a member of a volume marked deleted while attached was taken down on %s: resources %v, %v", r.node(i).Name, res, err)
 		}
+	}
+
+	r.publish(func(st *v1.ReplicatedVolumeStatus) { st.Datamesh.Members[0].Attached = false })
+	r.replicasGone(names[1:2]) // deleted, detached: it leaves
+	r.eventually("the live members released", 30*time.Second, func() string {
+		for _, n := range []string{names[0], names[2]} {
+			if slices.Contains(r.rvr(n).Finalizers, v1.FinalizerAgent) {
+				return n + " keeps the agent's finalizer"
+			}
+		}
+		return ""
+	})
+	for _, n := range []string{names[0], names[2]} {
+		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
 	}
 	r.replicasGone(names)
 	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
@@ -580,7 +592,7 @@ func TestDeleteWithVolumeTearsDown(t *testing.T) {
 
 // An agent may see its replica deleted before it sees the volume's deletion mark (two
 // watches): the replica keeps running while its volume is not being deleted, and the
-// mark, which alone wakes no other replica, wakes it to leave.
+// mark of a volume that goes wakes it to leave.
 func TestReplicaDeletedBeforeItsVolumesMark(t *testing.T) {
 	r := newRig(t, 3, nil)
 	names := r.form3D()
@@ -598,33 +610,44 @@ func TestReplicaDeletedBeforeItsVolumesMark(t *testing.T) {
 	r.replicasGone(names)
 }
 
-// The members of a volume that goes (marked deleted, nothing attached) are left as
-// they are until their own deletion: a resource taken down under one of them (the
-// take-downs of a deletion's first replicas wake their peers the same way) is not
-// read back, brought up or reported on. Their deletion takes down what is left.
-func TestMembersOfAGoingVolumeWaitForTheirDeletion(t *testing.T) {
+// The members of a volume that goes (marked deleted, nothing attached, no Attach or
+// Detach in flight) are taken down on its mark, before any of them is deleted: each
+// agent takes its resource down, deletes its backing volume and releases its finalizer
+// while the replica still lives, and the controller's deletion of a released replica
+// then ends it at once (docs/contract.md, "Deleting a volume").
+func TestMembersOfAGoingVolumeGoOnItsMark(t *testing.T) {
 	r := newRig(t, 3, nil)
 	names := r.form3D()
 	rv := r.holdVolume()
 	r.must(r.cl.Delete(r.ctx, rv))
-	// The mark alone wakes no replica (TestDeletionMarkOnlyWakesNoReplica); the
-	// agents' caches have it within milliseconds.
-	time.Sleep(2 * time.Second)
-	r.must(r.node(0).Sim.Down(r.ctx, r.rv))
-	time.Sleep(3 * time.Second)
-	if res, err := r.node(0).Resources(r.ctx); err != nil || len(res) > 0 {
-		t.Fatalf("the member taken down on %s was brought back while its volume goes: resources %v, %v", r.node(0).Name, res, err)
-	}
-	for i := 1; i < len(names); i++ {
-		if res, err := r.node(i).Resources(r.ctx); err != nil || len(res) == 0 {
-			t.Fatalf("a member of a volume that goes was taken down before its deletion on %s: resources %v, %v", r.node(i).Name, res, err)
+	r.eventually("every member taken down and released on the volume's mark", 30*time.Second, func() string {
+		for i, n := range names {
+			if res, err := r.node(i).Resources(r.ctx); err != nil || len(res) > 0 {
+				return fmt.Sprintf("%s runs %v (%v)", r.node(i).Name, res, err)
+			}
+			if files := r.node(i).Files(); len(files) > 0 {
+				return fmt.Sprintf("%s keeps backing files %v", r.node(i).Name, files)
+			}
+			o := r.rvr(n)
+			if o.DeletionTimestamp != nil {
+				return n + " is marked deleted: no one deleted it"
+			}
+			if slices.Contains(o.Finalizers, v1.FinalizerAgent) {
+				return n + " keeps the agent's finalizer"
+			}
 		}
-	}
-
+		return ""
+	})
 	for _, n := range names {
 		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
+		if err := r.cl.Get(r.ctx, client.ObjectKey{Name: n}, &v1.ReplicatedVolumeReplica{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("%s, released, was not gone at once when deleted: %v", n, err)
+		}
 	}
-	r.replicasGone(names)
+	r.must(r.cl.Get(r.ctx, client.ObjectKey{Name: r.rv}, rv))
+	if got := rv.Status.Datamesh.Members; len(got) != 3 {
+		t.Fatalf("the volume's datamesh has %d members, want the 3 it had (no teardown revision)", len(got))
+	}
 	r.nothingLeftOnNodes()
 }
 

@@ -40,8 +40,11 @@ func (a *Agent) runLease(ctx context.Context) error {
 // capabilities is what the agent announces on its Lease (v1alpha1.AnnotationCapabilities):
 // it derives a volume's shared secret from the cluster key (sharedSecret), so the
 // controller may give new volumes derived references once every agent announces it
-// (docs/contract.md, "The shared secret"; docs/install.md, "Upgrading").
-var capabilities = []string{v1.CapabilityDerivedSharedSecret}
+// (docs/contract.md, "The shared secret"; docs/install.md, "Upgrading"); and it takes
+// its replicas of a volume that goes down on the volume's deletion mark and releases
+// them (volumeGoes), so the controller deletes them only then (docs/contract.md,
+// "Deleting a volume").
+var capabilities = []string{v1.CapabilityDerivedSharedSecret, v1.CapabilityTearDownWithVolume}
 
 // LeaseName is the name of a node's agent Lease.
 func LeaseName(node string) string { return v1.AgentLeasePrefix + node }

@@ -39,9 +39,6 @@ type step struct {
 	// waiting: the replica waits to join the datamesh and holds nothing on
 	// this node: a report would say only that.
 	waiting bool
-	// unread: the replica's volume is torn down (tornDown) and its resource is
-	// down here: no one would read a report.
-	unread bool
 }
 
 func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -80,7 +77,7 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	}
 	s := a.converge(ctx, rvr, rv)
 	a.sayUnconfirmed(rvr, rv, &s)
-	if s.gone || s.unread || s.waiting && neverReported(rvr) {
+	if s.gone || s.waiting && neverReported(rvr) {
 		// A new replica waiting for its first revision has nothing to report
 		// the controller needs: it takes the node's addresses from the Lease
 		// (docs/contract.md). Its first report is the configuration it runs —
@@ -130,18 +127,8 @@ func (a *Agent) converge(ctx context.Context, rvr *v1.ReplicatedVolumeReplica, r
 	r := &replicaStep{a: a, rvr: rvr, rv: rv, now: metav1.Now().Rfc3339Copy()}
 	r.st = v1.ReplicatedVolumeReplicaStatus{ObservedGeneration: rvr.Generation, Addresses: a.addressStrings()}
 	member := memberOf(rv, rvr.Name)
-	if member == nil || deletedWithVolume(rvr, rv) {
+	if member == nil || volumeGoes(rv) {
 		return a.leave(ctx, r)
-	}
-	if volumeGoes(rv) {
-		// The replica's own deletion comes next, and with it its teardown: until then
-		// there is nothing to converge to, and a report would be read by no one
-		// (docs/contract.md, "Deleting a volume"). Its kernel keeps what it runs; the
-		// peers' take-downs, which wake it, are not read back from the kernel for each
-		// volume of a deletion of thousands (docs/scale.md, "The members of a volume
-		// that goes, and three more runs").
-		r.unread = true
-		return r.step
 	}
 	if a.userSuspended(rv.Name) {
 		// suspend-io is only ever meshvol's, for a snapshot; none holds it now (a
@@ -341,9 +328,11 @@ func memberOf(rv *v1.ReplicatedVolume, name string) *v1.DatameshMember {
 	return nil
 }
 
-// leave converges a replica that is not (or no longer) a member, or is deleted with
-// its detached volume (deletedWithVolume): nothing of its volume may run here; a
-// deleted one is released (backing volume, finalizer); one waiting to join says so.
+// leave converges a replica that is not (or no longer) a member, or one of a volume
+// that goes (volumeGoes): nothing of its volume may run here. A deleted one, and one of
+// a volume that goes, deleted or not yet, is released (backing volume, finalizer): the
+// controller deletes the replicas of a volume that goes once their agents released
+// them (docs/contract.md, "Deleting a volume"). One waiting to join says so.
 func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	resName := r.rvr.Spec.ReplicatedVolumeName
 	if _, running := a.obs.Snapshot(resName); running {
@@ -357,15 +346,11 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 			return s
 		}
 	}
-	if r.rvr.DeletionTimestamp != nil {
+	if r.rvr.DeletionTimestamp != nil || volumeGoes(r.rv) {
 		if err := a.releaseReplica(ctx, r.rvr); err != nil {
 			return r.failed(ctx, "tearing down the deleted replica", err)
 		}
 		r.gone = true
-		return r.step
-	}
-	if tornDown(r.rv) {
-		r.unread = true
 		return r.step
 	}
 	msg := fmt.Sprintf("Volume %q not found", resName)
@@ -380,19 +365,14 @@ func (a *Agent) leave(ctx context.Context, r *replicaStep) step {
 	return r.step
 }
 
-// deletedWithVolume: the replica is deleted and its volume goes (volumeGoes): each
-// agent takes its replica down on seeing it deleted (docs/contract.md, "Deleting a
-// volume"). A member deleted while its volume still waits for a detach leaves as the
-// engine decides, as any member deleted does.
-func deletedWithVolume(rvr *v1.ReplicatedVolumeReplica, rv *v1.ReplicatedVolume) bool {
-	return rvr.DeletionTimestamp != nil && volumeGoes(rv)
-}
-
 // volumeGoes: the volume is being deleted and shows no member attached and no Attach
-// or Detach in flight: the controller deletes its replicas then, without publishing a
-// teardown revision first. It holds for good once seen: the volume's deletion mark
-// comes with every status published before it, and no Attach starts on a volume being
-// deleted (pkg/datamesh attachBlocked), so nothing will be attached again.
+// or Detach in flight. Each agent takes its replicas of it down and releases them on
+// seeing it, and the controller deletes them once released, without publishing a
+// teardown revision first (docs/contract.md, "Deleting a volume"). It holds for good
+// once seen: the volume's deletion mark comes with every status published before it,
+// and no Attach starts on a volume being deleted (pkg/datamesh attachBlocked), so
+// nothing will be attached again. A member deleted while its volume still waits for a
+// detach leaves as the engine decides, as any member deleted does.
 func volumeGoes(rv *v1.ReplicatedVolume) bool {
 	if rv == nil || rv.DeletionTimestamp == nil {
 		return false
@@ -409,17 +389,6 @@ func volumeGoes(rv *v1.ReplicatedVolume) bool {
 		}
 	}
 	return true
-}
-
-// tornDown: rv is being deleted and its datamesh is torn down (no members, no
-// transitions: docs/controller.md, "Deletion"). The controller deletes every
-// replica right after and waits only for their finalizers; the engine no longer
-// runs on their reports, so a replica's report that it left is read by no one
-// (docs/controller.md, "Write budget"). While a deleted volume waits for its
-// detach the engine still runs, and a leaving member's report completes its
-// removal: then the replica reports as always.
-func tornDown(rv *v1.ReplicatedVolume) bool {
-	return rv != nil && rv.DeletionTimestamp != nil && len(rv.Status.Datamesh.Members) == 0 && len(rv.Status.DatameshTransitions) == 0
 }
 
 // neverReported: the replica's status holds nothing of the agent's.
@@ -686,11 +655,11 @@ func awaitsDayZero(rv *v1.ReplicatedVolume, st *v1.ReplicatedVolumeReplicaStatus
 	return rv != nil && rv.Spec.DataSource == nil && formationActive(rv) && st.DiskState == v1.DiskStateInconsistent
 }
 
-// goingAway: rv is being deleted and nothing of it is attached, so its replicas are
-// deleted next (docs/controller.md, "Deletion"). As the members take their resources
-// down, each sees its peers go before it sees its own replica deleted: such reports are
-// held back (holdBack), and usually the replica's deletion comes first and the replica
-// leaves without a report (deletedWithVolume). A revision confirmed is reported at once.
+// goingAway: rv is being deleted and nothing of it is attached, so its replicas go next
+// (docs/controller.md, "Deletion"): once no Attach or Detach is in flight either
+// (volumeGoes), each leaves without a report. Until then a report that moves only the
+// peers is held back (holdBack): the replica usually leaves before it would matter. A
+// revision confirmed is reported at once.
 func goingAway(rv *v1.ReplicatedVolume) bool {
 	if rv == nil || rv.DeletionTimestamp == nil {
 		return false
@@ -980,9 +949,9 @@ func drbdSecret(b []byte) string {
 	return v
 }
 
-// releaseReplica finishes a deleted replica that is no longer a member: its
-// DRBD resource is down (the caller saw to it), its configuration and backing
-// volume go, then the agent's finalizer.
+// releaseReplica finishes a deleted replica that is no longer a member, or one of
+// a volume that goes: its DRBD resource is down (the caller saw to it), its
+// configuration and backing volume go, then the agent's finalizer.
 func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeReplica) error {
 	if err := a.drv.RemoveConfig(ctx, rvr.Spec.ReplicatedVolumeName); err != nil {
 		return err
@@ -1025,16 +994,22 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 	return nil
 }
 
-// releaseFinalizer removes the agent's finalizer from the deleted replica rvr, as the
-// cache shows it: when it is the replica's last, by an update that deletes the replica
-// (finalizer.Release; docs/controller.md, "Deletion"), which a status written since the
-// cache showed rvr refuses with a Conflict. Otherwise someone else's finalizer stays,
-// and with it the replica: a JSON patch removes this entry of metadata.finalizers only
-// if it is still the agent's (test), so no one else's finalizer or field is touched,
-// and a status written meanwhile (which moves the resourceVersion) does not refuse it
+// releaseFinalizer removes the agent's finalizer from rvr, as the cache shows it, a
+// replica deleted or of a volume that goes (leave): when it is the replica's last, by
+// an update (finalizer.Release, which deletes a deleted replica; for one of a volume
+// that goes, whose deletion by the controller comes next, finalizer.ReleaseBeforeDeletion;
+// docs/controller.md, "Deletion"), which a status written since the cache showed rvr
+// refuses with a Conflict. Otherwise someone else's finalizer stays, and with it the
+// replica: a JSON patch removes this entry of metadata.finalizers only if it is still
+// the agent's (test), so no one else's finalizer or field is touched, and a status
+// written meanwhile (which moves the resourceVersion) does not refuse it
 // (docs/contract.md, "Objects, names, writers").
 func releaseFinalizer(ctx context.Context, c client.Writer, rvr *v1.ReplicatedVolumeReplica) error {
-	return finalizer.Release(ctx, c, rvr, v1.FinalizerAgent, v1.FieldManagerAgent, func() error {
+	release := finalizer.Release
+	if rvr.DeletionTimestamp == nil {
+		release = finalizer.ReleaseBeforeDeletion
+	}
+	return release(ctx, c, rvr, v1.FinalizerAgent, v1.FieldManagerAgent, func() error {
 		i := slices.Index(rvr.Finalizers, v1.FinalizerAgent)
 		patch, err := json.Marshal([]map[string]any{
 			{"op": "test", "path": fmt.Sprintf("/metadata/finalizers/%d", i), "value": v1.FinalizerAgent},
@@ -1159,7 +1134,7 @@ type reportPacing struct {
 //     steps in one status write. A formation whose clear does not come shows the
 //     confirmed revision within ProgressInterval, as resync progress does.
 //   - A report of a deleted, unattached volume's member that moves only its peers or
-//     its observed generation: its teardown is next and makes the report unread.
+//     its observed generation: its teardown is next and leaves the report unread.
 func (a *Agent) holdBack(uid types.UID, what string) time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 )
 
@@ -23,12 +25,15 @@ import (
 //  1. While any attachment exists or a member is attached, the volume waits (condition
 //     Deleting, reason WaitingForDetach) and the engine runs as usual, so the
 //     attachments being deleted detach.
-//  2. Then every replica is deleted; an agent takes DRBD down when it sees its replica
-//     deleted with its volume, nothing attached and no Attach or Detach in flight (no
-//     Attach starts once the volume is marked), and removes its finalizer once DRBD is
-//     down and the backing volume is gone (for a lost node the controller removes it).
-//     The data is being destroyed, so no membership guard applies; nothing is attached,
-//     so no IO is in flight.
+//  2. Then every replica goes. An agent takes DRBD down when it sees the volume marked
+//     with nothing attached and no Attach or Detach in flight (no Attach starts once the
+//     volume is marked), and removes its finalizer once DRBD is down and the backing
+//     volume is gone; the controller deletes each replica once its agent released it,
+//     a deletion that ends it at once. A replica whose agent does not announce that it
+//     does so (CapabilityTearDownWithVolume), whose node is lost, or which is still held
+//     after teardownUnpublished is deleted at once, and its agent (for a lost node the
+//     controller) releases it then. The data is being destroyed, so no membership guard
+//     applies; nothing is attached, so no IO is in flight.
 //  3. The datamesh torn down (no members, no transitions, one new revision) is published
 //     only when the replicas take longer than teardownUnpublished, with the replicas the
 //     deletion waits for; agents that see it take DRBD down as they would anyway.
@@ -77,6 +82,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		return ctrl.Result{}, c.releaseVolume(ctx, v.rv)
 	}
 	c.tearDownDatamesh(work)
+	began := c.teardownBegan(v)
 	var pending []string
 	for _, r := range v.rvrs {
 		pending = append(pending, r.Name)
@@ -86,11 +92,11 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 		"Waiting for "+strconv.Itoa(len(pending))+" replica(s) to be torn down by their agents: "+strings.Join(pending, ", "))
 	c.summarize(v, work, v.rvrs, "")
 	var requeue time.Duration
-	if wait := unpublishedTeardown(v); wait > 0 {
+	if wait := unpublishedTeardown(v, began); wait > 0 {
 		// The replicas go without a teardown revision first: nothing is attached and no
 		// Attach can start on a volume being deleted, so each agent takes its replica
-		// down once it sees it deleted with its volume (docs/contract.md, "Deleting a
-		// volume"). The revision would be one more write of the volume, and one more
+		// down once it sees the volume go (docs/contract.md, "Deleting a volume"). The
+		// revision would be one more write of the volume, and one more
 		// event for every agent, per volume deleted; it is published, with the replicas
 		// the deletion waits for, only when they take longer than teardownUnpublished.
 		requeue = wait
@@ -106,7 +112,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	} else if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	if err := c.deleteReplicas(ctx, v); err != nil {
+	if err := c.deleteReplicas(ctx, v, began); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := c.releaseLostFinalizers(ctx, v, work); err != nil {
@@ -115,26 +121,47 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 	return ctrl.Result{RequeueAfter: requeue}, nil // the replicas' deletion brings the next reconcile
 }
 
-// unpublishedTeardown is how long the teardown may stay unpublished: until
-// teardownUnpublished after the first of the volume's replicas was deleted (now, for
-// replicas this reconcile deletes), as long as the published datamesh still has its
-// members (once the teardown is published, it is kept up to date as any status).
-func unpublishedTeardown(v *volume) time.Duration {
-	if len(v.rv.Status.Datamesh.Members) == 0 {
-		return 0
-	}
-	began := v.now
+// teardownBegan is when the volume's teardown began: the first pass of this controller
+// that found it ready to tear down, or the deletion of one of its replicas if earlier
+// (a replica deleted by an earlier controller process, or before its volume went).
+func (c *Controller) teardownBegan(v *volume) time.Time {
+	began := c.teardownSince.first(v.rv.Name, v.now)
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp != nil && r.DeletionTimestamp.Time.Before(began) {
 			began = r.DeletionTimestamp.Time
 		}
+	}
+	return began
+}
+
+// firstTimes remembers, per volume name, when this controller first saw something of
+// it (teardownBegan): a controller that started since knows nothing of it.
+type firstTimes struct {
+	at sync.Map // name → time.Time
+}
+
+// first is the time remembered for name, t when none was (and t is remembered).
+func (f *firstTimes) first(name string, t time.Time) time.Time {
+	at, _ := f.at.LoadOrStore(name, t)
+	return at.(time.Time)
+}
+
+// forget drops what is remembered of name (the volume is gone).
+func (f *firstTimes) forget(name string) { f.at.Delete(name) }
+
+// unpublishedTeardown is how long the teardown may stay unpublished: until
+// teardownUnpublished after it began, as long as the published datamesh still has its
+// members (once the teardown is published, it is kept up to date as any status).
+func unpublishedTeardown(v *volume, began time.Time) time.Duration {
+	if len(v.rv.Status.Datamesh.Members) == 0 {
+		return 0
 	}
 	return max(teardownUnpublished-v.now.Sub(began), 0)
 }
 
 // teardownUnpublished is how long a detached volume's replicas may take to go before
 // the controller publishes the teardown, and with it the replicas the deletion waits
-// for. Longer than progressInterval: when thousands of volumes are deleted at once an
+// for, and deletes those it waited for its agents to release. Longer than progressInterval: when thousands of volumes are deleted at once an
 // agent gets to a replica seconds after its deletion while it makes progress, and the
 // revision would then be written for most of them, when the apiserver is busiest, for
 // a message no one needs; a deletion that is stuck still says so within it
@@ -158,7 +185,8 @@ func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
 	// "Write budget").
 }
 
-// deleteReplicas is step 2: every replica not yet being deleted is, each by its own
+// deleteReplicas is step 2: every replica not yet being deleted is, once it may be
+// (deletesNow, or teardownUnpublished after the teardown began), each by its own
 // request, by name and UID (deleteReplica), so that a replica created again under the
 // same name is not taken.
 //
@@ -169,10 +197,11 @@ func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
 // when 500 to 2,000 volumes go at once; the requests grow as the volumes deleted, the
 // scan as their square. And a deletion by name never depends on labels a person may
 // edit (docs/controller.md, "Deletion").
-func (c *Controller) deleteReplicas(ctx context.Context, v *volume) error {
+func (c *Controller) deleteReplicas(ctx context.Context, v *volume, began time.Time) error {
+	waited := v.now.Sub(began) >= teardownUnpublished
 	var deleted []string
 	for _, r := range v.rvrs {
-		if r.DeletionTimestamp != nil {
+		if r.DeletionTimestamp != nil || !waited && !c.deletesNow(v, r) {
 			continue
 		}
 		if err := c.deleteReplica(ctx, r); err != nil {
@@ -182,6 +211,24 @@ func (c *Controller) deleteReplicas(ctx context.Context, v *volume) error {
 	}
 	c.waitForCache(ctx, deleted, false)
 	return nil
+}
+
+// deletesNow: the replica of a volume being torn down is deleted now, rather than once
+// its agent released it. An agent that announces CapabilityTearDownWithVolume takes its
+// replicas of a volume that goes down and releases them by itself, and a replica deleted
+// without a finalizer goes at once: one request of the apiserver's fewer than marking it
+// deleted for the agent to release, and the decoding of the stored replica that a
+// release of the last finalizer of a marked object costs (docs/scale.md, "Tenth pass").
+// A replica the agent released, or whose agent does not announce it (an earlier agent,
+// which tears down on its replica's deletion; no agent Lease at all), or whose node is
+// lost (the controller releases it, releaseLostFinalizers, once it is marked), is
+// deleted now.
+func (c *Controller) deletesNow(v *volume, r *v1.ReplicatedVolumeReplica) bool {
+	if !slices.Contains(r.Finalizers, v1.FinalizerAgent) {
+		return true
+	}
+	node := r.Spec.NodeName
+	return node == "" || !agentlease.Announces(v.leases[node], v1.CapabilityTearDownWithVolume) || c.judge(v, node).Lost
 }
 
 // releaseVolume is step 4, once no replica is left: the volume's own Secret, the port

@@ -37,7 +37,24 @@ import (
 // comparing it with the old value then sees changed, as a retyped TieBreaker's
 // storage.volumeGroup; docs/controller.md, "Retyping a replica").
 func Release(ctx context.Context, c client.Writer, obj client.Object, finalizer, owner string, patch func() error) error {
-	if obj.GetDeletionTimestamp() == nil || !slices.Equal(obj.GetFinalizers(), []string{finalizer}) {
+	return release(ctx, c, obj, finalizer, owner, obj.GetDeletionTimestamp() != nil, patch)
+}
+
+// ReleaseBeforeDeletion is Release for an object not deleted yet whose deletion comes
+// next, from whoever waits for this release: a replica of a volume that goes, which its
+// agent releases once its resource is down and its backing volume gone, and the
+// controller deletes once released (docs/contract.md, "Deleting a volume"). When
+// finalizer is the object's last, the update is as for a deleted object, and what it
+// could lose matters as little: the object goes next, and no one reads it meanwhile.
+// It does not delete the object.
+func ReleaseBeforeDeletion(ctx context.Context, c client.Writer, obj client.Object, finalizer, owner string, patch func() error) error {
+	return release(ctx, c, obj, finalizer, owner, true, patch)
+}
+
+// release is Release, by an update when finalizer is the last one of an object that
+// goes.
+func release(ctx context.Context, c client.Writer, obj client.Object, finalizer, owner string, goes bool, patch func() error) error {
+	if !goes || !slices.Equal(obj.GetFinalizers(), []string{finalizer}) {
 		return patch()
 	}
 	last := obj.DeepCopyObject().(client.Object)

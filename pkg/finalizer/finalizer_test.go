@@ -116,6 +116,47 @@ func TestReleaseOfTheLastFinalizerIsAnUpdate(t *testing.T) {
 	}
 }
 
+// An agent's replica of a volume that goes is released before the controller deletes it
+// (docs/contract.md, "Deleting a volume"): its last finalizer goes by an update of the
+// replica as read, which a stale copy has refused with a Conflict, and which leaves the
+// replica in place, without finalizers, for its deletion to end at once. With someone
+// else's finalizer there, the release is the patch.
+func TestReleaseBeforeDeletion(t *testing.T) {
+	ctx := context.Background()
+	k := kinds[len(kinds)-1]
+	stale := created(t, ctx, k.object(testenv.Name(t)), false, k.finalizer)
+	testenv.Touch(t, ctx, env.Client, stale)
+	patches := 0
+	if err := finalizer.ReleaseBeforeDeletion(ctx, env.Client, stale, k.finalizer, k.owner, removeByPatch(ctx, stale, k.finalizer, &patches)); !apierrors.IsConflict(err) {
+		t.Fatalf("releasing from a stale copy: %v, want a Conflict", err)
+	}
+	cur := k.object(stale.GetName())
+	mustDo(t, env.Client.Get(ctx, client.ObjectKeyFromObject(stale), cur))
+	mustDo(t, finalizer.ReleaseBeforeDeletion(ctx, env.Client, cur, k.finalizer, k.owner, removeByPatch(ctx, cur, k.finalizer, &patches)))
+	if patches != 0 {
+		t.Errorf("the release patched %d time(s), want none: the update alone releases the last finalizer", patches)
+	}
+	released := k.object(cur.GetName())
+	mustDo(t, env.Client.Get(ctx, client.ObjectKeyFromObject(cur), released))
+	if len(released.GetFinalizers()) != 0 || released.GetDeletionTimestamp() != nil {
+		t.Fatalf("after the release: finalizers %v, deleted at %v; want none, and the object live", released.GetFinalizers(), released.GetDeletionTimestamp())
+	}
+	mustDo(t, env.Client.Delete(ctx, released))
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cur), k.object(cur.GetName())); !apierrors.IsNotFound(err) {
+		t.Fatalf("the released object after its deletion: %v, want NotFound at once", err)
+	}
+
+	shared := created(t, ctx, k.object(testenv.Name(t)+"-shared"), false, k.finalizer, otherFinalizer)
+	mustDo(t, finalizer.ReleaseBeforeDeletion(ctx, env.Client, shared, k.finalizer, k.owner, removeByPatch(ctx, shared, k.finalizer, &patches)))
+	if patches != 1 {
+		t.Errorf("with another finalizer the release patched %d time(s), want once", patches)
+	}
+	mustDo(t, env.Client.Get(ctx, client.ObjectKeyFromObject(shared), cur))
+	if !slices.Equal(cur.GetFinalizers(), []string{otherFinalizer}) {
+		t.Errorf("finalizers after the release: %v, want %v", cur.GetFinalizers(), []string{otherFinalizer})
+	}
+}
+
 // While someone else's finalizer remains, or the object is not being deleted, the
 // release is the caller's patch, which leaves the object and every other finalizer in
 // place.

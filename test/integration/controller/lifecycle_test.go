@@ -475,7 +475,7 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 		delete(ann, v1.AnnotationCapabilitiesAgentVersion)
 		ann[v1.AnnotationAgentVersion] = "v-earlier"
 	})
-	cl.controllerSeesAnnouncement("b", false)
+	cl.controllerSeesAnnouncement("b", v1.CapabilityDerivedSharedSecret, false)
 	// A Secret of an earlier volume of the same name, which the garbage collector
 	// would delete: replaced, not used.
 	stale := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: controller.SecretName(cl.prefix + "-first"), Namespace: cl.ns,
@@ -510,7 +510,7 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 		ann[v1.AnnotationCapabilities] = v1.CapabilityDerivedSharedSecret
 		ann[v1.AnnotationCapabilitiesAgentVersion] = agentVersion
 	})
-	cl.controllerSeesAnnouncement("b", true)
+	cl.controllerSeesAnnouncement("b", v1.CapabilityDerivedSharedSecret, true)
 	second := cl.volume("second", class, "1Gi")
 	if ref := cl.formed(second.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != v1.SecretDRBDKey || ref.Derivation != v1.DerivationHMACSHA256 || ref.KeyFingerprint == "" {
 		t.Fatalf("with every agent announcing, the reference is %+v, want one derived from the cluster key", ref)
@@ -538,7 +538,7 @@ func TestOwnSecretUntilEveryAgentAnnounces(t *testing.T) {
 	// Node a's agent rolled back: the earlier agent renews the Lease keeping the
 	// announcement it does not know, but writes its own version.
 	cl.editLease("a", func(ann map[string]string) { ann[v1.AnnotationAgentVersion] = "v-earlier" })
-	cl.controllerSeesAnnouncement("a", false)
+	cl.controllerSeesAnnouncement("a", v1.CapabilityDerivedSharedSecret, false)
 	third := cl.volume("third", class, "1Gi")
 	if ref := cl.formed(third.Name, 2).Status.Datamesh.SharedSecret; ref.SecretName != controller.SecretName(third.Name) || ref.Derivation != "" {
 		t.Fatalf("after a rollback of node a's agent, the reference is %+v, want the volume's own Secret", ref)
@@ -648,16 +648,16 @@ func (cl *cluster) waitStoresDerivation(keeps bool) {
 }
 
 // controllerSeesAnnouncement waits until the controller's cache shows node's agent Lease
-// announcing derived shared secrets, or not: the next volume's allocation reads it there.
-func (cl *cluster) controllerSeesAnnouncement(node string, announces bool) {
+// announcing capability, or not: the controller's next pass reads it there.
+func (cl *cluster) controllerSeesAnnouncement(node, capability string, announces bool) {
 	cl.t.Helper()
 	key := types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + cl.node(node)}
-	cl.eventually(cl.t, fmt.Sprintf("the controller's cache shows node %s announcing %s: %v", node, v1.CapabilityDerivedSharedSecret, announces), func() (bool, string) {
+	cl.eventually(cl.t, fmt.Sprintf("the controller's cache shows node %s announcing %s: %v", node, capability, announces), func() (bool, string) {
 		l := &coordinationv1.Lease{}
 		if err := cl.cache.Get(cl.ctx, key, l); err != nil {
 			return false, err.Error()
 		}
-		return agentlease.Announces(l, v1.CapabilityDerivedSharedSecret) == announces, fmt.Sprint(l.Annotations)
+		return agentlease.Announces(l, capability) == announces, fmt.Sprint(l.Annotations)
 	})
 }
 

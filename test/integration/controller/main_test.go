@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/meshvol/meshvol/internal/testenv"
+	"github.com/meshvol/meshvol/pkg/agentlease"
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
 	"github.com/meshvol/meshvol/pkg/controller"
 )
@@ -217,9 +218,10 @@ func (cl *cluster) addNode(n nodeSpec) {
 			v1.AnnotationAddresses:                    "10.0.0.1",
 			v1.AnnotationHMACAlgorithms:               "sha256,sha1,md5",
 			v1.AnnotationPoolCapacityPrefix + cl.pool: capacityAnnotation(n.freeGi),
-			// An agent of this version: it derives shared secrets, and says so.
+			// An agent of this version: it derives shared secrets and tears down
+			// with its volume, and says so.
 			v1.AnnotationAgentVersion:             agentVersion,
-			v1.AnnotationCapabilities:             v1.CapabilityDerivedSharedSecret,
+			v1.AnnotationCapabilities:             v1.CapabilityDerivedSharedSecret + "," + v1.CapabilityTearDownWithVolume,
 			v1.AnnotationCapabilitiesAgentVersion: agentVersion,
 		}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &cl.leaseSz, RenewTime: &now, AcquireTime: &now}}
@@ -401,14 +403,16 @@ func (cl *cluster) agentConfirm(rv string, rev int64, extra func(r *v1.Replicate
 }
 
 // agentReleaseDeleted does what live agents do for replicas that are deleted and out of
-// the datamesh, or deleted with their volume while nothing is attached and no Attach or
-// Detach is in flight (docs/contract.md, "Deleting a volume"): take DRBD down (nothing
-// to do here) and remove their finalizer. A dead node's agent does nothing.
+// the datamesh, or of a volume that goes — deleted, nothing attached, no Attach or
+// Detach in flight (docs/contract.md, "Deleting a volume") — deleted yet or, for an
+// agent that announces CapabilityTearDownWithVolume, not: take DRBD down (nothing to do
+// here) and remove their finalizer. A dead node's agent does nothing.
 func (cl *cluster) agentReleaseDeleted(rv string) {
 	cur := cl.rv(rv)
+	goes := cur != nil && detachedDeleting(cur)
 	for _, r := range cl.rvrs(rv) {
-		if r.DeletionTimestamp == nil || !slices.Contains(r.Finalizers, v1.FinalizerAgent) {
-			continue
+		if r.Spec.ReplicatedVolumeName != rv || !slices.Contains(r.Finalizers, v1.FinalizerAgent) {
+			continue // an agent reads a replica's volume from its spec, not from a label
 		}
 		cl.mu.Lock()
 		alive := cl.renew[r.Spec.NodeName]
@@ -416,20 +420,36 @@ func (cl *cluster) agentReleaseDeleted(rv string) {
 		if !alive {
 			continue
 		}
-		if cur != nil && slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == r.Name }) &&
-			!detachedDeleting(cur) {
+		if r.DeletionTimestamp == nil && !(goes && cl.announces(r.Spec.NodeName, v1.CapabilityTearDownWithVolume)) {
 			continue
 		}
-		p := r.DeepCopy()
-		p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == v1.FinalizerAgent })
-		if err := cl.c.Patch(cl.ctx, p, client.MergeFromWithOptions(&r, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			cl.t.Fatal(err)
+		if cur != nil && slices.ContainsFunc(cur.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Name == r.Name }) && !goes {
+			continue
 		}
+		cl.releaseAgentFinalizer(r)
 	}
 }
 
+// releaseAgentFinalizer removes the agent's finalizer from r, as an agent does.
+func (cl *cluster) releaseAgentFinalizer(r v1.ReplicatedVolumeReplica) {
+	p := r.DeepCopy()
+	p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == v1.FinalizerAgent })
+	if err := cl.c.Patch(cl.ctx, p, client.MergeFromWithOptions(&r, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		cl.t.Fatal(err)
+	}
+}
+
+// announces: the agent Lease of node (its full name) announces capability.
+func (cl *cluster) announces(node, capability string) bool {
+	l := &coordinationv1.Lease{}
+	if err := cl.c.Get(cl.ctx, types.NamespacedName{Namespace: cl.ns, Name: v1.AgentLeasePrefix + node}, l); err != nil {
+		return false
+	}
+	return agentlease.Announces(l, capability)
+}
+
 // detachedDeleting: rv is being deleted with no member attached and no Attach or Detach
-// in flight, as the agents judge it (pkg/agent deletedWithVolume).
+// in flight, as the agents judge it (pkg/agent volumeGoes).
 func detachedDeleting(rv *v1.ReplicatedVolume) bool {
 	if rv.DeletionTimestamp == nil || slices.ContainsFunc(rv.Status.Datamesh.Members, func(m v1.DatameshMember) bool { return m.Attached }) {
 		return false

@@ -254,3 +254,88 @@ func TestDeleteSparesAReplicaLabelledForAnother(t *testing.T) {
 		t.Fatalf("replica %s of %s, labelled for %s, was deleted with %s", r.Name, y.Name, x.Name, x.Name)
 	}
 }
+
+// Deleting a volume whose agents tear down with it (CapabilityTearDownWithVolume): the
+// controller deletes each replica only once its agent released it, a deletion that ends
+// it at once, and at once the replica of a node whose agent does not announce it (an
+// earlier version, which tears down on its replica's deletion). A replica its agent
+// still holds teardownUnpublished (30 s) after the teardown began is deleted then, with
+// the teardown published, so that the volume says what it waits for (docs/contract.md,
+// "Deleting a volume").
+func TestDeletionWaitsForAgentsToRelease(t *testing.T) {
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
+	rv := cl.volume("v", cl.class("3d", 1, 1, v1.TopologyIgnored), "1Gi")
+	cl.formed(rv.Name, 3)
+	cl.editLease("c", func(ann map[string]string) { ann[v1.AnnotationCapabilities] = v1.CapabilityDerivedSharedSecret })
+	cl.controllerSeesAnnouncement("c", v1.CapabilityTearDownWithVolume, false)
+	on := map[string]string{} // node (short) → its replica
+	for _, r := range cl.rvrs(rv.Name) {
+		on[strings.TrimPrefix(r.Spec.NodeName, cl.prefix+"-")] = r.Name
+	}
+	replica := func(node string) *v1.ReplicatedVolumeReplica {
+		r := &v1.ReplicatedVolumeReplica{}
+		if err := cl.c.Get(cl.ctx, types.NamespacedName{Name: on[node]}, r); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			t.Fatal(err)
+		}
+		return r
+	}
+	gone := func(node string) {
+		t.Helper()
+		cl.eventually(t, "the replica on "+node+" gone", func() (bool, string) {
+			r := replica(node)
+			return r == nil, replicaState(r)
+		})
+	}
+
+	must(t, cl.c.Delete(cl.ctx, rv))
+	began := time.Now()
+	cl.eventually(t, "the replica on c (an earlier agent) deleted at once", func() (bool, string) {
+		r := replica("c")
+		return r != nil && r.DeletionTimestamp != nil, replicaState(r)
+	})
+	time.Sleep(2 * time.Second)
+	for _, node := range []string{"a", "b"} {
+		if r := replica(node); r == nil || r.DeletionTimestamp != nil {
+			t.Fatalf("the replica on %s was deleted before its agent released it (%s)", node, replicaState(r))
+		}
+	}
+	cl.releaseAgentFinalizer(*replica("a"))
+	gone("a")
+	cl.releaseAgentFinalizer(*replica("c"))
+	gone("c")
+
+	// Node b's agent holds its replica (a device held open, say).
+	deadline := began.Add(45 * time.Second)
+	for {
+		cur, r := cl.rv(rv.Name), replica("b")
+		if r.DeletionTimestamp != nil && len(cur.Status.Datamesh.Members) == 0 && strings.Contains(cond(cur.Status.Conditions, v1.ConditionDeleting), r.Name) {
+			if waited := time.Since(began); waited < 29*time.Second {
+				t.Fatalf("the replica on b deleted and the teardown published %s after the deletion, before its agent could release it", waited)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("45 s after the deletion the replica on b is not deleted with the teardown published: replica %s, %d members, %s",
+				replicaState(r), len(cur.Status.Datamesh.Members), cond(cur.Status.Conditions, v1.ConditionDeleting))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	cl.releaseAgentFinalizer(*replica("b"))
+	cl.eventually(t, "the volume gone", func() (bool, string) {
+		if cur := cl.rv(rv.Name); cur != nil {
+			return false, phaseOf(cur) + " " + cond(cur.Status.Conditions, v1.ConditionDeleting)
+		}
+		return true, ""
+	})
+}
+
+// replicaState is what a test of a replica's deletion says of it.
+func replicaState(r *v1.ReplicatedVolumeReplica) string {
+	if r == nil {
+		return "gone"
+	}
+	return fmt.Sprintf("%s: deleted at %v, finalizers %v", r.Name, r.DeletionTimestamp, r.Finalizers)
+}

@@ -99,8 +99,10 @@ const (
 	// AnnotationAgentVersion: the agent's build version.
 	AnnotationAgentVersion = "storage.meshvol.io/agent-version"
 	// AnnotationCapabilities: what the agent understands of what the controller
-	// publishes, comma-separated (CapabilityDerivedSharedSecret), for the controller to
-	// publish it only once every agent does (docs/contract.md, "The shared secret").
+	// publishes and of how the controller deletes, comma-separated
+	// (CapabilityDerivedSharedSecret, CapabilityTearDownWithVolume), for the controller to
+	// rely on it only once the agent concerned does (docs/contract.md, "The shared secret",
+	// "Deleting a volume").
 	// It counts only beside AnnotationCapabilitiesAgentVersion equal to
 	// AnnotationAgentVersion: an agent renews its Lease keeping the annotations it does
 	// not know, so an earlier agent that replaced a newer one (a rollback) would
@@ -256,6 +258,15 @@ const (
 // "Allocation and the shared secret"), since an agent that does not know derivation
 // would configure the volume with a wrong secret.
 const CapabilityDerivedSharedSecret = "derived-shared-secret"
+
+// CapabilityTearDownWithVolume, in AnnotationCapabilities: the agent takes its replicas
+// of a volume that goes (deleted, nothing attached, no Attach or Detach in flight) down
+// on the volume's deletion mark and releases their finalizers before they are deleted.
+// The controller then deletes such a node's replicas once released, each by a deletion
+// that ends it at once, rather than first marking them deleted for the agent to act on
+// (docs/contract.md, "Deleting a volume"); an agent that does not announce it gets its
+// replicas deleted at once, as it expects.
+const CapabilityTearDownWithVolume = "teardown-with-volume"
 
 // SecretKeySharedSecret is the key of the per-volume Secret holding DRBD's shared
 // secret (32 random bytes, base64 in the Secret's data as usual). Volumes formed
