@@ -78,10 +78,10 @@ func TestCollectorPassOnlyWhereSomethingMayBeLeft(t *testing.T) {
 }
 
 // A volume deleted with its replicas, as the controller deletes one (docs/contract.md,
-// "Deleting a volume"): each agent takes its replica down and releases it, and no
-// collector pass runs for any of them. The replicas are deleted a while after the
-// volume, so that an agent that releases its replica on the volume's mark does so
-// while the replica still lives, and one that waits for the replica's deletion after.
+// "Deleting a volume"): each agent takes its replica down and releases it on the
+// volume's mark, while the replica still lives, and the replica's deletion follows
+// (the test's here, a while after the mark; a replica deleted before its agent released
+// it is released as a deleted one). No collector pass runs for any of them.
 func TestNoCollectorPassAfterAVolumesDeletion(t *testing.T) {
 	r := newRig(t, 3, func(c *agent.Config) { c.GCInterval = time.Hour })
 	names := r.form3D()
