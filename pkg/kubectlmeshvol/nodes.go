@@ -21,6 +21,11 @@ type NodeView struct {
 	Agent        string `json:"agent"`
 	AgentMessage string `json:"agentMessage,omitempty"`
 	AgentVersion string `json:"agentVersion,omitempty"`
+	// Capabilities are what the agent announces it understands of the controller
+	// (storage.meshvol.io/capabilities, valid only beside the version that wrote it):
+	// during a rolling upgrade, which nodes hold a newer behaviour back
+	// (docs/install.md, "Upgrading").
+	Capabilities []string `json:"capabilities,omitempty"`
 	// Cordoned: placement puts no new replicas here (the meshvol cordon label or
 	// the Node's spec.unschedulable).
 	Cordoned bool `json:"cordoned,omitempty"`
@@ -115,6 +120,7 @@ func fillLease(nv *NodeView, l *coordinationv1.Lease, now time.Time) {
 		nv.Zone = z
 	}
 	nv.AgentVersion = l.Annotations[v1.AnnotationAgentVersion]
+	nv.Capabilities = agentlease.Capabilities(l)
 	nv.Prerequisites = l.Annotations[v1.AnnotationPrerequisites]
 	for k, val := range l.Annotations {
 		pool, ok := strings.CutPrefix(k, v1.AnnotationPoolCapacityPrefix)

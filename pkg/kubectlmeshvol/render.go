@@ -185,7 +185,7 @@ func renderTransitions(w io.Writer, ts []TransitionView) {
 
 // RenderNodes writes the nodes as a table: agent liveness, pool capacity (free of
 // total, each pool), replicas by type and attached volumes; -o wide adds the zone,
-// the agent's version and failed prerequisites.
+// the agent's version and capabilities, and failed prerequisites.
 func RenderNodes(w io.Writer, nodes []NodeView, out Output) error {
 	if ok, err := encode(w, out, nodes); ok {
 		return err
@@ -194,13 +194,14 @@ func RenderNodes(w io.Writer, nodes []NodeView, out Output) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	head := "NODE\tAGENT\tPOOLS (FREE/TOTAL)\tREPLICAS\tATTACHED"
 	if wide {
-		head += "\tZONE\tCORDONED\tVERSION\tPREREQUISITES"
+		head += "\tZONE\tCORDONED\tVERSION\tCAPABILITIES\tPREREQUISITES"
 	}
 	fmt.Fprintln(tw, head)
 	for _, n := range nodes {
 		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.Name, n.Agent, pools(n.Pools), replicas(n.Replicas), orDash(strings.Join(n.Attached, ",")))
 		if wide {
-			row += fmt.Sprintf("\t%s\t%t\t%s\t%s", orDash(n.Zone), n.Cordoned, orDash(n.AgentVersion), orDash(n.Prerequisites))
+			row += fmt.Sprintf("\t%s\t%t\t%s\t%s\t%s", orDash(n.Zone), n.Cordoned, orDash(n.AgentVersion),
+				orDash(strings.Join(n.Capabilities, ",")), orDash(n.Prerequisites))
 		}
 		fmt.Fprintln(tw, row)
 	}

@@ -209,6 +209,12 @@ func TestNodes(t *testing.T) {
 		Volumes:  []v1.ReplicatedVolume{*o.RV},
 		Replicas: rvrs,
 	}
+	// node-a's agent announces what it understands; node-b's announcement was written
+	// by another version than the one that renews its Lease (a rollback): void.
+	objs.Leases[0].Annotations[v1.AnnotationCapabilities] = v1.CapabilityDerivedSharedSecret + "," + v1.CapabilityTearDownWithVolume
+	objs.Leases[0].Annotations[v1.AnnotationCapabilitiesAgentVersion] = "v0.1.0"
+	objs.Leases[1].Annotations[v1.AnnotationCapabilities] = v1.CapabilityDerivedSharedSecret
+	objs.Leases[1].Annotations[v1.AnnotationCapabilitiesAgentVersion] = "v0.2.0"
 	nodes := BuildNodes(objs, now)
 	var names []string
 	for _, n := range nodes {
@@ -232,6 +238,12 @@ func TestNodes(t *testing.T) {
 	t.Logf("\n%s", s)
 	if row := lineOf(s, "node-a "); !strings.Contains(row, "fast 512.0Mi/1.0Gi, pool 9.0Gi/10.0Gi") || !strings.Contains(row, "1 Diskful") || !strings.Contains(row, "pvc-1") {
 		t.Errorf("node-a row: %q", row)
+	}
+	if row := lineOf(s, "node-a "); !strings.Contains(row, "derived-shared-secret,teardown-with-volume") {
+		t.Errorf("node-a row does not show its agent's capabilities: %q", row)
+	}
+	if len(nodes[1].Capabilities) != 0 {
+		t.Errorf("node-b's capabilities, written by another agent version: %v, want none", nodes[1].Capabilities)
 	}
 	if row := lineOf(s, "node-e "); !strings.Contains(row, "true") {
 		t.Errorf("node-e row is not cordoned: %q", row)
