@@ -208,9 +208,11 @@ type Agent struct {
 	unconfirmed *reasonLog
 	// held: the replicas whose report is held back, and what it says (holdBack).
 	held map[types.UID]heldReport
-	// released: the deleted replicas (name → UID) whose finalizer this agent has
-	// released, until the cache shows them gone (releaseReplica).
-	released map[string]types.UID
+	// released: by name, the replicas this agent took down and released
+	// (releaseReplica), until a while after the cache shows them gone (gc.go,
+	// released); releasedSwept: when the marks of those gone were last forgotten.
+	released      map[string]released
+	releasedSwept time.Time
 
 	// downs spaces out the take-downs refused while a device is held open.
 	downs *takeDownGate
@@ -286,7 +288,7 @@ func Run(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, cfg 
 		attachWake:      make(chan struct{}, 1),
 		unconfirmed:     newReasonLog(),
 		held:            map[types.UID]heldReport{},
-		released:        map[string]types.UID{},
+		released:        map[string]released{},
 	}
 	mgr, err := newManager(restCfg, scheme, cfg, a.log)
 	if err != nil {

@@ -511,12 +511,19 @@ func (r *rig) replicasGone(names []string) {
 // nothingLeftOnNodes fails the test if a node keeps a DRBD resource or a backing file.
 func (r *rig) nothingLeftOnNodes() {
 	r.t.Helper()
-	for _, n := range r.c.Nodes {
-		res, err := n.Resources(r.ctx)
-		r.must(err)
-		if len(res) > 0 || len(n.Files()) > 0 {
-			r.t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
-		}
+	for i := range r.c.Nodes {
+		r.nothingLeftOn(i)
+	}
+}
+
+// nothingLeftOn fails the test if node i keeps a DRBD resource or a backing file.
+func (r *rig) nothingLeftOn(i int) {
+	r.t.Helper()
+	n := r.node(i)
+	res, err := n.Resources(r.ctx)
+	r.must(err)
+	if len(res) > 0 || len(n.Files()) > 0 {
+		r.t.Errorf("%s keeps resources %v and files %v", n.Name, res, n.Files())
 	}
 }
 

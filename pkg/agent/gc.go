@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
@@ -23,7 +24,8 @@ import (
 // must never read as "nothing is ours" (kubelet's reconstruct.go: unknown
 // never means delete). A pass runs every GCInterval, as soon as a replica
 // of this node is gone from the cache (what it ran is then no replica's:
-// a node back from a partition learns so only now), and again when the
+// a node back from a partition learns so only now) unless this agent took
+// that replica down and released it itself (released), and again when the
 // take-down of a resource was refused, once it may be tried again (the
 // device of a stale Primary stays held until its pod is gone).
 //
@@ -120,6 +122,91 @@ func (a *Agent) requestCollect() {
 	case a.collectNow <- struct{}{}:
 	default:
 	}
+}
+
+// released is a replica this agent took down and then released (releaseReplica): its
+// DRBD resource down (leave), its configuration and its backing volume deleted, and the
+// agent's own finalizer released by this agent. Such a replica leaves nothing on the
+// node, so its departure from the cache asks for no collector pass: deleting thousands
+// of volumes at once, those passes (one a second per agent, each listing every backing
+// volume of the node) were about 8 % of the bench process's CPU (docs/scale.md, "What
+// is left of the deletion after the ninth pass"). Every other departure asks for one: a
+// replica force-removed by the controller, one whose finalizer someone else released,
+// one whose take-down or backing volume deletion failed (it is then not released), one
+// released by an agent since restarted (the marks live in memory only). Two leftovers
+// no departure announces are the clock's to find, each a change (collectInputs): a
+// resource the event stream had not shown yet when leave decided (it takes down what
+// the Observer shows running), and the backing volume of an earlier replica of the
+// name that no reconcile found gone (the cache showed the next one at once; its
+// resource is evicted, evictEarlierIncarnation, its backing volume is the collector's).
+//
+// A mark is by UID: a replica created again under the name is another replica, and a
+// reconcile that finds it drops the earlier one's mark (releasedHere), so that its own
+// departure asks for a pass. The agent acts for a replica only in a reconcile that finds
+// it, and the reconciles of one name never run at once, so a mark present when the name
+// is found gone means that the last replica of the name the agent acted for is one it
+// released.
+type released struct {
+	uid types.UID
+	// gone: when a reconcile first found the name gone from the cache; zero while
+	// it is there.
+	gone time.Time
+}
+
+// releasedKeep is how long a mark outlives its replica's departure from the cache. A
+// name may be found gone more than once (an event queued while the replica was still
+// cached, then its deletion's own, which the informer hands on after it left the
+// cache), and none of these asks for a pass. Then the mark goes (goneReplica), so that
+// the marks kept are those of the node's replicas still in the cache and of those gone
+// in the last minute or two: a mark whose name is never found gone is one whose replica
+// is still cached, or was replaced by one of the same name, which drops it.
+const releasedKeep = time.Minute
+
+// markReleased records that rvr is released here (released).
+func (a *Agent) markReleased(rvr *v1.ReplicatedVolumeReplica) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.released[rvr.Name] = released{uid: rvr.UID}
+}
+
+// releasedHere: rvr, as the cache shows it, is a replica this agent released; its
+// deletion comes next, or has come already and the cache has yet to show it. A mark of
+// another replica of that name is dropped.
+func (a *Agent) releasedHere(rvr *v1.ReplicatedVolumeReplica) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m, ok := a.released[rvr.Name]
+	if ok && m.uid != rvr.UID {
+		delete(a.released, rvr.Name)
+		return false
+	}
+	return ok
+}
+
+// goneReplica is told that the cache has no replica called name (any more) and says
+// whether a collector pass should look for what it ran: not for a replica this agent
+// released (released). It forgets the marks found gone more than releasedKeep ago, at
+// most once per releasedKeep.
+func (a *Agent) goneReplica(name string, now time.Time) (collect bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now.Sub(a.releasedSwept) >= releasedKeep {
+		for n, m := range a.released {
+			if !m.gone.IsZero() && now.Sub(m.gone) >= releasedKeep {
+				delete(a.released, n)
+			}
+		}
+		a.releasedSwept = now
+	}
+	m, ok := a.released[name]
+	if !ok {
+		return true
+	}
+	if m.gone.IsZero() {
+		m.gone = now
+		a.released[name] = m
+	}
+	return false
 }
 
 // collect is one pass. The kernel and the pools are listed before the

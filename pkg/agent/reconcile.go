@@ -46,19 +46,16 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	rvr := &v1.ReplicatedVolumeReplica{}
 	if err := a.cache.Get(ctx, req.NamespacedName, rvr); err != nil {
 		if apierrors.IsNotFound(err) {
-			// Gone: whatever it ran here is no replica's now (runGC).
-			a.requestCollect()
+			// Gone: whatever it ran here is no replica's now (runGC), unless this
+			// agent took it down and released it (released).
+			if a.goneReplica(req.Name, time.Now()) {
+				a.requestCollect()
+			}
 			a.unconfirmed.forget(req.Name)
-			a.mu.Lock()
-			delete(a.released, req.Name)
-			a.mu.Unlock()
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	a.mu.Lock()
-	released := a.released[rvr.Name] == rvr.UID
-	a.mu.Unlock()
-	if released {
+	if a.releasedHere(rvr) {
 		return ctrl.Result{}, nil // torn down and its finalizer released: its deletion event comes next
 	}
 	if rvr.Spec.NodeName != a.cfg.NodeName {
@@ -990,10 +987,9 @@ func (a *Agent) releaseReplica(ctx context.Context, rvr *v1.ReplicatedVolumeRepl
 		return client.IgnoreNotFound(err)
 	}
 	// Until the cache shows the replica gone, a reconcile of it would release it
-	// again: a request refused for nothing (reconcile, released).
-	a.mu.Lock()
-	a.released[rvr.Name] = rvr.UID
-	a.mu.Unlock()
+	// again: a request refused for nothing (reconcile, releasedHere). Nothing of it is
+	// left here, so its departure asks for no collector pass (released).
+	a.markReleased(rvr)
 	a.log.Info("replica torn down; finalizer released", "replica", rvr.Name)
 	return nil
 }
