@@ -324,6 +324,9 @@ type Controller struct {
 	// teardownSince: when this controller first found each volume being deleted ready
 	// to tear down (teardownBegan).
 	teardownSince firstTimes
+	// replicaDeletions: the replicas of volumes being deleted that this controller
+	// deleted (deleteReplicas).
+	replicaDeletions replicaDeletions
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
 	disrupt disruption
 	// load: the replicas on each node, for placement (nodeLoads).

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -197,20 +198,59 @@ func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
 // when 500 to 2,000 volumes go at once; the requests grow as the volumes deleted, the
 // scan as their square. And a deletion by name never depends on labels a person may
 // edit (docs/controller.md, "Deletion").
+//
+// A replica this controller deleted and the cache still shows is not deleted again
+// (replicaDeletions): the replicas of a volume are released one by one, each release
+// a reconcile of the volume, and the cache may show one deleted in the reconcile before
+// only a moment later. Waiting for the cache in each reconcile instead held one of the
+// workers for the watch's round trip per replica (docs/scale.md, "Tenth pass").
 func (c *Controller) deleteReplicas(ctx context.Context, v *volume, began time.Time) error {
 	waited := v.now.Sub(began) >= teardownUnpublished
-	var deleted []string
 	for _, r := range v.rvrs {
-		if r.DeletionTimestamp != nil || !waited && !c.deletesNow(v, r) {
+		if r.DeletionTimestamp != nil || c.replicaDeletions.has(v.rv.Name, r.UID) || !waited && !c.deletesNow(v, r) {
 			continue
 		}
 		if err := c.deleteReplica(ctx, r); err != nil {
 			return fmt.Errorf("deleting replica %s: %w", r.Name, err)
 		}
-		deleted = append(deleted, r.Name)
+		c.replicaDeletions.add(v.rv.Name, r.UID)
 	}
-	c.waitForCache(ctx, deleted, false)
 	return nil
+}
+
+// replicaDeletions remembers, per volume being deleted, the replicas (by UID) this
+// controller deleted, until the volume is gone: the cache may show a replica for a
+// moment after its deletion, and a reconcile then would delete it again, a request
+// refused for nothing. A controller that started since remembers none (one such
+// request at most, per replica).
+type replicaDeletions struct {
+	mu   sync.Mutex
+	uids map[string]map[types.UID]bool // volume → replicas deleted
+}
+
+func (d *replicaDeletions) add(volume string, uid types.UID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.uids == nil {
+		d.uids = map[string]map[types.UID]bool{}
+	}
+	if d.uids[volume] == nil {
+		d.uids[volume] = map[types.UID]bool{}
+	}
+	d.uids[volume][uid] = true
+}
+
+func (d *replicaDeletions) has(volume string, uid types.UID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.uids[volume][uid]
+}
+
+// forget drops what is remembered of volume (it is gone).
+func (d *replicaDeletions) forget(volume string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.uids, volume)
 }
 
 // deletesNow: the replica of a volume being torn down is deleted now, rather than once

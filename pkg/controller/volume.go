@@ -348,6 +348,7 @@ func (c *Controller) observe(ctx context.Context, name string) (*volume, error) 
 			c.volumeWrites.forget(name)
 			c.volumeStatusAt.forget(name)
 			c.teardownSince.forget(name)
+			c.replicaDeletions.forget(name)
 			return nil, nil
 		}
 		return nil, err
