@@ -162,10 +162,11 @@ func unpublishedTeardown(v *volume, began time.Time) time.Duration {
 
 // teardownUnpublished is how long a detached volume's replicas may take to go before
 // the controller publishes the teardown, and with it the replicas the deletion waits
-// for, and deletes those it waited for its agents to release. Longer than progressInterval: when thousands of volumes are deleted at once an
-// agent gets to a replica seconds after its deletion while it makes progress, and the
-// revision would then be written for most of them, when the apiserver is busiest, for
-// a message no one needs; a deletion that is stuck still says so within it
+// for, and deletes those it waited for their agents to release. Longer than
+// progressInterval: when thousands of volumes are deleted at once an agent gets to a
+// volume seconds after its mark while it makes progress, and the revision would then
+// be written for most of them, when the apiserver is busiest, for a message no one
+// needs; a deletion that is stuck still says so within it
 // (docs/controller.md, "Deletion").
 const teardownUnpublished = 30 * time.Second
 
