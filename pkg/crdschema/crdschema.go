@@ -19,7 +19,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -53,12 +54,7 @@ func All() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, 0, len(defs))
-	for n := range defs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names, nil
+	return slices.Sorted(maps.Keys(defs)), nil
 }
 
 // Missing returns the paths of the fields built's schema has and installed's would
@@ -81,12 +77,7 @@ func missing(path string, b, i *apiextensionsv1.JSONSchemaProps, out *[]string) 
 		*out = append(*out, join(path, "*"))
 		return
 	}
-	names := make([]string, 0, len(b.Properties))
-	for n := range b.Properties {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(b.Properties)) {
 		bp := b.Properties[n]
 		if ip, ok := properties(i)[n]; ok {
 			missing(join(path, n), &bp, &ip, out)
