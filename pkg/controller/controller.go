@@ -75,7 +75,8 @@ type Options struct {
 	// SnapshotSuspendTimeout bounds how long a snapshot attempt may hold a volume's IO
 	// suspended (default 10 s; docs/snapshots.md, "The guarantee").
 	SnapshotSuspendTimeout time.Duration
-	// Workers is the number of concurrent volume reconciles (default 4).
+	// Workers is the number of concurrent volume reconciles (default 4 here;
+	// `meshvol controller` and the chart default to 16: docs/scale.md, "Tenth pass").
 	Workers int
 	// Features are the DRBD features the engine may use.
 	Features datamesh.Features
