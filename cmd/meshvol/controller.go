@@ -79,14 +79,12 @@ const (
 	controllerBurst = 400
 )
 
-const (
-	// defaultWorkers: volumes reconciled at once. Each reconcile mostly waits on the
-	// apiserver, and four at a time left the cores idle when thousands of volumes
-	// changed at once: 2,000 3D volumes were deleted in 48.3 s with 16 against 60.3 s
-	// with 4, and 10,000 formed in 384 s against 433 s with the controller's memory as
-	// before (docs/scale.md, "Tenth pass").
-	defaultWorkers = 16
-)
+// defaultWorkers: volumes reconciled at once. Each reconcile mostly waits on the
+// apiserver, and four at a time left the cores idle when thousands of volumes changed
+// at once: 2,000 3D volumes were deleted in 48.3 s with 16 against 60.3 s with 4, and
+// 10,000 formed in 384 s against 433 s with the controller's memory as before
+// (docs/scale.md, "Tenth pass").
+const defaultWorkers = 16
 
 func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 	f := &controllerFlags{}
@@ -128,7 +126,7 @@ func newControllerFlagSet(stderr io.Writer) (*flag.FlagSet, *controllerFlags) {
 	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", controllerQPS,
 		"client-side limit of requests per second to the apiserver, for each kind of object (the apiserver's priority and fairness shares it among clients)")
 	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", controllerBurst, "requests of one kind sent at once before --kube-api-qps applies")
-	fs.IntVar(&f.workers, "workers", defaultWorkers, "volumes reconciled at once, each with its own datamesh engine")
+	fs.IntVar(&f.workers, "workers", defaultWorkers, "volumes reconciled at once (each mostly waits on the apiserver; the datamesh engine keeps nothing between calls)")
 	fs.BoolVar(&f.shadowDiskful, "shadow-diskful", false,
 		"the cluster's DRBD has the non-voting disk option (ShadowDiskful replicas); upstream DRBD 9.2 does not")
 	fs.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second,
