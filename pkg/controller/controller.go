@@ -322,12 +322,9 @@ type Controller struct {
 	// volumeStatusAt: when this controller last wrote each volume's status, which
 	// paces a status that moves only progress (progressWait).
 	volumeStatusAt statusTimes
-	// teardownSince: when this controller first found each volume being deleted ready
-	// to tear down (teardownBegan).
-	teardownSince firstTimes
-	// replicaDeletions: the replicas of volumes being deleted that this controller
-	// deleted (deleteReplicas).
-	replicaDeletions replicaDeletions
+	// teardowns: of each volume being torn down, when this controller began and the
+	// replicas it deleted (teardownBegan, deleteReplicas).
+	teardowns teardowns
 	// disrupt: every agent silent at once, now or last (agentlease.Fleet).
 	disrupt disruption
 	// load: the replicas on each node, for placement (nodeLoads).

@@ -126,7 +126,7 @@ func (c *Controller) tearDown(ctx context.Context, v *volume, work *v1.Replicate
 // that found it ready to tear down, or the deletion of one of its replicas if earlier
 // (a replica deleted by an earlier controller process, or before its volume went).
 func (c *Controller) teardownBegan(v *volume) time.Time {
-	began := c.teardownSince.first(v.rv.Name, v.now)
+	began := c.teardowns.began(v.rv.Name, v.now)
 	for _, r := range v.rvrs {
 		if r.DeletionTimestamp != nil && r.DeletionTimestamp.Time.Before(began) {
 			began = r.DeletionTimestamp.Time
@@ -134,21 +134,6 @@ func (c *Controller) teardownBegan(v *volume) time.Time {
 	}
 	return began
 }
-
-// firstTimes remembers, per volume name, when this controller first saw something of
-// it (teardownBegan): a controller that started since knows nothing of it.
-type firstTimes struct {
-	at sync.Map // name → time.Time
-}
-
-// first is the time remembered for name, t when none was (and t is remembered).
-func (f *firstTimes) first(name string, t time.Time) time.Time {
-	at, _ := f.at.LoadOrStore(name, t)
-	return at.(time.Time)
-}
-
-// forget drops what is remembered of name (the volume is gone).
-func (f *firstTimes) forget(name string) { f.at.Delete(name) }
 
 // unpublishedTeardown is how long the teardown may stay unpublished: until
 // teardownUnpublished after it began, as long as the published datamesh still has its
@@ -201,57 +186,75 @@ func (c *Controller) tearDownDatamesh(work *v1.ReplicatedVolume) {
 // edit (docs/controller.md, "Deletion").
 //
 // A replica this controller deleted and the cache still shows is not deleted again
-// (replicaDeletions): the replicas of a volume are released one by one, each release
+// (teardowns): the replicas of a volume are released one by one, each release
 // a reconcile of the volume, and the cache may show one deleted in the reconcile before
 // only a moment later. Waiting for the cache in each reconcile instead held one of the
 // workers for the watch's round trip per replica (docs/scale.md, "Tenth pass").
 func (c *Controller) deleteReplicas(ctx context.Context, v *volume, began time.Time) error {
 	waited := v.now.Sub(began) >= teardownUnpublished
 	for _, r := range v.rvrs {
-		if r.DeletionTimestamp != nil || c.replicaDeletions.has(v.rv.Name, r.UID) || !waited && !c.deletesNow(v, r) {
+		if r.DeletionTimestamp != nil || c.teardowns.deleted(v.rv.Name, r.UID) || !waited && !c.deletesNow(v, r) {
 			continue
 		}
 		if err := c.deleteReplica(ctx, r); err != nil {
 			return fmt.Errorf("deleting replica %s: %w", r.Name, err)
 		}
-		c.replicaDeletions.add(v.rv.Name, r.UID)
+		c.teardowns.markDeleted(v.rv.Name, r.UID, v.now)
 	}
 	return nil
 }
 
-// replicaDeletions remembers, per volume being deleted, the replicas (by UID) this
-// controller deleted, until the volume is gone: the cache may show a replica for a
-// moment after its deletion, and a reconcile then would delete it again, a request
-// refused for nothing. A controller that started since remembers none (one such
-// request at most, per replica).
-type replicaDeletions struct {
-	mu   sync.Mutex
-	uids map[string]map[types.UID]bool // volume → replicas deleted
+// teardowns remembers, per volume being torn down and until it is gone, what this
+// controller alone knows of it: when it first found the volume ready to tear down
+// (teardownBegan), and the replicas (by UID) it deleted — the cache may show a replica
+// for a moment after its deletion, and a reconcile then would delete it again, a
+// request refused for nothing. A controller that started since knows none of it: the
+// teardown's clock starts again, and a replica may be deleted once more.
+type teardowns struct {
+	mu  sync.Mutex
+	all map[string]*teardown // volume name →
 }
 
-func (d *replicaDeletions) add(volume string, uid types.UID) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.uids == nil {
-		d.uids = map[string]map[types.UID]bool{}
+type teardown struct {
+	began   time.Time
+	deleted map[types.UID]bool
+}
+
+// of is name's teardown, begun at now when there is none yet; the caller holds mu.
+func (t *teardowns) of(name string, now time.Time) *teardown {
+	if t.all == nil {
+		t.all = map[string]*teardown{}
 	}
-	if d.uids[volume] == nil {
-		d.uids[volume] = map[types.UID]bool{}
+	if t.all[name] == nil {
+		t.all[name] = &teardown{began: now, deleted: map[types.UID]bool{}}
 	}
-	d.uids[volume][uid] = true
+	return t.all[name]
 }
 
-func (d *replicaDeletions) has(volume string, uid types.UID) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.uids[volume][uid]
+// began is when name's teardown began: now, the first time it is asked.
+func (t *teardowns) began(name string, now time.Time) time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.of(name, now).began
 }
 
-// forget drops what is remembered of volume (it is gone).
-func (d *replicaDeletions) forget(volume string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.uids, volume)
+func (t *teardowns) markDeleted(name string, uid types.UID, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.of(name, now).deleted[uid] = true
+}
+
+func (t *teardowns) deleted(name string, uid types.UID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.all[name] != nil && t.all[name].deleted[uid]
+}
+
+// forget drops what is remembered of name (the volume is gone).
+func (t *teardowns) forget(name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.all, name)
 }
 
 // deletesNow: the replica of a volume being torn down is deleted now, rather than once

@@ -347,8 +347,7 @@ func (c *Controller) observe(ctx context.Context, name string) (*volume, error) 
 			c.alloc.Release(name)
 			c.volumeWrites.forget(name)
 			c.volumeStatusAt.forget(name)
-			c.teardownSince.forget(name)
-			c.replicaDeletions.forget(name)
+			c.teardowns.forget(name)
 			return nil, nil
 		}
 		return nil, err
