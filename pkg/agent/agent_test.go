@@ -651,6 +651,66 @@ func TestMembersOfAGoingVolumeGoOnItsMark(t *testing.T) {
 	r.nothingLeftOnNodes()
 }
 
+// A member whose agent has not seen its volume's deletion mark yet sees its peers leave
+// first, taken down by agents that saw the mark. It does not report their departure:
+// its agent reads the volume from the apiserver on a peer's departure, finds it going,
+// and the replica leaves on the mark without a report (pkg/agent peerLeft). The late
+// agent is cut off from the apiserver while its peers go, so its cache cannot show the
+// mark before its reconcile: without the read, its report of the departure is the
+// write that waits at the cut and goes when the cut ends.
+func TestAMemberThatSeesItsPeersGoBeforeTheMarkDoesNotReport(t *testing.T) {
+	r := newRig(t, 3, nil)
+	names := r.form3D()
+	rv := r.holdVolume()
+	late := r.node(2)
+	r.must(r.c.CutOff(late.Name))
+	cutOff := true
+	t.Cleanup(func() {
+		if cutOff {
+			r.must(r.c.Reconnect(late.Name))
+		}
+	})
+	before := r.c.Writes.Snapshot()
+	r.must(r.cl.Delete(r.ctx, rv))
+	r.eventually("the late member's kernel sees both peers leave", 30*time.Second, func() string {
+		st, err := late.Sim.Status(r.ctx, r.rv)
+		if err != nil || len(st) != 1 {
+			return fmt.Sprintf("status of %s: %v %v", late.Name, st, err)
+		}
+		for _, c := range st[0].Connections {
+			if c.ConnectionState == "Connected" {
+				return fmt.Sprintf("%s → %s: Connected", late.Name, c.Name)
+			}
+		}
+		return ""
+	})
+	// Its agent's reconcile of the departure, from the kernel's event, runs against a
+	// cache the cut keeps unmarked; what it sends waits at the cut.
+	time.Sleep(2 * time.Second)
+	r.must(r.c.Reconnect(late.Name))
+	cutOff = false
+	r.eventually("every member taken down and released", 30*time.Second, func() string {
+		for i, n := range names {
+			if res, err := r.node(i).Resources(r.ctx); err != nil || len(res) > 0 {
+				return fmt.Sprintf("%s runs %v (%v)", r.node(i).Name, res, err)
+			}
+			if slices.Contains(r.rvr(n).Finalizers, v1.FinalizerAgent) {
+				return n + " keeps the agent's finalizer"
+			}
+		}
+		return ""
+	})
+	writes, _ := r.c.Writes.Since(before)
+	if n := writes["agent PATCH replicatedvolumereplicas/status"]; n > 0 {
+		t.Errorf("the agents reported %d time(s) during the volume's deletion, want 0: %v", n, writes)
+	}
+	for _, n := range names {
+		r.must(r.cl.Delete(r.ctx, r.rvr(n)))
+	}
+	r.replicasGone(names)
+	r.nothingLeftOnNodes()
+}
+
 // Steady state writes nothing: after formation, no RVR is modified for a
 // while (the Lease is the only periodic write, and it is not an RVR).
 func TestSteadyStateWritesNothing(t *testing.T) {

@@ -95,3 +95,39 @@ func TestVolumeGoes(t *testing.T) {
 		}
 	}
 }
+
+// A peer's departure is a peer the replica last reported Connected that its next report
+// shows otherwise, or not at all, while the volume as cached still has it as a member:
+// the one report for which the agent reads the volume past its cache (peerLeft).
+func TestPeerLeft(t *testing.T) {
+	rv := &v1.ReplicatedVolume{Status: v1.ReplicatedVolumeStatus{Datamesh: v1.Datamesh{Members: []v1.DatameshMember{
+		{Name: "vol-node-1"}, {Name: "vol-node-2"}, {Name: "vol-node-3"},
+	}}}}
+	peers := func(states ...string) v1.ReplicatedVolumeReplicaStatus {
+		var st v1.ReplicatedVolumeReplicaStatus
+		for i, s := range states {
+			st.Peers = append(st.Peers, v1.PeerStatus{Name: "vol-node-" + string(rune('2'+i)), ConnectionState: s})
+		}
+		return st
+	}
+	removed := rv.DeepCopy()
+	removed.Status.Datamesh.Members = removed.Status.Datamesh.Members[:2]
+	for _, tc := range []struct {
+		name           string
+		rv             *v1.ReplicatedVolume
+		reported, next v1.ReplicatedVolumeReplicaStatus
+		want           bool
+	}{
+		{"a connected peer now Connecting", rv, peers("Connected", "Connected"), peers("Connected", "Connecting"), true},
+		{"a connected peer no longer listed", rv, peers("Connected", "Connected"), peers("Connected"), true},
+		{"both still connected", rv, peers("Connected", "Connected"), peers("Connected", "Connected"), false},
+		{"a peer that was not connected", rv, peers("Connected", "Connecting"), peers("Connected", "StandAlone"), false},
+		{"a peer connecting", rv, peers("Connecting", "Connecting"), peers("Connected", "Connecting"), false},
+		{"a peer removed from the datamesh", removed, peers("Connected", "Connected"), peers("Connected"), false},
+		{"no volume in the cache", nil, peers("Connected", "Connected"), peers(), false},
+	} {
+		if got := peerLeft(tc.rv, tc.reported, tc.next); got != tc.want {
+			t.Errorf("%s: peerLeft = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

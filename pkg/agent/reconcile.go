@@ -84,7 +84,19 @@ func (a *Agent) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		// a write per replica of every volume formed, saved.
 		return ctrl.Result{}, nil
 	}
-	after, err := a.writeStatus(ctx, rvr, s.st, reportPacing{dayZero: awaitsDayZero(rv, &s.st), goingAway: goingAway(rv)})
+	pace := reportPacing{dayZero: awaitsDayZero(rv, &s.st), goingAway: goingAway(rv)}
+	if !pace.goingAway && peerLeft(rv, rvr.Status, s.st) {
+		switch fresh := a.volumeFromAPIServer(ctx, rv); {
+		case volumeGoes(fresh):
+			// The peer left because its agent saw the volume go before this
+			// agent's cache did: the mark's event wakes this replica to leave
+			// too (volumeUpdateWakesReplicas), and the report goes unwritten.
+			return ctrl.Result{RequeueAfter: a.cfg.ProgressInterval}, nil
+		case goingAway(fresh):
+			pace.goingAway = true
+		}
+	}
+	after, err := a.writeStatus(ctx, rvr, s.st, pace)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -670,6 +682,40 @@ func goingAway(rv *v1.ReplicatedVolume) bool {
 		}
 	}
 	return true
+}
+
+// peerLeft: st, the report to write, shows a peer not Connected that the replica last
+// reported Connected (reported) and that is still a member of rv as cached. A volume
+// that goes is taken down by each agent as soon as its cache shows the deletion mark
+// (volumeGoes), and the agents' caches see the mark at different moments: the members
+// whose agent has not seen it yet see their peers leave first. Their report of the
+// departure, a write per member of each volume deleted, would go unread (the volume
+// goes); such a departure is the one moment the agent reads the volume from the
+// apiserver rather than from its cache (volumeFromAPIServer). A peer's node that
+// crashes or is cut off costs the same read, once per member that loses it: a read,
+// against the report's write that follows it.
+func peerLeft(rv *v1.ReplicatedVolume, reported, st v1.ReplicatedVolumeReplicaStatus) bool {
+	for _, p := range reported.Peers {
+		if p.ConnectionState != "Connected" || memberOf(rv, p.Name) == nil {
+			continue
+		}
+		i := slices.IndexFunc(st.Peers, func(q v1.PeerStatus) bool { return q.Name == p.Name })
+		if i < 0 || st.Peers[i].ConnectionState != "Connected" {
+			return true
+		}
+	}
+	return false
+}
+
+// volumeFromAPIServer reads rv again from the apiserver, past the agent's cache
+// (peerLeft). It returns the cached rv when the read fails: the report is then written
+// as it would have been.
+func (a *Agent) volumeFromAPIServer(ctx context.Context, rv *v1.ReplicatedVolume) *v1.ReplicatedVolume {
+	fresh := &v1.ReplicatedVolume{}
+	if err := a.reader.Get(ctx, types.NamespacedName{Name: rv.Name}, fresh); err != nil {
+		return rv
+	}
+	return fresh
 }
 
 func formationActive(rv *v1.ReplicatedVolume) bool {

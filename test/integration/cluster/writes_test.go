@@ -27,9 +27,10 @@ const formationBudget = 15
 // (docs/scale.md), and a delete takes 7 (no teardown revision, docs/contract.md,
 // "Deleting a volume"; each replica deleted by name, docs/controller.md, "Deletion"; no
 // Secret of the volume's own, its shared secret derived from the cluster key,
-// docs/controller.md, "Allocation and the shared secret"). A report whose timing the
-// load decides (an agent's hold that runs out before its replica is deleted) would be
-// an eighth: the budget has room for it.
+// docs/controller.md, "Allocation and the shared secret"). The agents' caches see the
+// volume's mark at different moments; a member whose agent has not seen it yet reads
+// the volume from the apiserver when its peers leave, and reports nothing (pkg/agent
+// peerLeft).
 const deleteBudget = 8
 
 // Scenario 8: apiserver writes per operation, counted at the HTTP layer for
