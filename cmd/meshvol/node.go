@@ -283,7 +283,7 @@ func nodeFacts(ctx context.Context, cfg *rest.Config, name string, addrs *addrLi
 // nodePools maps an RSP to its provider on this node: the File pool's
 // directory, or this node's volume group (and thin pool) of an LVM pool.
 func nodePools(node string) agent.PoolFactory {
-	return func(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
+	return func(ctx context.Context, rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
 		switch rsp.Spec.Type {
 		case v1.PoolTypeFile:
 			if rsp.Spec.File == nil {
@@ -292,7 +292,7 @@ func nodePools(node string) agent.PoolFactory {
 			if err := os.MkdirAll(rsp.Spec.File.Directory, 0o750); err != nil {
 				return nil, err
 			}
-			return file.New(rsp.Spec.File.Directory)
+			return file.New(ctx, rsp.Spec.File.Directory)
 		case v1.PoolTypeLVM, v1.PoolTypeLVMThin:
 			for _, vg := range rsp.Spec.VolumeGroups {
 				if vg.NodeName != node {

@@ -280,7 +280,7 @@ func (n *Node) AgentConfig() agent.Config {
 }
 
 // pool is the node's PoolFactory: a File RSP's directory under the node's root.
-func (n *Node) pool(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
+func (n *Node) pool(ctx context.Context, rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
 	if rsp.Spec.Type != v1.PoolTypeFile || rsp.Spec.File == nil {
 		return nil, nil // only file pools exist in a local cluster
 	}
@@ -301,7 +301,7 @@ func (n *Node) pool(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
 	if n.c.opts.PlainFiles {
 		newPool = file.NewFiles
 	}
-	p, err := newPool(dir)
+	p, err := newPool(ctx, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -65,8 +65,10 @@ import (
 // PoolFactory returns the storage provider of a pool on this node, or
 // (nil, nil) when this node does not serve the pool. Production maps an
 // RSP's type to the LVM or file provider; the in-process cluster gives each
-// node a file pool of its own.
-type PoolFactory func(rsp *v1.ReplicatedStoragePool) (storage.Provider, error)
+// node a file pool of its own. Making a provider may take a while (a file
+// pool's first open scans the machine's loop devices): it gives up when ctx
+// ends, so that a stopping agent does not wait for it.
+type PoolFactory func(ctx context.Context, rsp *v1.ReplicatedStoragePool) (storage.Provider, error)
 
 // Config is one node agent.
 type Config struct {

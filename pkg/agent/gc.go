@@ -230,7 +230,10 @@ func (a *Agent) collect(ctx context.Context) (retry time.Duration, acted bool) {
 		return 0, false
 	}
 	for i := range rsps.Items {
-		p, err := a.providerFor(&rsps.Items[i])
+		if ctx.Err() != nil {
+			return 0, false // stopping: no pass on half the pools (docs/operating.md, "Stopping an agent")
+		}
+		p, err := a.providerFor(ctx, &rsps.Items[i])
 		if err != nil {
 			continue
 		}

@@ -152,8 +152,13 @@ func (a *Agent) fillLease(ctx context.Context, l *coordinationv1.Lease) bool {
 	if err := a.cache.List(ctx, &rsps); err == nil {
 		served := map[string]bool{}
 		for i := range rsps.Items {
+			if ctx.Err() != nil {
+				// Stopping: the renewal is abandoned, and the runnable must return
+				// without measuring the pools left (docs/operating.md, "Stopping an agent").
+				return dirty
+			}
 			rsp := &rsps.Items[i]
-			p, err := a.providerFor(rsp)
+			p, err := a.providerFor(ctx, rsp)
 			if err != nil {
 				continue // not served here
 			}

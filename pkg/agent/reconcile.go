@@ -877,17 +877,17 @@ func (a *Agent) provider(ctx context.Context, pool string) (storage.Provider, er
 	if err := a.cache.Get(ctx, types.NamespacedName{Name: pool}, rsp); err != nil {
 		return nil, fmt.Errorf("storage pool %q: %w", pool, err)
 	}
-	return a.providerFor(rsp)
+	return a.providerFor(ctx, rsp)
 }
 
-func (a *Agent) providerFor(rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
+func (a *Agent) providerFor(ctx context.Context, rsp *v1.ReplicatedStoragePool) (storage.Provider, error) {
 	a.mu.Lock()
 	e, ok := a.pools[rsp.Name]
 	a.mu.Unlock()
 	if ok && e.generation == rsp.Generation {
 		return e.p, nil
 	}
-	p, err := a.cfg.Pools(rsp)
+	p, err := a.cfg.Pools(ctx, rsp)
 	if err != nil {
 		return nil, fmt.Errorf("storage pool %q: %w", rsp.Name, err)
 	}

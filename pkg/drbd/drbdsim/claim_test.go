@@ -120,7 +120,7 @@ func TestAttachedReplicasHoldNoDescriptor(t *testing.T) {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		pool, err := file.NewFiles(dir)
+		pool, err := file.NewFiles(context.Background(), dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +196,7 @@ func TestPoolDeleteFollowsTheClaim(t *testing.T) {
 	ctx := context.Background()
 	c := NewCluster(Options{Dir: t.TempDir(), Seed: 1})
 	n1 := c.Node("node1")
-	pool, err := file.NewFiles(t.TempDir())
+	pool, err := file.NewFiles(context.Background(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

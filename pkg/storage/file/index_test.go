@@ -1,10 +1,13 @@
 package file
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/meshvol/meshvol/pkg/storage"
 )
@@ -17,7 +20,7 @@ func TestOperationsDoNotScanEveryLoopDevice(t *testing.T) {
 	p := newPool(t)
 	mustCreate(t, p, "r1", 4*mib)
 	scans := loopScans.Load()
-	again, err := New(p.dir) // the agent makes a new Pool when the pool's definition changes
+	again, err := New(context.Background(), p.dir) // the agent makes a new Pool when the pool's definition changes
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +70,53 @@ func TestOperationsDoNotScanEveryLoopDevice(t *testing.T) {
 	}
 }
 
+// A pool's first open waits for another open's scan of the loop devices, and scans
+// them itself, only while its context lives: an agent stopping on SIGTERM must not wait
+// for the pools its Lease and collector were opening, seconds each on a loaded machine
+// with thousands of loop devices (docs/operating.md, "Stopping an agent").
+func TestNewGivesUpWhenItsContextEnds(t *testing.T) {
+	dir := t.TempDir()
+	poolDirsLock <- struct{}{} // another open is scanning
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := New(ctx, dir)
+	<-poolDirsLock
+	if !errors.Is(err, storage.ErrTimeout) {
+		t.Fatalf("New while another open scans, its context ending: %v, want %v", err, storage.ErrTimeout)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("New returned %s after its context ended, want at once", waited)
+	}
+
+	// A scan under way stops at the next loop device once the context has ended.
+	attached, err := newPool(t).Create(context.Background(), storage.CreateRequest{Replica: "r1", SizeBytes: 4 * mib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended, end := context.WithCancel(context.Background())
+	end()
+	if devs, err := backingFiles(ended); !errors.Is(err, context.Canceled) || devs != nil {
+		t.Fatalf("a scan with its context ended: %d devices, %v; want none and %v", len(devs), err, context.Canceled)
+	}
+	devs, err := backingFiles(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, d := range devs {
+		found = found || d.path == attached.DevicePath
+	}
+	if !found {
+		t.Fatalf("a scan with a live context does not find %s among %v", attached.DevicePath, devs)
+	}
+
+	// Nothing of the open given up is kept: the next New of the directory indexes it.
+	if _, err := New(context.Background(), dir); err != nil {
+		t.Fatalf("New after one gave up: %v", err)
+	}
+}
+
 // attachOthers binds n loop devices to files of a directory that is no pool's, as
 // other programs' (and other pools') devices are on a node, and detaches them when
 // the benchmark ends.
@@ -74,7 +124,7 @@ func attachOthers(b *testing.B, n int) {
 	b.Helper()
 	dir := b.TempDir()
 	b.Cleanup(func() {
-		devs, err := backingFiles()
+		devs, err := backingFiles(context.Background())
 		if err != nil {
 			b.Errorf("cleanup: %v", err)
 			return
@@ -120,7 +170,7 @@ func BenchmarkGetAmongLoopDevices(b *testing.B) {
 		attachOthers(b, n-others)
 		others = n
 		dir := b.TempDir()
-		p, err := New(dir)
+		p, err := New(context.Background(), dir)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -145,7 +195,7 @@ func BenchmarkGetAmongLoopDevices(b *testing.B) {
 		b.Run(fmt.Sprintf("others=%d/scan", n), func(b *testing.B) {
 			reads := sysfsReads.Load()
 			for range b.N {
-				if _, err := backingFiles(); err != nil {
+				if _, err := backingFiles(context.Background()); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,6 +1,7 @@
 package file
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -49,30 +50,34 @@ type loopDev struct {
 var loopScans, sysfsReads atomic.Int64
 
 // backingFiles maps each attached loop device to its backing file path as the
-// kernel shows it in /sys/block/loopN/loop/backing_file. A deleted backing
-// file shows as "<path> (deleted)". It reads every loop device of the machine,
-// so the pool calls it once, when its first Pool of a directory is made
-// (index); loopScans counts the calls (tests hold the pool to that).
-func backingFiles() (map[string]loopDev, error) {
+// kernel shows it in /sys/block/loopN/loop/backing_file (present only while
+// the device is bound). A deleted backing file shows as "<path> (deleted)". It
+// looks at every loop device of the machine, so the pool calls it once, when
+// its first Pool of a directory is made (index); loopScans counts the calls
+// (tests hold the pool to that). It stops with ctx's error when ctx ends: a
+// machine may have thousands of loop devices, bound or not.
+func backingFiles(ctx context.Context) (map[string]loopDev, error) {
 	loopScans.Add(1)
-	entries, err := filepath.Glob(filepath.Join(sysBlock, "loop*", "loop", "backing_file"))
+	entries, err := os.ReadDir(sysBlock)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]loopDev, len(entries))
+	out := map[string]loopDev{}
 	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "loop"))
+		if !strings.HasPrefix(e.Name(), "loop") || err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "loop", "backing_file"))
+		if err != nil {
+			// Not bound, or detached meanwhile.
+			continue
+		}
 		sysfsReads.Add(1)
-		data, err := os.ReadFile(e)
-		if err != nil {
-			// Detached between the glob and the read.
-			continue
-		}
-		name := filepath.Base(filepath.Dir(filepath.Dir(e))) // loopN
-		n, err := strconv.Atoi(strings.TrimPrefix(name, "loop"))
-		if err != nil {
-			continue
-		}
-		out[strings.TrimSuffix(string(data), "\n")] = loopDev{index: n, path: "/dev/" + name}
+		out[strings.TrimSuffix(string(data), "\n")] = loopDev{index: n, path: "/dev/" + e.Name()}
 	}
 	return out, nil
 }

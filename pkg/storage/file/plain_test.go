@@ -2,6 +2,7 @@ package file
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -21,7 +22,7 @@ import (
 // backing file it has attached, is in use: Delete refuses it and leaves the file.
 func TestPlainFilesPool(t *testing.T) {
 	dir := t.TempDir()
-	p, err := NewFiles(dir)
+	p, err := NewFiles(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func TestPlainFilesPool(t *testing.T) {
 	}
 
 	// One directory is one kind of pool in a process.
-	if _, err := New(dir); !errors.Is(err, storage.ErrFailedPrecondition) {
+	if _, err := New(context.Background(), dir); !errors.Is(err, storage.ErrFailedPrecondition) {
 		t.Fatalf("New of a directory NewFiles made a pool of: %v, want %v", err, storage.ErrFailedPrecondition)
 	}
 }

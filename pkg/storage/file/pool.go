@@ -79,16 +79,23 @@ type poolDir struct {
 }
 
 // poolDirs holds the poolDir of each directory (by its real path) a Pool was
-// made for.
+// made for. poolDirsLock guards it, and one open at a time scans the machine's
+// loop devices (index): a channel of one, so that an open waits for it only as
+// long as its context lives.
 var (
-	poolDirsMu sync.Mutex
-	poolDirs   = map[string]*poolDir{}
+	poolDirsLock = make(chan struct{}, 1)
+	poolDirs     = map[string]*poolDir{}
 )
 
 var _ storage.Provider = (*Pool)(nil)
 
-// New returns the pool in dir, which must exist.
-func New(dir string) (*Pool, error) { return open(dir, false) }
+// New returns the pool in dir, which must exist. The first New of a directory in
+// the process scans every loop device of the machine for the volumes' devices
+// (index): seconds on a loaded machine with thousands of them, one directory at a
+// time. It gives up with an error of kind storage.ErrTimeout when ctx ends first,
+// so that an agent that stops does not wait for it (docs/operating.md, "Stopping
+// an agent").
+func New(ctx context.Context, dir string) (*Pool, error) { return open(ctx, dir, false) }
 
 // NewFiles returns the pool in dir, which must exist, whose volumes are plain
 // files with no loop device: a volume's DevicePath is its file. Only a
@@ -104,9 +111,9 @@ func New(dir string) (*Pool, error) { return open(dir, false) }
 // descriptor per node and directory rather than one per attached replica
 // (docs/scale.md, "Seventh pass: 10,000 3D volumes held"). The lock file
 // stays in the directory.
-func NewFiles(dir string) (*Pool, error) { return open(dir, true) }
+func NewFiles(ctx context.Context, dir string) (*Pool, error) { return open(ctx, dir, true) }
 
-func open(dir string, plain bool) (*Pool, error) {
+func open(ctx context.Context, dir string, plain bool) (*Pool, error) {
 	abs, err := filepath.Abs(dir)
 	if err == nil {
 		// The kernel reports backing files by their real path: compare like
@@ -120,8 +127,13 @@ func open(dir string, plain bool) (*Pool, error) {
 	if err != nil || !st.IsDir() {
 		return nil, &storage.Error{Op: "configure", Pool: dir, Kind: storage.ErrPoolNotFound, Detail: "not a directory", Err: err}
 	}
-	poolDirsMu.Lock()
-	defer poolDirsMu.Unlock()
+	select {
+	case poolDirsLock <- struct{}{}:
+	case <-ctx.Done():
+		return nil, &storage.Error{Op: "configure", Pool: dir, Kind: storage.ErrTimeout,
+			Detail: "waiting for another pool's scan of the loop devices", Err: ctx.Err()}
+	}
+	defer func() { <-poolDirsLock }()
 	if pd, ok := poolDirs[abs]; ok {
 		if pd.plain != plain {
 			return nil, &storage.Error{Op: "configure", Pool: dir, Kind: storage.ErrFailedPrecondition,
@@ -131,8 +143,12 @@ func open(dir string, plain bool) (*Pool, error) {
 	}
 	p := &Pool{dir: abs, poolDir: &poolDir{devices: map[string]loopDev{}, plain: plain}}
 	if !plain {
-		if err := p.index(); err != nil {
-			return nil, &storage.Error{Op: "configure", Pool: dir, Detail: "finding the loop devices of its files", Err: err}
+		if err := p.index(ctx); err != nil {
+			var kind error
+			if ctx.Err() != nil {
+				kind = storage.ErrTimeout
+			}
+			return nil, &storage.Error{Op: "configure", Pool: dir, Kind: kind, Detail: "finding the loop devices of its files", Err: err}
 		}
 	}
 	poolDirs[abs] = p.poolDir
@@ -143,8 +159,8 @@ func open(dir string, plain bool) (*Pool, error) {
 // agent restart, DRBD still holds them), each verified by its own status:
 // the file's name and its device and inode number, not the directory sysfs
 // shows, which depends on the mount it was attached through (boundTo).
-func (p *Pool) index() error {
-	devs, err := backingFiles()
+func (p *Pool) index(ctx context.Context) error {
+	devs, err := backingFiles(ctx)
 	if err != nil {
 		return err
 	}

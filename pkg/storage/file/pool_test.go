@@ -34,7 +34,7 @@ func newPool(t *testing.T) *Pool {
 		t.Skipf("no %s: %v", loopControl, err)
 	}
 	dir := t.TempDir()
-	p, err := New(dir)
+	p, err := New(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func newPool(t *testing.T) *Pool {
 }
 
 func detachAllUnder(t *testing.T, dir string) {
-	devs, err := backingFiles()
+	devs, err := backingFiles(context.Background())
 	if err != nil {
 		t.Errorf("cleanup: %v", err)
 		return
@@ -61,7 +61,7 @@ func detachAllUnder(t *testing.T, dir string) {
 // findLoop scans every loop device of the machine for the one bound to path:
 // the truth a test checks the pool's index against.
 func findLoop(path string) (loopDev, bool, error) {
-	devs, err := backingFiles()
+	devs, err := backingFiles(context.Background())
 	if err != nil {
 		return loopDev{}, false, err
 	}
@@ -125,7 +125,7 @@ func TestCreateIsIdempotentAndRestartSafe(t *testing.T) {
 		t.Fatalf("second create %+v differs from first %+v", v2, v1)
 	}
 	// A restarted agent: a new Pool on the same directory finds the device.
-	q, err := New(p.dir)
+	q, err := New(context.Background(), p.dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestRestartFindsDevicesAttachedThroughAnotherMount(t *testing.T) {
 			exec.Command("umount", "-l", podMount).Run()
 		}
 	})
-	old, err := New(podMount)
+	old, err := New(context.Background(), podMount)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestRestartFindsDevicesAttachedThroughAnotherMount(t *testing.T) {
 	if strings.HasPrefix(string(shown), dir+"/") {
 		t.Fatalf("sysfs names the file %q, inside the pool's own directory: the case is not made", shown)
 	}
-	q, err := New(dir)
+	q, err := New(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestDelete(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(p.dir, "rvr-a.img")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("file still there: %v", err)
 	}
-	devs, _ := backingFiles()
+	devs, _ := backingFiles(context.Background())
 	for path := range devs {
 		if strings.HasPrefix(path, p.dir) {
 			t.Fatalf("loop device still bound to %s", path)
@@ -398,7 +398,7 @@ func TestBadInput(t *testing.T) {
 		_, err := p.Create(ctx, tc.req)
 		wantKind(t, err, tc.kind)
 	}
-	_, err := New(filepath.Join(p.dir, "missing"))
+	_, err := New(context.Background(), filepath.Join(p.dir, "missing"))
 	wantKind(t, err, storage.ErrPoolNotFound)
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()

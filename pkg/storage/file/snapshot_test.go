@@ -2,6 +2,7 @@ package file
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -137,7 +138,7 @@ func BenchmarkSnapshotRestore1GiB(b *testing.B) {
 		b.Skip("loop devices need root")
 	}
 	dir := b.TempDir()
-	p, err := New(dir)
+	p, err := New(context.Background(), dir)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func BenchmarkSnapshotRestore1GiB(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() {
-		devs, _ := backingFiles()
+		devs, _ := backingFiles(context.Background())
 		for path, d := range devs {
 			if filepath.Dir(path) == p.dir {
 				_ = detach(d)

@@ -270,7 +270,7 @@ func (a *agentProcs) stop() error {
 // loop device (the pool finds each by the file's device and inode, whatever
 // path the agent's namespace attached it by).
 func deletePool(dir string) error {
-	p, err := file.New(dir)
+	p, err := file.New(context.Background(), dir)
 	if err != nil {
 		return err
 	}

@@ -151,7 +151,7 @@ func TestStartRefusesCRDsThatWouldDropFields(t *testing.T) {
 		NodeName: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")},
 		Namespace: "default",
 		Driver:    drbd.NewExecDriver(drbd.ExecConfig{NodeName: "node-a"}),
-		Pools:     func(*v1.ReplicatedStoragePool) (storage.Provider, error) { return nil, nil },
+		Pools:     func(context.Context, *v1.ReplicatedStoragePool) (storage.Provider, error) { return nil, nil },
 	})
 	if !crdschema.IsStale(err) || !strings.Contains(err.Error(), "CustomResourceDefinition "+rvrName+" (v1alpha1) lacks status.backingVolume;") ||
 		strings.Contains(err.Error(), rvName+" ") || strings.Contains(err.Error(), rnmName) {
