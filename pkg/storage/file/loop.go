@@ -67,8 +67,9 @@ func backingFiles(ctx context.Context) (map[string]loopDev, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "loop"))
-		if !strings.HasPrefix(e.Name(), "loop") || err != nil {
+		num, isLoop := strings.CutPrefix(e.Name(), "loop")
+		n, err := strconv.Atoi(num)
+		if !isLoop || err != nil {
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "loop", "backing_file"))
