@@ -32,21 +32,24 @@ import (
 
 // Event reasons of the controller's own (the engine's come with Result.Events).
 const (
-	EventReplicaPlaced     = "ReplicaPlaced"
-	EventPlacementFailed   = "PlacementFailed"
-	EventReplicaDeleted    = "ReplicaDeleted"
-	EventNodeLost          = "NodeLost"
-	EventConfigurationBad  = "InvalidConfiguration"
-	EventAllocationFailed  = "AllocationFailed"
-	EventPhaseChanged      = "PhaseChanged"
-	reasonPlaced           = "Placed"
-	reasonResolved         = "Resolved"
-	reasonClassNotFound    = "StorageClassNotFound"
-	reasonPoolNotFound     = "StoragePoolNotFound"
-	reasonInvalidInput     = "InvalidInput"
-	reasonAllocated        = "Allocated"
-	reasonWaitingForDetach = "WaitingForDetach"
-	reasonWaitingReplicas  = "WaitingForReplicas"
+	EventReplicaPlaced    = "ReplicaPlaced"
+	EventPlacementFailed  = "PlacementFailed"
+	EventReplicaDeleted   = "ReplicaDeleted"
+	EventNodeLost         = "NodeLost"
+	EventConfigurationBad = "InvalidConfiguration"
+	EventAllocationFailed = "AllocationFailed"
+	EventPhaseChanged     = "PhaseChanged"
+	// EventDiskFailedNotReplaced: a Diskful member's disk failed and the member may hold
+	// the only current copy, so nothing replaces it (phase.go lastCopyDiskEvents).
+	EventDiskFailedNotReplaced = "DiskFailedNotReplaced"
+	reasonPlaced               = "Placed"
+	reasonResolved             = "Resolved"
+	reasonClassNotFound        = "StorageClassNotFound"
+	reasonPoolNotFound         = "StoragePoolNotFound"
+	reasonInvalidInput         = "InvalidInput"
+	reasonAllocated            = "Allocated"
+	reasonWaitingForDetach     = "WaitingForDetach"
+	reasonWaitingReplicas      = "WaitingForReplicas"
 )
 
 // SecretName is the name of a volume's own shared-secret Secret: volumes formed before
@@ -334,6 +337,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 		c.deletionCondition(v, work)
 	}
 	c.summarize(v, work, engineRVRs, pendingWhy)
+	out.events = append(out.events, lastCopyDiskEvents(v.rv, work, replicasByName(engineRVRs))...)
 	return c.publish(ctx, v, work, out, requeue)
 }
 
@@ -599,10 +603,7 @@ func (c *Controller) writeStatus(ctx context.Context, rv, work *v1.ReplicatedVol
 
 // summarize computes the phase, the Ready condition and the kubectl columns.
 func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs []*v1.ReplicatedVolumeReplica, pendingWhy string) {
-	byName := map[string]*v1.ReplicatedVolumeReplica{}
-	for _, r := range engineRVRs {
-		byName[r.Name] = r
-	}
+	byName := replicasByName(engineRVRs)
 	if pendingWhy == "" && v.configWhy != "" {
 		pendingWhy = v.configWhy
 	}
@@ -618,6 +619,14 @@ func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs 
 	if ok, reason, msg := FaultTolerance(st); reason != "" {
 		v.setCondition(work, ConditionFaultTolerance, ok, reason, msg)
 	}
+}
+
+func replicasByName(rvrs []*v1.ReplicatedVolumeReplica) map[string]*v1.ReplicatedVolumeReplica {
+	byName := make(map[string]*v1.ReplicatedVolumeReplica, len(rvrs))
+	for _, r := range rvrs {
+		byName[r.Name] = r
+	}
+	return byName
 }
 
 func boolStatus(b bool) metav1.ConditionStatus {
