@@ -218,8 +218,9 @@ func lastCopyDiskEvents(old, work *v1.ReplicatedVolume, rvrs map[string]*v1.Repl
 			continue
 		}
 		r := rvrs[m.Name]
-		if strings.Contains(before, m.Name+": "+string(r.Status.DiskState)+" "+lastCopyDiskNote) {
-			continue
+		if strings.Contains(before, m.Name+": "+string(v1.DiskStateDiskless)+" "+lastCopyDiskNote) ||
+			strings.Contains(before, m.Name+": "+string(v1.DiskStateFailed)+" "+lastCopyDiskNote) {
+			continue // said already, whichever of the two the agent reported then
 		}
 		out = append(out, datamesh.Event{Type: datamesh.EventWarning, Reason: EventDiskFailedNotReplaced,
 			Message: "The disk of " + m.Name + " on node " + m.NodeName + " failed (it reports " + string(r.Status.DiskState) + ") and it is not replaced: " +
