@@ -39,9 +39,9 @@ var depths = map[string][3]Bounds{
 		{Depth: 11, Requests: 0, AttachRequests: 2, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
 	},
 	"deep": {
-		{Depth: 14, Requests: 2, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
-		{Depth: 10, Requests: 1, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
-		{Depth: 14, Requests: 0, AttachRequests: 3, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 14, Requests: 2, Losses: 1, Returns: 1, Restarts: 1, DiskFailures: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 10, Requests: 1, Losses: 1, Returns: 1, Restarts: 1, DiskFailures: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 14, Requests: 0, AttachRequests: 3, Losses: 1, Returns: 1, Restarts: 1, DiskFailures: 1, Spare: 2, MaxStates: 1000000},
 	},
 }
 
