@@ -55,6 +55,7 @@ func TestFailedDiskReplacedOnlyWhenSafe(t *testing.T) {
 					f.Status.Peers = append(f.Status.Peers, v1.PeerStatus{Name: o.Name, ConnectionState: "Connected"})
 				}
 			}
+			replaces := ""
 			wanted := func() (creates int, deletes []string) {
 				res, err := w.process(t)
 				if err != nil {
@@ -64,6 +65,7 @@ func TestFailedDiskReplacedOnlyWhenSafe(t *testing.T) {
 					switch {
 					case x.Action == WantCreate && x.Type == v1.ReplicaTypeDiskful:
 						creates++
+						replaces = x.Replaces
 					case x.Action != WantCreate:
 						deletes = append(deletes, string(x.Action)+" "+x.Replica)
 					}
@@ -112,6 +114,9 @@ func TestFailedDiskReplacedOnlyWhenSafe(t *testing.T) {
 			for _, ds := range []v1.DiskState{v1.DiskStateDiskless, v1.DiskStateFailed} {
 				f.Status.DiskState = ds
 				check("disk "+string(ds)+" beside a connected UpToDate copy", DiskFailedReplacing, 1)
+				if replaces != f.Name {
+					t.Fatalf("%s: the Diskful asked for replaces %q, want %s (placement fills its zone)", name, replaces, f.Name)
+				}
 			}
 			// Placed: the failed replica is deleted (or retyped when attached), nothing else.
 			w.place()

@@ -29,7 +29,7 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 	}
 	failed := rc.failedDisksReplaced()
 	d, tb := rc.layoutReplicas()
-	wanted = rc.wantAdds(d, tb, failedDiskNote(failed), wanted)
+	wanted = rc.wantAdds(d, tb, failed, wanted)
 	wanted = rc.removeFailedDisks(d, failed, wanted)
 	settled := !slices.ContainsFunc(wanted, func(w WantedReplica) bool { return w.Action == WantCreate }) && rc.addsLanded()
 	if settled && len(failed) == 0 {
@@ -90,18 +90,23 @@ func (rc *reconcile) layoutReplicas() (d, tb int) {
 	return d, tb
 }
 
-// wantAdds asks for the Diskful and TieBreaker replicas the configuration lacks; note
-// ends the Diskful ones' reason (failedDiskNote).
-func (rc *reconcile) wantAdds(d, tb int, note string, wanted []WantedReplica) []WantedReplica {
+// wantAdds asks for the Diskful and TieBreaker replicas the configuration lacks; the
+// first Diskful ones replace the members whose failed disks are not counted (failed).
+func (rc *reconcile) wantAdds(d, tb int, failed []string, wanted []WantedReplica) []WantedReplica {
 	needD := rc.cfg.DiskfulCount()
 	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
 	reason := ""
 	if d < needD || tb < needTB {
 		reason = "configuration " + rc.cfg.String() + " (FTT=" + strconv.Itoa(rc.cfg.FTT) + ", GMDR=" + strconv.Itoa(rc.cfg.GMDR) + ")"
 	}
+	note := failedDiskNote(failed)
 	for i := d; i < needD; i++ {
-		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
-			Reason: reason + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d) + note})
+		w := WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
+			Reason: reason + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d) + note}
+		if k := i - d; k < len(failed) {
+			w.Replaces = failed[k]
+		}
+		wanted = append(wanted, w)
 	}
 	for i := tb; i < needTB; i++ {
 		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,
