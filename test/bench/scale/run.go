@@ -277,9 +277,11 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 	}
 
 	// Where the memory is: the heap of this process (the agents and the
-	// simulator, apart by package) and the controller's.
+	// simulator, apart by package) and the controller's, after a collection
+	// (gc=1: what is live, not what the last collection left), taken after the
+	// resident memory above so that the collection does not lower it.
 	writeHeap(filepath.Join(cfg.LogDir, "profile-"+tag+"-heap-bench.pprof"))
-	prof.fetch(ctx, http.DefaultClient, "http://"+ctrl.pprofAddr, "heap", filepath.Join(cfg.LogDir, "profile-"+tag+"-heap-controller.pprof"))
+	prof.fetch(ctx, http.DefaultClient, "http://"+ctrl.pprofAddr, "heap?gc=1", filepath.Join(cfg.LogDir, "profile-"+tag+"-heap-controller.pprof"))
 
 	// A controller restart with every volume formed (restartController).
 	if ctrl, err = restartController(ctx, &res, ctrl, &m, w, cfg, tag); err != nil {

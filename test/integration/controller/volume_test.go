@@ -332,6 +332,39 @@ func TestDeletionWaitsForAgentsToRelease(t *testing.T) {
 	})
 }
 
+// A finalizer of someone else's on a volume (a backup tool's hold, say) outlives the
+// controller's: the controller tears the volume down and releases only its own, by a
+// patch of the finalizer list (pkg/finalizer Release), and the volume stays, marked,
+// until its other holder lets it go.
+func TestDeletionKeepsAnotherFinalizer(t *testing.T) {
+	const hold = "example.com/backup-hold"
+	cl := newCluster(t, nodeSpec{"a", "", 100}, nodeSpec{"b", "", 100}, nodeSpec{"c", "", 100})
+	rv := &v1.ReplicatedVolume{ObjectMeta: metav1.ObjectMeta{Name: cl.prefix + "-held", Finalizers: []string{hold}},
+		Spec: v1.ReplicatedVolumeSpec{Size: resource.MustParse("1Gi"), ReplicatedStorageClassName: cl.class("3d", 1, 1, v1.TopologyIgnored)}}
+	must(t, cl.c.Create(cl.ctx, rv))
+	cl.formed(rv.Name, 3)
+	must(t, cl.c.Delete(cl.ctx, rv))
+	cl.eventually(t, "the replicas gone and only the other finalizer left", func() (bool, string) {
+		cur := cl.rv(rv.Name)
+		if cur == nil {
+			return false, "the volume is gone with another's finalizer on it"
+		}
+		cl.agentReleaseDeleted(rv.Name)
+		left := cl.rvrs(rv.Name)
+		return len(left) == 0 && slices.Equal(cur.Finalizers, []string{hold}),
+			fmt.Sprintf("%d replicas left, finalizers %v", len(left), cur.Finalizers)
+	})
+	cur := cl.rv(rv.Name)
+	if cur.DeletionTimestamp == nil {
+		t.Fatal("the volume lost its deletion mark")
+	}
+	cur.Finalizers = nil
+	must(t, cl.c.Update(cl.ctx, cur))
+	cl.eventually(t, "the volume gone once its other holder let it go", func() (bool, string) {
+		return cl.rv(rv.Name) == nil, "still there"
+	})
+}
+
 // replicaState is what a test of a replica's deletion says of it.
 func replicaState(r *v1.ReplicatedVolumeReplica) string {
 	if r == nil {
