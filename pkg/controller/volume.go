@@ -32,25 +32,26 @@ import (
 
 // Event reasons of the controller's own (the engine's come with Result.Events).
 const (
-	EventReplicaPlaced    = "ReplicaPlaced"
-	EventPlacementFailed  = "PlacementFailed"
-	EventReplicaDeleted   = "ReplicaDeleted"
-	EventNodeLost         = "NodeLost"
-	EventConfigurationBad = "InvalidConfiguration"
-	EventAllocationFailed = "AllocationFailed"
-	EventPhaseChanged     = "PhaseChanged"
-	// EventDiskFailedNotReplaced: a Diskful member's disk failed and the member may hold
-	// the only current copy, so nothing replaces it (phase.go lastCopyDiskEvents).
-	EventDiskFailedNotReplaced = "DiskFailedNotReplaced"
-	reasonPlaced               = "Placed"
-	reasonResolved             = "Resolved"
-	reasonClassNotFound        = "StorageClassNotFound"
-	reasonPoolNotFound         = "StoragePoolNotFound"
-	reasonInvalidInput         = "InvalidInput"
-	reasonAllocated            = "Allocated"
-	reasonWaitingForDetach     = "WaitingForDetach"
-	reasonWaitingReplicas      = "WaitingForReplicas"
+	EventReplicaPlaced     = "ReplicaPlaced"
+	EventPlacementFailed   = "PlacementFailed"
+	EventReplicaDeleted    = "ReplicaDeleted"
+	EventNodeLost          = "NodeLost"
+	EventConfigurationBad  = "InvalidConfiguration"
+	EventAllocationFailed  = "AllocationFailed"
+	EventPhaseChanged      = "PhaseChanged"
+	reasonPlaced           = "Placed"
+	reasonResolved         = "Resolved"
+	reasonClassNotFound    = "StorageClassNotFound"
+	reasonPoolNotFound     = "StoragePoolNotFound"
+	reasonInvalidInput     = "InvalidInput"
+	reasonAllocated        = "Allocated"
+	reasonWaitingForDetach = "WaitingForDetach"
+	reasonWaitingReplicas  = "WaitingForReplicas"
 )
+
+// EventDiskFailedNotReplaced: a Diskful member's disk failed and the member may hold the
+// only current copy, so nothing replaces it (phase.go lastCopyDiskEvents).
+const EventDiskFailedNotReplaced = "DiskFailedNotReplaced"
 
 // SecretName is the name of a volume's own shared-secret Secret: volumes formed before
 // the cluster key have one (docs/controller.md, "Allocation and the shared secret").
