@@ -129,6 +129,24 @@ func TestAFailedDiskThatMayHoldTheOnlyCopyIsKept(t *testing.T) {
 	}
 	w.crashed[crashed] = true
 	w.step("crash %s", crashed)
+	// The disk fails once the survivor reports the crashed peer gone: before that, a
+	// disk failing beside a Connected UpToDate peer holds nothing the peer lacks, and
+	// is replaced (docs/datamesh.md, "A disk that fails after formation").
+	survivor := v1.ReplicaName(v.name, failing)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		r := &v1.ReplicatedVolumeReplica{}
+		if err := w.c.Client.Get(w.ctx, client.ObjectKey{Name: survivor}, r); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(r.Status.Peers, func(p v1.PeerStatus) bool {
+			return p.Name == v1.ReplicaName(v.name, crashed) && p.ConnectionState == "Connected"
+		}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			w.fail("%s still reports %s Connected a minute after its node crashed", survivor, crashed)
+		}
+	}
 	if err := w.c.FailDisk(failing, v.name); err != nil {
 		t.Fatal(err)
 	}
