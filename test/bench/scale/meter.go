@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/meshvol/meshvol/internal/localcluster"
 )
@@ -91,4 +92,28 @@ func (r reading) since(before reading, volumes int) Writes {
 		w.Agree = w.AuditController == w.ControllerHTTP && w.AuditAgents == w.AgentsHTTP
 	}
 	return w
+}
+
+// settle waits until the controller has written nothing for quiet, or until limit has
+// passed. It reads the controller's own counter of its requests, not the audit log,
+// whose whole file each reading parses; the agents' reports come before their volume
+// is Ready, so what trails a formation is the controller's.
+func (m meter) settle(ctx context.Context, quiet, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	last, moved := -1, time.Now()
+	for time.Now().Before(deadline) && time.Since(moved) < quiet {
+		c, err := m.ctrl.counters(ctx)
+		if err != nil {
+			return err
+		}
+		if c.HTTPWrites != last {
+			last, moved = c.HTTPWrites, time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return nil
 }

@@ -221,6 +221,12 @@ func run(ctx context.Context, cfg runConfig) (res Result, err error) {
 		res.FormationCPU = CPU{Controller: (cpu[0] - formationCPU[0]).Seconds(), Agents: (cpu[1] - formationCPU[1]).Seconds(),
 			APIServer: (cpu[2] - formationCPU[2]).Seconds()}
 	}
+	// The formation's writes include what it set off after the last volume was
+	// Ready: the controller's Events, which its recorder sends one at a time behind
+	// the reconciles, trail them by seconds at N in the thousands.
+	if err := m.settle(ctx, 2*time.Second, time.Minute); err != nil {
+		return res, err
+	}
 	after, err := m.read(ctx)
 	if err != nil {
 		return res, err
