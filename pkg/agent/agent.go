@@ -175,7 +175,7 @@ type Agent struct {
 	drv    drbd.Driver // with a deadline on every call
 	obs    *drbd.Observer
 	client client.Client
-	reader client.Reader // uncached: Secrets (get only) and the Lease
+	reader client.Reader // uncached: Secrets (get only), the Lease, a volume on a peer's departure (peerLeft)
 	cache  cache.Cache
 
 	mu      sync.Mutex
