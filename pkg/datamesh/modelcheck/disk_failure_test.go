@@ -28,17 +28,7 @@ func TestDiskFailures(t *testing.T) {
 					Bounds{Depth: 12, DiskFailures: 1, Losses: 1, Returns: 1, Restarts: 1, Spare: 1, MaxStates: 200000})
 				s.AttachFirst = attached
 				s.Name = "disk failure: " + s.Name
-				c := NewChecker(s, datamesh.NewEngine(nil, datamesh.Features{}))
-				err := c.Run()
-				t.Logf("%s: states=%d actions=%d capped=%v", s.Name, c.Stats.States, c.Stats.Transitions, c.Stats.Capped)
-				if err != nil {
-					for _, f := range c.Failures {
-						t.Error(f)
-					}
-					if len(c.Failures) == 0 {
-						t.Error(err)
-					}
-				}
+				checkScenario(t, s)
 			})
 		}
 	}

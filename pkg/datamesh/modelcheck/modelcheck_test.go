@@ -119,3 +119,21 @@ func TestModelCheck(t *testing.T) {
 	t.Log(msg)
 	fmt.Println(msg)
 }
+
+// checkScenario explores s with the real engine and fails t on each violation found,
+// or on the error that kept the exploration from starting.
+func checkScenario(t *testing.T, s *Scenario) {
+	t.Helper()
+	c := NewChecker(s, datamesh.NewEngine(nil, datamesh.Features{}))
+	err := c.Run()
+	t.Logf("%s: states=%d actions=%d capped=%v", s.Name, c.Stats.States, c.Stats.Transitions, c.Stats.Capped)
+	if err == nil {
+		return
+	}
+	for _, f := range c.Failures {
+		t.Error(f)
+	}
+	if len(c.Failures) == 0 {
+		t.Error(err)
+	}
+}
