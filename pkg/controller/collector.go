@@ -179,7 +179,7 @@ func (c *stateCollector) collectProtection(gauge gaugeFunc, rv *v1.ReplicatedVol
 	}
 	want := layout.Layout{FTT: int(cfg.FailuresToTolerate), GMDR: int(cfg.GuaranteedMinimumDataRedundancy)}.DiskfulCount()
 	gauge(c.diskfulWanted, float64(want), rv.Name)
-	h := judgeMembers(rv.Status.Datamesh.Members, rvrs, reportingAgent)
+	h := judgeMembers(rv.Status.Datamesh.Members, rvrs, reportingAgent, nil)
 	gauge(c.diskfulUpToDate, float64(h.upToDate), rv.Name)
 	if h.anyQuorumReport {
 		gauge(c.quorum, boolValue(h.anyQuorate), rv.Name)

@@ -6,7 +6,10 @@ import (
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+
 	v1 "github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
+	"github.com/meshvol/meshvol/pkg/datamesh"
 	"github.com/meshvol/meshvol/pkg/datamesh/layout"
 )
 
@@ -69,7 +72,7 @@ func ComputePhase(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeR
 	}
 	cfg := layout.Layout{FTT: int(st.Configuration.FailuresToTolerate), GMDR: int(st.Configuration.GuaranteedMinimumDataRedundancy)}
 	need := cfg.DiskfulCount()
-	h := judgeMembers(st.Datamesh.Members, rvrs, reporting)
+	h := judgeMembers(st.Datamesh.Members, rvrs, reporting, failedDiskNotes(rv, rvrs))
 	detail := ""
 	if len(h.problems) > 0 {
 		detail = ": " + strings.Join(h.problems, "; ")
@@ -122,7 +125,8 @@ type memberHealth struct {
 	anyReporting                bool // some member's agent reports
 }
 
-func judgeMembers(members []v1.DatameshMember, rvrs map[string]*v1.ReplicatedVolumeReplica, reporting func(*v1.ReplicatedVolumeReplica) bool) memberHealth {
+// notes (may be nil) adds what is done about a member's state, by name.
+func judgeMembers(members []v1.DatameshMember, rvrs map[string]*v1.ReplicatedVolumeReplica, reporting func(*v1.ReplicatedVolumeReplica) bool, notes map[string]string) memberHealth {
 	var h memberHealth
 	for _, m := range members {
 		r := rvrs[m.Name]
@@ -155,10 +159,74 @@ func judgeMembers(members []v1.DatameshMember, rvrs map[string]*v1.ReplicatedVol
 		if pct, ok := resyncPercent(r); ok {
 			p += " (syncing " + strconv.Itoa(int(pct)) + "%)"
 		}
-		h.problems = append(h.problems, p)
+		h.problems = append(h.problems, p+notes[m.Name])
 	}
 	sort.Strings(h.problems)
 	return h
+}
+
+// failedDiskNotes says, for each Diskful member whose disk failed after formation, what
+// the engine does about it (datamesh.FailedDisk; docs/datamesh.md, "A disk that fails
+// after formation"): it is replaced, or it is not, because it may hold the only current
+// copy. A replacement placement cannot place says why (the Scheduled condition).
+func failedDiskNotes(rv *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeReplica) map[string]string {
+	list := make([]*v1.ReplicatedVolumeReplica, 0, len(rvrs))
+	for _, r := range rvrs {
+		list = append(list, r)
+	}
+	var notes map[string]string
+	for _, m := range rv.Status.Datamesh.Members {
+		note := ""
+		switch datamesh.FailedDisk(rv, list, m.Name) {
+		case datamesh.DiskFailedReplacing:
+			note = " (its disk failed: replacing it)"
+			if c := meta.FindStatusCondition(rv.Status.Conditions, v1.ConditionScheduled); c != nil && meta.IsStatusConditionFalse(rv.Status.Conditions, v1.ConditionScheduled) {
+				note = " (its disk failed: replacing it once a node fits: " + c.Message + ")"
+			}
+		case datamesh.DiskFailedLastCopy:
+			note = " " + lastCopyDiskNote
+		default:
+			continue
+		}
+		if notes == nil {
+			notes = map[string]string{}
+		}
+		notes[m.Name] = note
+	}
+	return notes
+}
+
+// lastCopyDiskNote follows a member whose disk failed while no other Diskful connected
+// to it is UpToDate: it is neither replaced nor removed.
+const lastCopyDiskNote = "(its disk failed and is not replaced: no other Diskful connected to it is UpToDate, so it may hold the only current copy; " +
+	"attach its disk again, or bring another copy UpToDate)"
+
+// lastCopyDiskEvents are the Warning events for the members whose failed disk the Ready
+// condition newly says is not replaced (lastCopyDiskNote): a person is the one who can
+// attach the disk again or bring another copy back, and the condition alone reaches
+// nobody (docs/controller.md, "Write budget": Events only where a person needs them, so
+// one per failure, when the condition first says it).
+func lastCopyDiskEvents(old, work *v1.ReplicatedVolume, rvrs map[string]*v1.ReplicatedVolumeReplica) []datamesh.Event {
+	before := ""
+	if c := meta.FindStatusCondition(old.Status.Conditions, v1.ConditionReady); c != nil {
+		before = c.Message
+	}
+	var out []datamesh.Event
+	notes := failedDiskNotes(work, rvrs)
+	for _, m := range work.Status.Datamesh.Members {
+		if notes[m.Name] != " "+lastCopyDiskNote {
+			continue
+		}
+		r := rvrs[m.Name]
+		if strings.Contains(before, m.Name+": "+string(v1.DiskStateDiskless)+" "+lastCopyDiskNote) ||
+			strings.Contains(before, m.Name+": "+string(v1.DiskStateFailed)+" "+lastCopyDiskNote) {
+			continue // said already, whichever of the two the agent reported then
+		}
+		out = append(out, datamesh.Event{Type: datamesh.EventWarning, Reason: EventDiskFailedNotReplaced,
+			Message: "The disk of " + m.Name + " on node " + m.NodeName + " failed (it reports " + string(r.Status.DiskState) + ") and it is not replaced: " +
+				"no other Diskful connected to it is UpToDate, so it may hold the only current copy; attach its disk again, or bring another copy UpToDate"})
+	}
+	return out
 }
 
 // inFlight names the transitions, "Attach r1, Formation".

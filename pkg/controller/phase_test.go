@@ -113,3 +113,78 @@ func TestFaultTolerance(t *testing.T) {
 		t.Errorf("not formed: got reason %q, want none", reason)
 	}
 }
+
+// A Diskful member whose disk failed after formation: the Ready condition says whether
+// the engine replaces it (datamesh.FailedDisk) and, when not, why; a Warning event says
+// so once, when the condition first does (docs/datamesh.md, "A disk that fails after
+// formation").
+func TestFailedDiskInTheReadyCondition(t *testing.T) {
+	yes := true
+	cfg := &v1.ReplicatedVolumeConfiguration{StoragePool: "p", FailuresToTolerate: 0, GuaranteedMinimumDataRedundancy: 1}
+	rvr := func(name string, disk v1.DiskState, peers ...string) *v1.ReplicatedVolumeReplica {
+		r := &v1.ReplicatedVolumeReplica{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:   v1.ReplicatedVolumeReplicaSpec{Type: v1.ReplicaTypeDiskful},
+			Status: v1.ReplicatedVolumeReplicaStatus{DiskState: disk, Quorum: &yes, DatameshRevision: 3}}
+		for _, p := range peers {
+			r.Status.Peers = append(r.Status.Peers, v1.PeerStatus{Name: p, ConnectionState: "Connected"})
+		}
+		return r
+	}
+	formed := func() *v1.ReplicatedVolume {
+		rv := &v1.ReplicatedVolume{}
+		rv.Status.Configuration = cfg
+		rv.Status.DatameshRevision = 3
+		rv.Status.Datamesh.Members = []v1.DatameshMember{{Name: "r1", Type: v1.MemberTypeDiskful, NodeName: "n1"}, {Name: "r2", Type: v1.MemberTypeDiskful, NodeName: "n2"}}
+		return rv
+	}
+	byName := func(rs ...*v1.ReplicatedVolumeReplica) map[string]*v1.ReplicatedVolumeReplica {
+		m := map[string]*v1.ReplicatedVolumeReplica{}
+		for _, r := range rs {
+			m[r.Name] = r
+		}
+		return m
+	}
+	unscheduled := formed()
+	unscheduled.Status.Conditions = []metav1.Condition{{Type: v1.ConditionScheduled, Status: metav1.ConditionFalse, Reason: "NotEnoughNodes", Message: "No node fits: need 1 Diskful replica(s)"}}
+	deleted := rvr("r2", v1.DiskStateDiskless, "r1")
+	deleted.DeletionTimestamp = &metav1.Time{}
+	for _, tc := range []struct {
+		name  string
+		rv    *v1.ReplicatedVolume
+		rvrs  map[string]*v1.ReplicatedVolumeReplica
+		phase v1.VolumePhase
+		msg   string
+	}{
+		{"replaced", formed(), byName(rvr("r1", v1.DiskStateUpToDate), rvr("r2", v1.DiskStateDiskless, "r1")),
+			v1.VolumePhaseDegraded, "1/2 Diskful UpToDate (layout 2D): r2: Diskless (its disk failed: replacing it)"},
+		{"replaced, being deleted", formed(), byName(rvr("r1", v1.DiskStateUpToDate), deleted),
+			v1.VolumePhaseDegraded, "r2: Diskless (its disk failed: replacing it)"},
+		{"no node for the replacement", unscheduled, byName(rvr("r1", v1.DiskStateUpToDate), rvr("r2", v1.DiskStateFailed, "r1")),
+			v1.VolumePhaseDegraded, "r2: Failed (its disk failed: replacing it once a node fits: No node fits: need 1 Diskful replica(s))"},
+		{"the last current copy", formed(), byName(rvr("r1", v1.DiskStateOutdated), rvr("r2", v1.DiskStateDiskless, "r1")),
+			v1.VolumePhaseFailed, "No UpToDate Diskful copy is reachable: r1: Outdated; r2: Diskless " + lastCopyDiskNote},
+		{"the UpToDate copy is cut off from it", formed(), byName(rvr("r1", v1.DiskStateUpToDate), rvr("r2", v1.DiskStateDiskless)),
+			v1.VolumePhaseDegraded, "r2: Diskless " + lastCopyDiskNote},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ComputePhase(tc.rv, tc.rvrs, reportingAgent, "")
+			if got.Phase != tc.phase || !strings.HasSuffix(got.Message, tc.msg) {
+				t.Errorf("got %s %q, want %s ending %q", got.Phase, got.Message, tc.phase, tc.msg)
+			}
+			// One event, when the condition first says the disk is not replaced.
+			old, work := tc.rv.DeepCopy(), tc.rv.DeepCopy()
+			work.Status.Conditions = []metav1.Condition{{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: string(got.Phase), Message: got.Message}}
+			events := lastCopyDiskEvents(old, work, tc.rvrs)
+			wantEvents := 0
+			if strings.Contains(tc.msg, lastCopyDiskNote) {
+				wantEvents = 1
+			}
+			if len(events) != wantEvents || wantEvents == 1 && (events[0].Reason != EventDiskFailedNotReplaced || !strings.Contains(events[0].Message, "The disk of r2 on node n2 failed")) {
+				t.Errorf("events %+v, want %d %s", events, wantEvents, EventDiskFailedNotReplaced)
+			}
+			if again := lastCopyDiskEvents(work, work, tc.rvrs); len(again) != 0 {
+				t.Errorf("the condition already said it, yet events %+v", again)
+			}
+		})
+	}
+}

@@ -32,6 +32,9 @@ type replicaWrites struct{ created, deleted []string }
 type memberNeed struct {
 	diskful, tieBreaker int
 	reasons             []string
+	// replaces are the replicas whose failed disks the new Diskful replace
+	// (datamesh.WantedReplica.Replaces).
+	replaces []string
 }
 
 // place carries out what the engine wants: Diskful and TieBreaker replicas through Place
@@ -77,6 +80,9 @@ func (c *Controller) carryOut(ctx context.Context, v *volume, work *v1.Replicate
 			case v1.ReplicaTypeDiskful:
 				need.diskful++
 				need.reasons = append(need.reasons, want.Reason)
+				if want.Replaces != "" {
+					need.replaces = append(need.replaces, want.Replaces)
+				}
 			case v1.ReplicaTypeTieBreaker:
 				need.tieBreaker++
 				need.reasons = append(need.reasons, want.Reason)
@@ -102,7 +108,7 @@ func (c *Controller) createAccess(ctx context.Context, v *volume, work *v1.Repli
 	if err != nil {
 		return err
 	}
-	if err := placement.CheckAccess(want.NodeName, existingReplicas(v), nodes); err != nil {
+	if err := placement.CheckAccess(want.NodeName, existingReplicas(v, nil), nodes); err != nil {
 		accessRefused[want.NodeName] = err.Error()
 		placementFailures.WithLabelValues(placement.ConstraintAccessNode).Inc()
 		return nil
@@ -216,7 +222,7 @@ func (c *Controller) placementInput(ctx context.Context, v *volume, work *v1.Rep
 	if err != nil {
 		return placement.Input{}, err
 	}
-	in := placement.Input{Config: *work.Status.Configuration, Size: v.rv.Spec.Size, Existing: existingReplicas(v),
+	in := placement.Input{Config: *work.Status.Configuration, Size: v.rv.Spec.Size, Existing: existingReplicas(v, need.replaces),
 		Diskful: need.diskful, TieBreaker: need.tieBreaker, Nodes: nodes}
 	for _, a := range v.rvas {
 		if a.DeletionTimestamp == nil {
@@ -275,11 +281,16 @@ func (c *Controller) nothingToPlace(ctx context.Context, v *volume, work *v1.Rep
 	return nil
 }
 
-func existingReplicas(v *volume) []placement.Replica {
+// existingReplicas are the volume's replicas for placement. Those named in replaced
+// (their failed disk is what the Diskful placed now replaces: datamesh.WantedReplica.
+// Replaces) count as going, as a deleted one does: the zone rules fill their zone
+// again rather than count it full, and their node, still holding them, stays taken.
+func existingReplicas(v *volume, replaced []string) []placement.Replica {
 	out := make([]placement.Replica, 0, len(v.rvrs))
 	for _, r := range v.rvrs {
 		if r.Spec.NodeName != "" {
-			out = append(out, placement.Replica{Node: r.Spec.NodeName, Type: r.Spec.Type, Deleting: r.DeletionTimestamp != nil})
+			out = append(out, placement.Replica{Node: r.Spec.NodeName, Type: r.Spec.Type,
+				Deleting: r.DeletionTimestamp != nil || slices.Contains(replaced, r.Name)})
 		}
 	}
 	return out

@@ -49,6 +49,10 @@ const (
 	reasonWaitingReplicas  = "WaitingForReplicas"
 )
 
+// EventDiskFailedNotReplaced: a Diskful member's disk failed and the member may hold the
+// only current copy, so nothing replaces it (phase.go lastCopyDiskEvents).
+const EventDiskFailedNotReplaced = "DiskFailedNotReplaced"
+
 // SecretName is the name of a volume's own shared-secret Secret: volumes formed before
 // the cluster key have one (docs/controller.md, "Allocation and the shared secret").
 func SecretName(rv string) string { return "drbd-" + rv }
@@ -334,6 +338,7 @@ func (c *Controller) reconcileVolume(ctx context.Context, req reconcile.Request)
 		c.deletionCondition(v, work)
 	}
 	c.summarize(v, work, engineRVRs, pendingWhy)
+	out.events = append(out.events, lastCopyDiskEvents(v.rv, work, replicasByName(engineRVRs))...)
 	return c.publish(ctx, v, work, out, requeue)
 }
 
@@ -599,10 +604,7 @@ func (c *Controller) writeStatus(ctx context.Context, rv, work *v1.ReplicatedVol
 
 // summarize computes the phase, the Ready condition and the kubectl columns.
 func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs []*v1.ReplicatedVolumeReplica, pendingWhy string) {
-	byName := map[string]*v1.ReplicatedVolumeReplica{}
-	for _, r := range engineRVRs {
-		byName[r.Name] = r
-	}
+	byName := replicasByName(engineRVRs)
 	if pendingWhy == "" && v.configWhy != "" {
 		pendingWhy = v.configWhy
 	}
@@ -618,6 +620,14 @@ func (c *Controller) summarize(v *volume, work *v1.ReplicatedVolume, engineRVRs 
 	if ok, reason, msg := FaultTolerance(st); reason != "" {
 		v.setCondition(work, ConditionFaultTolerance, ok, reason, msg)
 	}
+}
+
+func replicasByName(rvrs []*v1.ReplicatedVolumeReplica) map[string]*v1.ReplicatedVolumeReplica {
+	byName := make(map[string]*v1.ReplicatedVolumeReplica, len(rvrs))
+	for _, r := range rvrs {
+		byName[r.Name] = r
+	}
+	return byName
 }
 
 func boolStatus(b bool) metav1.ConditionStatus {

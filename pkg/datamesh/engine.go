@@ -107,6 +107,11 @@ type WantedReplica struct {
 	Type     v1.ReplicaType
 	Replica  string // Delete/Retype: the replica
 	NodeName string // Create of an Access replica: the node that needs it
+	// Replaces (Create of a Diskful replica): the member whose failed disk the new
+	// replica replaces (docs/datamesh.md, "A disk that fails after formation"). It
+	// leaves once the new one has joined, so placement counts it as going — its zone
+	// is the one to fill — although its node still holds it.
+	Replaces string
 	Reason   string
 }
 

@@ -226,6 +226,9 @@ func (rc *reconcile) guards(p *Plan, req *v1.DatameshReplicaRequest) string {
 	}
 	if p.From == StateD {
 		if msg := rc.leavingDGuards(p, mi); msg != "" {
+			if rc.failedDiskLeaving(mi) {
+				msg = "Its disk failed: waiting for the replacement Diskful first (" + msg + ")"
+			}
 			return msg
 		}
 	}

@@ -27,10 +27,12 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 	if rc.in.RV.DeletionTimestamp != nil {
 		return wanted
 	}
+	failed := rc.failedDisksReplaced()
 	d, tb := rc.layoutReplicas()
-	wanted = rc.wantAdds(d, tb, wanted)
+	wanted = rc.wantAdds(d, tb, failed, wanted)
+	wanted = rc.removeFailedDisks(d, failed, wanted)
 	settled := !slices.ContainsFunc(wanted, func(w WantedReplica) bool { return w.Action == WantCreate }) && rc.addsLanded()
-	if settled {
+	if settled && len(failed) == 0 {
 		wanted = rc.wantRemovals(d, tb, wanted)
 	}
 	if anyForce {
@@ -64,13 +66,18 @@ func (rc *reconcile) settleLayout(anyForce bool, wanted []WantedReplica) []Wante
 }
 
 // layoutReplicas counts the Diskful and TieBreaker replica objects that stay (not
-// being deleted, not force-leaving). A force-leaving member that holds the last copy
-// stays (lastCopy): no replacement is asked for it, since a new Diskful would have
-// nothing to sync from, and once the node is back it would be a peer the returning
-// disk must first reach before DRBD calls it UpToDate again.
+// being deleted, not force-leaving, not a member whose failed disk is replaced). A
+// force-leaving member that holds the last copy stays (lastCopy): no replacement is
+// asked for it, since a new Diskful would have nothing to sync from, and once the node
+// is back it would be a peer the returning disk must first reach before DRBD calls it
+// UpToDate again. A member whose disk failed stays for the same reason while no other
+// member is UpToDate (replacesFailedDisk).
 func (rc *reconcile) layoutReplicas() (d, tb int) {
 	for _, r := range rc.in.RVRs {
 		if r.DeletionTimestamp != nil || rc.forceLeaving(r.Name) && !rc.heldAsLastCopy(r.Name) {
+			continue
+		}
+		if mi := rc.memberIndex(r.Name); mi >= 0 && rc.replacesFailedDisk(mi) {
 			continue
 		}
 		switch r.Spec.Type {
@@ -83,17 +90,23 @@ func (rc *reconcile) layoutReplicas() (d, tb int) {
 	return d, tb
 }
 
-// wantAdds asks for the Diskful and TieBreaker replicas the configuration lacks.
-func (rc *reconcile) wantAdds(d, tb int, wanted []WantedReplica) []WantedReplica {
+// wantAdds asks for the Diskful and TieBreaker replicas the configuration lacks; the
+// first Diskful ones replace the members whose failed disks are not counted (failed).
+func (rc *reconcile) wantAdds(d, tb int, failed []string, wanted []WantedReplica) []WantedReplica {
 	needD := rc.cfg.DiskfulCount()
 	needTB := layout.TieBreakerMin(needD, rc.cfg.FTT)
 	reason := ""
 	if d < needD || tb < needTB {
 		reason = "configuration " + rc.cfg.String() + " (FTT=" + strconv.Itoa(rc.cfg.FTT) + ", GMDR=" + strconv.Itoa(rc.cfg.GMDR) + ")"
 	}
+	note := failedDiskNote(failed)
 	for i := d; i < needD; i++ {
-		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
-			Reason: reason + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d)})
+		w := WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeDiskful,
+			Reason: reason + " needs " + strconv.Itoa(needD) + " Diskful, have " + strconv.Itoa(d) + note}
+		if k := i - d; k < len(failed) {
+			w.Replaces = failed[k]
+		}
+		wanted = append(wanted, w)
 	}
 	for i := tb; i < needTB; i++ {
 		wanted = append(wanted, WantedReplica{Action: WantCreate, Type: v1.ReplicaTypeTieBreaker,

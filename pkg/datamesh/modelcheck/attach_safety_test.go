@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/datamesh"
 )
 
 // TestAttachmentsNeverTwoPrimaries spends the whole budget on attachments: up to four
@@ -27,14 +26,7 @@ func TestAttachmentsNeverTwoPrimaries(t *testing.T) {
 			s.Name += fmt.Sprintf("/maxAttachments=%d", maxAttach)
 			t.Run(s.Name, func(t *testing.T) {
 				t.Parallel()
-				c := NewChecker(s, datamesh.NewEngine(nil, datamesh.Features{}))
-				err := c.Run()
-				t.Logf("states=%d actions=%d capped=%v", c.Stats.States, c.Stats.Transitions, c.Stats.Capped)
-				if err != nil {
-					for _, f := range c.Failures {
-						t.Error(f)
-					}
-				}
+				checkScenario(t, s)
 			})
 		}
 	}

@@ -51,6 +51,11 @@ const (
 	// (docs/datamesh.md, "A lost node that comes back"). Until it applies the
 	// latest datamesh its kernel runs the one it ran while lost.
 	ActRejoin
+	// ActDiskFail: the disk of a replica that runs one fails, and DRBD detaches it
+	// (on-io-error detach): the replica runs diskless from then on, still a member
+	// of the type the datamesh gives it, and its agent reports Diskless
+	// (docs/datamesh.md, "A disk that fails after formation").
+	ActDiskFail
 )
 
 // ReqKind is a request a run may inject.
@@ -107,6 +112,8 @@ func (a Action) String(s *Scenario) string {
 		return "agent of the returned node of " + name() + " reports again"
 	case ActPlace:
 		return fmt.Sprintf("placement wanted[%d]", a.Arg)
+	case ActDiskFail:
+		return "DISK FAILS on " + name()
 	}
 	switch a.Req {
 	case ReqAttach:
@@ -358,6 +365,9 @@ func (c *Checker) apply(w *World, i int) {
 		// A disk just attached starts Inconsistent and must resync; a
 		// detached one no longer holds current data.
 		r.UpToDate = false
+		if hasDisk {
+			r.DiskFailed = false // a disk attached again: a new backing volume
+		}
 	}
 	r.Applied = snap
 	r.Rejoined = false
@@ -388,7 +398,7 @@ func (c *Checker) canApply(w *World, i int) bool {
 func (c *Checker) canResync(w *World, i int) bool {
 	dp := &w.DP
 	r := &dp.Replicas[i]
-	if !dp.configured(i) || r.Returned || r.UpToDate || !r.Applied.Member(i).Type.HasDisk() {
+	if !dp.configured(i) || r.Returned || r.UpToDate || r.DiskFailed || !r.Applied.Member(i).Type.HasDisk() {
 		return false
 	}
 	for j := 0; j < dp.N; j++ {
@@ -433,6 +443,9 @@ func (c *Checker) actions(w *World, buf []Action) []Action {
 		}
 		if r.Returned && r.Exists {
 			buf = append(buf, Action{Kind: ActRejoin, Slot: sl})
+		}
+		if up && w.DiskFailsLeft > 0 && w.DP.configured(i) && !r.DiskFailed && r.Applied.Member(i).Type.HasDisk() {
+			buf = append(buf, Action{Kind: ActDiskFail, Slot: sl})
 		}
 	}
 	for k := range w.Wanted {
@@ -604,6 +617,9 @@ func (c *Checker) do(w *World, a Action) (nw *World, ok bool, vs []Violation) {
 	case ActRejoin:
 		r.Returned, r.Rejoined, r.AgentReady = false, true, true
 		nw.ForceLeave &^= 1 << i
+	case ActDiskFail:
+		r.DiskFailed, r.UpToDate = true, false
+		nw.DiskFailsLeft--
 	case ActForceLeave:
 		nw.ForceLeave |= 1 << i
 		c.lostReplicas(nw)

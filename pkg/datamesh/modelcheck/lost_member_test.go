@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/datamesh"
 )
 
 // TestLossesUnderMembershipChanges reaches, within the CI's time, two findings that
@@ -41,14 +40,7 @@ func TestLossesUnderMembershipChanges(t *testing.T) {
 			s := NewScenario(tc.layout, false, tc.topo, tc.b)
 			s.Only = tc.only
 			s.Name = tc.name + ": " + s.Name
-			c := NewChecker(s, datamesh.NewEngine(nil, datamesh.Features{}))
-			err := c.Run()
-			t.Logf("%s: states=%d actions=%d capped=%v", s.Name, c.Stats.States, c.Stats.Transitions, c.Stats.Capped)
-			if err != nil {
-				for _, f := range c.Failures {
-					t.Error(f)
-				}
-			}
+			checkScenario(t, s)
 		})
 	}
 }

@@ -39,9 +39,9 @@ var depths = map[string][3]Bounds{
 		{Depth: 11, Requests: 0, AttachRequests: 2, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 200000},
 	},
 	"deep": {
-		{Depth: 14, Requests: 2, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
-		{Depth: 10, Requests: 1, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
-		{Depth: 14, Requests: 0, AttachRequests: 3, Losses: 1, Returns: 1, Restarts: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 14, Requests: 2, Losses: 1, Returns: 1, Restarts: 1, DiskFailures: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 10, Requests: 1, Losses: 1, Returns: 1, Restarts: 1, DiskFailures: 1, Spare: 2, MaxStates: 1000000},
+		{Depth: 14, Requests: 0, AttachRequests: 3, Losses: 1, Returns: 1, Restarts: 1, DiskFailures: 1, Spare: 2, MaxStates: 1000000},
 	},
 }
 
@@ -118,4 +118,22 @@ func TestModelCheck(t *testing.T) {
 		*depthFlag, total.States, total.Transitions, total.Process, total.Leaves, time.Since(start).Round(time.Millisecond))
 	t.Log(msg)
 	fmt.Println(msg)
+}
+
+// checkScenario explores s with the real engine and fails t on each violation found,
+// or on the error that kept the exploration from starting.
+func checkScenario(t *testing.T, s *Scenario) {
+	t.Helper()
+	c := NewChecker(s, datamesh.NewEngine(nil, datamesh.Features{}))
+	err := c.Run()
+	t.Logf("%s: states=%d actions=%d capped=%v", s.Name, c.Stats.States, c.Stats.Transitions, c.Stats.Capped)
+	if err == nil {
+		return
+	}
+	for _, f := range c.Failures {
+		t.Error(f)
+	}
+	if len(c.Failures) == 0 {
+		t.Error(err)
+	}
 }

@@ -85,6 +85,19 @@ func (dp *DataPlane) physical(t v1alpha1.MemberType, upToDate bool) (disk quorum
 	return quorum.DiskNone, false
 }
 
+// physicalOf is what replica j's kernel runs when it applies type t: physical, and
+// no disk at all once its disk failed (Replica.DiskFailed), whatever t says — the
+// voter a D whose disk failed stays is, to DRBD, a D∅ (the peers still configure its
+// disk, so they count it while connected).
+func (dp *DataPlane) physicalOf(j int, t v1alpha1.MemberType) (disk quorum.Disk, nonVoting bool) {
+	r := &dp.Replicas[j]
+	disk, nonVoting = dp.physical(t, r.UpToDate)
+	if r.DiskFailed && t.HasDisk() {
+		disk = quorum.DiskNone
+	}
+	return disk, nonVoting
+}
+
 // configuredDiskless: a node whose config says its peer is of type t renders that
 // peer `disk none`, so DRBD's peer device to it has `bitmap no`: the agent does
 // so for star members (A, TB) only; a liminal peer (D∅, sD∅) keeps its bitmap
@@ -150,7 +163,7 @@ func (dp *DataPlane) mutual(i, j int) bool {
 func (dp *DataPlane) self(i int) selfView {
 	r := &dp.Replicas[i]
 	t := r.Applied.Member(i).Type
-	disk, nonVoting := dp.physical(t, r.UpToDate)
+	disk, nonVoting := dp.physicalOf(i, t)
 	v := selfView{disk: disk, physDisk: disk, voter: t.IsVoter(), hasData: disk == quorum.DiskUpToDate}
 	if nonVoting {
 		// A non-voting node gives itself no vote; with q=32 it can only be
@@ -242,7 +255,7 @@ func (a *Analyzer) dataInReach(dp *DataPlane, i int, side uint32) bool {
 			continue
 		}
 		t := dp.Replicas[j].Applied.Member(j).Type
-		if d, _ := dp.physical(t, dp.Replicas[j].UpToDate); d == quorum.DiskUpToDate {
+		if d, _ := dp.physicalOf(j, t); d == quorum.DiskUpToDate {
 			return true
 		}
 	}
@@ -283,7 +296,7 @@ func (a *Analyzer) quorate(dp *DataPlane, i int, side uint32, sv selfView, quora
 			// configuration of j as well (quorum.Peer.Diskless: the
 			// kernel's peer device has `bitmap no` only for a peer its
 			// configuration names `disk none`).
-			disk, nonVoting := dp.physical(rj.Applied.Member(j).Type, rj.UpToDate)
+			disk, nonVoting := dp.physicalOf(j, rj.Applied.Member(j).Type)
 			p.Connected = true
 			p.Excluded = nonVoting
 			p.Disk = disk

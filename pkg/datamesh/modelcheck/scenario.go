@@ -33,7 +33,10 @@ type Bounds struct {
 	Losses         int8 // nodes lost per run
 	Returns        int8 // lost nodes that come back alive behind a partition per run
 	Restarts       int8 // agent restarts per run
-	Spare          int  // free node slots beyond the starting replicas
+	// DiskFailures are disks that fail per run (ActDiskFail: DRBD detaches a
+	// Diskful member's disk after an I/O error).
+	DiskFailures int8
+	Spare        int // free node slots beyond the starting replicas
 	// MaxStates stops the search after that many distinct states (0: no
 	// cap). The search is deterministic, so a capped run covers the same
 	// states every time; Stats.Capped says it was hit.
@@ -56,7 +59,7 @@ func NewScenario(l StartLayout, shadow bool, topo v1alpha1.Topology, b Bounds) *
 		},
 		MaxAttach:   1,
 		AttachFirst: true,
-		Losses:      b.Losses, Returns: b.Returns, Restarts: b.Restarts, Requests: b.Requests, AttachRequests: b.AttachRequests, MaxDepth: b.Depth, MaxStates: b.MaxStates,
+		Losses:      b.Losses, Returns: b.Returns, DiskFailures: b.DiskFailures, Restarts: b.Restarts, Requests: b.Requests, AttachRequests: b.AttachRequests, MaxDepth: b.Depth, MaxStates: b.MaxStates,
 	}
 	n := l.D + l.TB + b.Spare
 	if n > MaxReplicas {

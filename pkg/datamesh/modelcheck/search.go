@@ -86,6 +86,7 @@ func dpHash(dp *DataPlane) uint64 {
 		h.bool(r.Returned)
 		h.bool(r.Rejoined)
 		h.bool(r.UpToDate)
+		h.bool(r.DiskFailed)
 		if r.Applied != nil {
 			h.i64(int64(r.Applied.hash))
 		} else {
@@ -130,8 +131,8 @@ func (c *Checker) worldHash(w *World) uint64 {
 // budget at least as large in every dimension has already explored
 // everything this visit could: the visit is dominated and skipped.
 type budget struct {
-	losses, restarts, requests, attach, returns int8
-	depth                                       int16
+	losses, restarts, requests, attach, returns, diskFails int8
+	depth                                                  int16
 }
 
 // covers: b can do everything o can. An attach request left is worth less than a
@@ -139,7 +140,7 @@ type budget struct {
 // paid from b's general requests left over.
 func (b budget) covers(o budget) bool {
 	spare := b.requests - o.requests
-	return b.losses >= o.losses && b.restarts >= o.restarts && b.returns >= o.returns && spare >= 0 &&
+	return b.losses >= o.losses && b.restarts >= o.restarts && b.returns >= o.returns && b.diskFails >= o.diskFails && spare >= 0 &&
 		b.attach+spare >= o.attach && b.depth >= o.depth
 }
 
@@ -169,7 +170,7 @@ func (c *Checker) visit(h uint64, b budget) bool {
 // (formation skips the initial sync: every disk starts UpToDate).
 func (c *Checker) Initial() (*World, error) {
 	s := c.S
-	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests, AttachLeft: s.AttachRequests, ReturnsLeft: s.Returns,
+	w := &World{RV: s.newRV(), LossesLeft: s.Losses, RestartsLeft: s.Restarts, RequestsLeft: s.Requests, AttachLeft: s.AttachRequests, ReturnsLeft: s.Returns, DiskFailsLeft: s.DiskFailures,
 		Floor: v1alpha1.Layout{FailuresToTolerate: s.Config.FailuresToTolerate, GuaranteedMinimumDataRedundancy: s.Config.GuaranteedMinimumDataRedundancy}}
 	w.DP.N = len(s.Slots)
 	w.DP.Shadow = s.Shadow
@@ -373,7 +374,7 @@ func (c *Checker) dfs(w *World, depth int) {
 		c.Stats.Capped = true
 		return
 	}
-	if !c.visit(c.worldHash(w), budget{w.LossesLeft, w.RestartsLeft, w.RequestsLeft, w.AttachLeft, w.ReturnsLeft, int16(depth)}) {
+	if !c.visit(c.worldHash(w), budget{w.LossesLeft, w.RestartsLeft, w.RequestsLeft, w.AttachLeft, w.ReturnsLeft, w.DiskFailsLeft, int16(depth)}) {
 		return
 	}
 	if n := c.S.MaxDepth - depth; n > c.Stats.MaxDepth {

@@ -46,6 +46,12 @@ type Replica struct {
 	// UpToDate: the local disk holds current data (only meaningful while
 	// the applied type has a disk attached).
 	UpToDate bool
+	// DiskFailed: the backing disk failed and DRBD detached it (on-io-error
+	// detach): the replica runs diskless whatever its applied type, and is
+	// configured with its disk by its peers, which count it as a present
+	// voter while connected, like a D∅ (docs/drbd-quorum.md, "The rule"). A
+	// new backing volume (the replica's type gains a disk again) clears it.
+	DiskFailed bool
 }
 
 // Slot is a replica slot's fixed placement.
@@ -72,7 +78,7 @@ type World struct {
 	// (for the message check of a settled state; not part of the state).
 	Attachments []datamesh.AttachmentStatus
 
-	LossesLeft, RestartsLeft, RequestsLeft, AttachLeft, ReturnsLeft int8
+	LossesLeft, RestartsLeft, RequestsLeft, AttachLeft, ReturnsLeft, DiskFailsLeft int8
 
 	// Floor is the protection the configuration history guarantees: the configuration
 	// the volume was formed with, lowered (per value) by every configuration lowered
@@ -128,8 +134,10 @@ type Scenario struct {
 	// node (an RVA, the Attach transition completed).
 	AttachFirst bool
 	Losses      int8
-	Restarts    int8
-	Requests    int8
+	// DiskFailures: disks that may fail per run (ActDiskFail).
+	DiskFailures int8
+	Restarts     int8
+	Requests     int8
 	// Returns: lost nodes that may come back alive behind a partition per run.
 	Returns int8
 	// AttachRequests are attach or detach requests a run may inject beyond
@@ -246,7 +254,7 @@ func (w *World) RVR(s *Scenario, i int) *v1alpha1.ReplicatedVolumeReplica {
 	if member.Attached {
 		st.Role = v1alpha1.RolePrimary
 	}
-	disk, _ := w.DP.physical(member.Type, r.UpToDate)
+	disk, _ := w.DP.physicalOf(i, member.Type)
 	st.DiskState = diskState(disk)
 	// Connections: what the node saw when it last reported. For a live
 	// node that is now; a dead node's report froze while it was alive,
@@ -269,7 +277,7 @@ func (w *World) RVR(s *Scenario, i int) *v1alpha1.ReplicatedVolumeReplica {
 			ps.ConnectionState = "Connected"
 			ps.ReplicationState = "Established"
 			pj := dp.Replicas[j]
-			d, _ := dp.physical(pj.Applied.Member(j).Type, pj.UpToDate)
+			d, _ := dp.physicalOf(j, pj.Applied.Member(j).Type)
 			ps.PeerDiskState = diskState(d)
 		} else {
 			ps.PeerDiskState = v1alpha1.DiskStateUnknown
@@ -351,6 +359,9 @@ func (w *World) String(s *Scenario) string {
 			}
 			if r.UpToDate && m.Type.HasDisk() {
 				out += " UpToDate"
+			}
+			if r.DiskFailed && m.Type.HasDisk() {
+				out += " DISK-FAILED"
 			}
 		} else if r.Applied != nil {
 			out += fmt.Sprintf(" applied r%d (not a member)", r.Applied.Revision)

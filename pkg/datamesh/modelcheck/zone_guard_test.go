@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/meshvol/meshvol/pkg/apis/storage/v1alpha1"
-	"github.com/meshvol/meshvol/pkg/datamesh"
 )
 
 // TestZoneGuardsWithASpareDiskful reaches what TestModelCheck's bounds do not: a
@@ -19,13 +18,6 @@ func TestZoneGuardsWithASpareDiskful(t *testing.T) {
 	b := Bounds{Depth: 12, Requests: 2, Spare: 2, MaxStates: 200000}
 	for _, l := range []StartLayout{StartLayouts[3]} { // 3D: FTT 1, GMDR 1
 		s := NewScenario(l, false, v1alpha1.TopologyTransZonal, b)
-		c := NewChecker(s, datamesh.NewEngine(nil, datamesh.Features{}))
-		err := c.Run()
-		t.Logf("%s: states=%d actions=%d capped=%v", s.Name, c.Stats.States, c.Stats.Transitions, c.Stats.Capped)
-		if err != nil {
-			for _, f := range c.Failures {
-				t.Error(f)
-			}
-		}
+		checkScenario(t, s)
 	}
 }

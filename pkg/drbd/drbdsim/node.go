@@ -439,6 +439,7 @@ func (r *resource) detach(to DiskState) {
 	r.claim = nil
 	r.md = nil
 	r.disk = to
+	r.endResyncs()
 	r.publish()
 	if to == DiskFailed {
 		r.disk = DiskDiskless
@@ -448,6 +449,36 @@ func (r *resource) detach(to DiskState) {
 		k.handshaken = false
 		k.lostHandshake = false // no disk, no negotiation
 	}
+}
+
+// endResyncs ends every resync, bitmap exchange and online verify the resource takes
+// part in, on both ends, when its disk detaches: DRBD's sanitize_state goes back to
+// Established when a disk of a syncing pair fails or detaches (drbd_state.c), as
+// there is nothing left to sync to or from. Without it a disk detached during its
+// resync left both ends in SyncTarget/SyncSource for good.
+func (r *resource) endResyncs() {
+	for _, k := range r.sortedConns() {
+		if !syncingRepl(k.repl) {
+			continue
+		}
+		k.repl, k.rsTotal = replEstablished, 0
+		pr := r.n.c.peerResource(r, k)
+		if pr == nil {
+			continue
+		}
+		if pk := pr.conns[r.nodeID()]; pk != nil && syncingRepl(pk.repl) {
+			pk.repl, pk.rsTotal = replEstablished, 0
+			pr.publish()
+		}
+	}
+}
+
+func syncingRepl(s string) bool {
+	switch s {
+	case replWFBitMapS, replWFBitMapT, replSyncSource, replSyncTarget, replVerifyS, replVerifyT:
+		return true
+	}
+	return false
 }
 
 func (r *resource) addConn(p drbd.Peer) {

@@ -409,6 +409,46 @@ func TestDiskFailureDetaches(t *testing.T) {
 	rg.noLostWrites()
 }
 
+// A disk that detaches during its resync ends the resync on both ends: DRBD's
+// sanitize_state goes back to Established when a disk of a syncing pair fails or
+// detaches (drbd_state.c). A failed disk attached again by an adjust resyncs as
+// SyncTarget; detached again before the resync ends, it must not leave the pair in
+// SyncTarget/SyncSource with no disk to sync to (the soak saw a diskless Primary stay
+// "SyncTarget" for good after its failed disk's member was retyped to Access).
+func TestDetachEndsTheResync(t *testing.T) {
+	rg := formed(t, nil)
+	rg.must(rg.c.Node("node1").Primary(rg.ctx, "r0", drbd.NoForce))
+	rg.must(rg.c.Node("node2").FailDisk("r0"))
+	rg.must(rg.write("node1", 0, 4096))
+	rg.must(rg.c.Node("node2").Adjust(rg.ctx, "r0")) // the configuration still names the disk: attached again
+	syncing := func() []string {
+		var out []string
+		for _, n := range []string{"node1", "node2", "node3"} {
+			for _, c := range rg.state(n).Connections {
+				for _, pd := range c.PeerDevices {
+					if pd.ReplicationState != "Established" && pd.ReplicationState != "Off" {
+						out = append(out, n+"→"+c.Name+": "+pd.ReplicationState)
+					}
+				}
+			}
+		}
+		return out
+	}
+	if s := syncing(); len(s) == 0 {
+		t.Fatalf("node2's disk attached again without a resync: %s", rg.state("node2").Devices[0].DiskState)
+	}
+	rg.must(rg.c.Node("node2").FailDisk("r0"))
+	if s := syncing(); len(s) != 0 {
+		t.Fatalf("node2's disk detached during its resync, yet %v", s)
+	}
+	rg.c.Advance(10 * time.Second)
+	if s := syncing(); len(s) != 0 {
+		t.Fatalf("10 s after node2's disk detached during its resync: %v", s)
+	}
+	rg.must(rg.write("node1", 4096, 4096))
+	rg.noLostWrites()
+}
+
 // Connections come up only when both ends agree on authentication. With
 // different secrets both ends go StandAlone and do not retry (DRBD:
 // "Authentication of peer failed"); adjust with the same secret on both
