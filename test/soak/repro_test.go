@@ -293,16 +293,7 @@ func TestIsolatedWriterStaysStale(t *testing.T) {
 	if why := w.waitReady(v.name, 2*time.Minute); why != "Ready" {
 		t.Fatal(why)
 	}
-	rv := &v1.ReplicatedVolume{}
-	if err := w.c.Client.Get(w.ctx, client.ObjectKey{Name: v.name}, rv); err != nil {
-		t.Fatal(err)
-	}
-	var diskful []string
-	for _, m := range rv.Status.Datamesh.Members {
-		if m.Type == v1.MemberTypeDiskful {
-			diskful = append(diskful, m.NodeName)
-		}
-	}
+	diskful := diskfulNodes(w, v.name)
 	w.attachOn(v, diskful[0])
 	if v.sess == nil {
 		w.step("settle: %s", w.activate(v, time.Minute))
